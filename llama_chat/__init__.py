@@ -1,0 +1,18 @@
+"""llama-chat: a from-scratch PyTorch Llama with a terminal chat front end."""
+
+from .config import ModelArgs, RopeScaling
+from .errors import LlamaChatError
+from .generate import Generation, GenerationStats, Piece
+from .llama import Llama
+from .sampling import SamplingSettings
+
+__all__ = [
+    "Generation",
+    "GenerationStats",
+    "Llama",
+    "LlamaChatError",
+    "ModelArgs",
+    "Piece",
+    "RopeScaling",
+    "SamplingSettings",
+]

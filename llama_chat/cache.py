@@ -1,0 +1,53 @@
+"""The KV cache: preallocated key/value buffers and the token ids they hold."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelArgs
+from .errors import ContextOverflowError
+
+
+class KVCache:
+    """Keys and values of every layer for up to `capacity` positions of one sequence.
+
+    `tokens` lists the ids whose keys and values fill positions [0, len(tokens)); it is
+    the single record of what the cache holds. Truncating only shortens that list: the
+    stale entries past it are overwritten by the next write.
+    """
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        capacity: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_size: int = 1,
+    ) -> None:
+        if not 0 < capacity <= args.max_seq_len:
+            raise ContextOverflowError(
+                f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
+            )
+        shape = (args.n_layers, batch_size, args.n_kv_heads, capacity, args.head_dim)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.capacity = capacity
+        self.tokens: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of one layer: [batch, kv_heads, capacity, head_dim]."""
+        return self.keys[index], self.values[index]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on, without copying anything."""
+        if not 0 <= length <= len(self.tokens):
+            raise ValueError(f"cannot truncate a cache of {len(self.tokens)} tokens to {length}")
+        del self.tokens[length:]
+
+    def room(self) -> int:
+        """How many more positions fit."""
+        return self.capacity - len(self.tokens)

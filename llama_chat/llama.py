@@ -1,0 +1,115 @@
+"""Llama: a Transformer on a device together with its tokenizer, ready to generate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from .cache import KVCache
+from .config import ModelArgs
+from .device import resolve_device, resolve_dtype
+from .errors import ContextOverflowError
+from .generate import Generation
+from .model import Transformer
+from .sampling import SamplingSettings
+from .tokenizer import ByteTokenizer, Tokenizer
+
+DEFAULT_CONTEXT = 4096
+PREFILL_CHUNK = 256  # prompt tokens per forward call: bounds the attention scores' memory
+
+
+class Llama:
+    """A loaded model: `tokenizer`, `logits(ids)`, `new_cache()`, `feed()` and `generate()`."""
+
+    def __init__(self, transformer: Transformer, tokenizer: Tokenizer, *, name: str = "") -> None:
+        self.transformer = transformer.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        first = next(transformer.parameters())
+        self.device = first.device
+        self.dtype = first.dtype
+
+    @classmethod
+    def random(
+        cls,
+        args: ModelArgs,
+        tokenizer: Tokenizer | None = None,
+        *,
+        seed: int = 0,
+        device: str | None = "cpu",
+        dtype: str | None = "float32",
+    ) -> Llama:
+        """A model with random weights (for tests and benchmarks), reproducible by seed."""
+        resolved_device = resolve_device(device)
+        transformer = Transformer(args)
+        init_random_weights(transformer, seed)
+        transformer.to(device=resolved_device, dtype=resolve_dtype(dtype, resolved_device))
+        return cls(transformer, tokenizer or ByteTokenizer(), name=f"random-{seed}")
+
+    @property
+    def args(self) -> ModelArgs:
+        return self.transformer.args
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty KV cache; by default the smaller of the model's context and 4096."""
+        capacity = capacity or min(self.args.max_seq_len, DEFAULT_CONTEXT)
+        return KVCache(self.args, capacity, device=self.device, dtype=self.dtype)
+
+    @torch.inference_mode()
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Float32 logits [len(ids), vocab] from one full forward pass, no cache involved."""
+        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        return self.transformer(tokens)[0]
+
+    @torch.inference_mode()
+    def feed(self, cache: KVCache, ids: Sequence[int], chunk_size: int = PREFILL_CHUNK) -> torch.Tensor:
+        """Append ids to the cache (in chunks); return the float32 logits after the last one."""
+        if len(ids) > cache.room():
+            raise ContextOverflowError(
+                f"{len(ids)} more tokens do not fit: the context holds {cache.capacity} and {len(cache)} are used"
+            )
+        logits = None
+        for start in range(0, len(ids), chunk_size):
+            chunk = list(ids[start : start + chunk_size])
+            tokens = torch.tensor([chunk], dtype=torch.long, device=self.device)
+            logits = self.transformer(tokens, start_pos=len(cache), cache=cache, last_only=True)
+            cache.tokens.extend(chunk)  # only once the buffers hold them
+        if logits is None:
+            raise ValueError("feed needs at least one token")
+        return logits[0, -1]
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        settings: SamplingSettings | None = None,
+        *,
+        cache: KVCache | None = None,
+        stop_ids: Iterable[int] | None = None,
+        stop_strings: Iterable[str] = (),
+    ) -> Generation:
+        """A streaming reply to prompt_ids: iterate it for Pieces; see Generation.
+
+        With a cache from an earlier call, the longest common prefix is reused and only
+        the rest of the prompt is fed through the model.
+        """
+        settings = settings or SamplingSettings()
+        if cache is None:
+            cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
+        stop_ids = self.tokenizer.stop_ids if stop_ids is None else stop_ids
+        return Generation(self, prompt_ids, settings, cache, stop_ids, stop_strings)
+
+
+def init_random_weights(transformer: Transformer, seed: int) -> None:
+    """Fill every weight from a seeded generator at a scale that keeps activations near 1."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in transformer.named_parameters():
+            if parameter.ndim == 1:  # norm gains: near 1, but not exactly, so their use is tested
+                values = 1.0 + 0.1 * torch.randn(parameter.shape, generator=generator)
+            elif name == "tok_embeddings.weight":
+                values = torch.randn(parameter.shape, generator=generator)
+            else:
+                values = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[1])
+            parameter.copy_(values)

@@ -1,0 +1,207 @@
+"""The Llama Transformer: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+
+Conventions that the checkpoint loaders convert to:
+- rotary embeddings rotate halves of each head, (x[:d/2], x[d/2:]) (the Hugging Face
+  layout); Meta and GGUF checkpoints rotate interleaved pairs and are permuted on load;
+- the query, key and value projections are one matrix `wqkv` (rows q, then k, then v)
+  and the SwiGLU gate and up projections are one matrix `w13` (rows gate, then up),
+  so that a decode step makes two matrix calls fewer per block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache
+from .config import ModelArgs
+
+
+class RMSNorm(nn.Module):
+    """Scales each token's feature vector to unit root-mean-square, then by a learnt gain."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Over the last (feature) dimension only, in float32 whatever the model's dtype.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
+    """The rotation speed of each pair of features, after any rope scaling (float64)."""
+    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim
+    inv_freq = 1.0 / (args.rope_theta**exponents)
+    scaling = args.rope_scaling
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    if scaling.kind == "llama3":
+        old_context = scaling.original_max_position_embeddings
+        low_freq_wavelen = old_context / scaling.low_freq_factor
+        high_freq_wavelen = old_context / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        # Between the two wavelengths, blend the scaled and unscaled frequency.
+        smooth = (old_context / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, blended)
+        return torch.where(wavelen < high_freq_wavelen, inv_freq, scaled)
+    return inv_freq
+
+
+def rope_tables(args: ModelArgs, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, shape [length, head_dim], half-split layout."""
+    positions = torch.arange(length, dtype=torch.float64)
+    angles = torch.outer(positions, rope_inverse_frequencies(args))
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [batch, time, heads, head_dim] by the angles in cos/sin [time, head_dim]."""
+    cos = cos[:, None, :].to(x.dtype)
+    sin = sin[:, None, :].to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped key/value heads, reading and writing a KV cache."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.head_dim
+        self.n_rep = args.n_rep
+        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
+        start_pos: int,
+    ) -> torch.Tensor:
+        batch, time, _ = x.shape
+        q_size = self.n_heads * self.head_dim
+        kv_size = self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rotary(q.view(batch, time, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(batch, time, self.n_kv_heads, self.head_dim), cos, sin)
+        k = k.transpose(1, 2)
+        v = v.view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if layer_cache is not None:
+            cache_k, cache_v = layer_cache
+            end = start_pos + time
+            cache_k[:batch, :, start_pos:end] = k
+            cache_v[:batch, :, start_pos:end] = v
+            k, v = cache_k[:batch, :, :end], cache_v[:batch, :, :end]
+        # Put the n_rep query heads that share a key/value head next to each other
+        # along the time axis, so attention broadcasts over K/V without repeating them.
+        q = q.view(batch, time, self.n_kv_heads, self.n_rep, self.head_dim)
+        q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.n_kv_heads, self.n_rep * time, self.head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim)
+        out = out.permute(0, 3, 1, 2, 4).reshape(batch, time, q_size)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(gate(x)) * up(x)), with gate and up in one matrix."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.hidden_dim = args.hidden_dim
+        self.w13 = nn.Linear(args.dim, 2 * args.hidden_dim, bias=False)
+        self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split(self.hidden_dim, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """One pre-norm Transformer layer: attention then feed-forward, each with a residual."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(self, x, cos, sin, mask, layer_cache, start_pos):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, layer_cache, start_pos)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The whole model: token ids in, next-token logits (float32) out."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args, args.max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start_pos: int = 0,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for tokens [batch, time] standing at positions start_pos.. .
+
+        With a cache, K/V are written at [start_pos, start_pos+time) and attention runs
+        over [0, start_pos+time); without one, start_pos must be 0. `last_only` returns
+        logits for the final position only ([batch, 1, vocab]), which is all decoding needs.
+        """
+        time = tokens.shape[1]
+        end = start_pos + time
+        if cache is None and start_pos:
+            raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
+        if end > self.rope_cos.shape[0]:
+            raise ValueError(f"position {end} is past the model's context of {self.rope_cos.shape[0]}")
+        cos = self.rope_cos[start_pos:end]
+        sin = self.rope_sin[start_pos:end]
+        mask = causal_mask(start_pos, time, self.args.n_rep, tokens.device)
+        x = self.tok_embeddings(tokens)
+        for index, layer in enumerate(self.layers):
+            layer_cache = cache.layer(index) if cache is not None else None
+            x = layer(x, cos, sin, mask, layer_cache, start_pos)
+        if last_only:
+            x = x[:, -1:]
+        return self.output(self.norm(x)).float()
+
+
+def causal_mask(start_pos: int, time: int, n_rep: int, device: torch.device) -> torch.Tensor | None:
+    """Which keys each (grouped) query row may see: [n_rep*time, start_pos+time], True = visible.
+
+    A single new token may see every cached position, so it needs no mask at all.
+    """
+    if time == 1:
+        return None
+    query_positions = torch.arange(start_pos, start_pos + time, device=device)
+    key_positions = torch.arange(start_pos + time, device=device)
+    mask = key_positions[None, :] <= query_positions[:, None]
+    return mask.repeat(n_rep, 1)

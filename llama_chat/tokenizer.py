@@ -1,0 +1,70 @@
+"""The interface every tokenizer backend offers, and a byte-level tokenizer for tests."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+
+class Tokenizer(ABC):
+    """Text to token ids and back.
+
+    `encode` treats its input as plain text: a special-token string such as
+    "<|im_end|>" typed by a user becomes ordinary tokens, never the control token.
+    Control tokens are looked up by name with `token_id` and inserted by the chat format.
+    """
+
+    vocab_size: int
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    @abstractmethod
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Token ids of plain text."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids (control tokens appear as their names)."""
+
+    @abstractmethod
+    def token_id(self, name: str) -> int | None:
+        """The id of a special (control) token by its name, or None."""
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Ids that end a reply (end-of-sequence and end-of-turn tokens)."""
+        return frozenset(i for i in (self.eos_id,) if i is not None)
+
+
+class ByteTokenizer(Tokenizer):
+    """One token per UTF-8 byte (ids 0-255), then a few named control tokens.
+
+    Multi-byte characters span several tokens, which makes it a demanding test of
+    streaming detokenisation, and it needs no vocabulary file.
+    """
+
+    def __init__(self, specials: Sequence[str] = ("<s>", "</s>")) -> None:
+        self.specials = list(specials)
+        self.vocab_size = 256 + len(self.specials)
+        self.bos_id = self.token_id("<s>")
+        self.eos_id = self.token_id("</s>")
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        pieces: list[str] = []
+        pending = bytearray()
+        for token in ids:
+            if token < 256:
+                pending.append(token)
+                continue
+            pieces.append(pending.decode("utf-8", errors="replace"))
+            pending.clear()
+            pieces.append(self.specials[token - 256])
+        pieces.append(pending.decode("utf-8", errors="replace"))
+        return "".join(pieces)
+
+    def token_id(self, name: str) -> int | None:
+        return 256 + self.specials.index(name) if name in self.specials else None
