@@ -46,7 +46,7 @@ class Llama:
         transformer = Transformer(args)
         init_random_weights(transformer, seed)
         transformer.to(device=resolved_device, dtype=resolve_dtype(dtype, resolved_device))
-        return cls(transformer, tokenizer or ByteTokenizer(), name=f"random-{seed}")
+        return cls(transformer, tokenizer or ByteTokenizer(vocab_size=args.vocab_size), name=f"random-{seed}")
 
     @property
     def args(self) -> ModelArgs:

@@ -40,11 +40,14 @@ class ByteTokenizer(Tokenizer):
     """One token per UTF-8 byte (ids 0-255), then a few named control tokens.
 
     Multi-byte characters span several tokens, which makes it a demanding test of
-    streaming detokenisation, and it needs no vocabulary file.
+    streaming detokenisation, and it needs no vocabulary file. A `vocab_size` larger
+    than that adds unnamed tokens <extra_N>, so it can serve a model of any vocabulary.
     """
 
-    def __init__(self, specials: Sequence[str] = ("<s>", "</s>")) -> None:
+    def __init__(self, specials: Sequence[str] = ("<s>", "</s>"), vocab_size: int | None = None) -> None:
         self.specials = list(specials)
+        extra = (vocab_size or 0) - 256 - len(self.specials)
+        self.specials += [f"<extra_{n}>" for n in range(max(extra, 0))]
         self.vocab_size = 256 + len(self.specials)
         self.bos_id = self.token_id("<s>")
         self.eos_id = self.token_id("</s>")

@@ -1,0 +1,84 @@
+"""`llama-chat bench`: prefill and decode speed of a model on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from .config import ModelArgs
+from .llama import Llama
+from .sampling import SamplingSettings
+
+# Shapes of known models, for benchmarking random weights without any files.
+SHAPES = {
+    "smollm2-135m": ModelArgs(
+        dim=576, n_layers=30, n_heads=9, n_kv_heads=3, vocab_size=49152, hidden_dim=1536,
+        rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
+    ),
+}
+
+
+def measure(model: Llama, prompt_tokens: int, new_tokens: int) -> dict:
+    """One run: prefill a prompt of random ids, then decode greedily, ignoring stop tokens."""
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.args.vocab_size, (prompt_tokens,), generator=generator).tolist()
+    cache = model.new_cache(prompt_tokens + new_tokens + 1)
+    generation = model.generate(
+        prompt, SamplingSettings(temperature=0, max_tokens=new_tokens), cache=cache, stop_ids=()
+    )
+    for _ in generation:
+        pass
+    stats = generation.stats
+    return {
+        "prefill_tokens_per_second": stats.prefill_tokens_per_second,
+        "decode_tokens_per_second": stats.decode_tokens_per_second,
+        "time_to_first_token": stats.time_to_first_token,
+    }
+
+
+def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
+    measure(model, min(prompt_tokens, 16), 4)  # warm-up: first calls allocate and pick kernels
+    runs = [measure(model, prompt_tokens, new_tokens) for _ in range(repeats)]
+    result = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    result.update(
+        model=model.name,
+        device=str(model.device),
+        dtype=str(model.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        repeats=repeats,
+    )
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llama-chat bench", description=__doc__)
+    parser.add_argument("--random-shapes", choices=sorted(SHAPES), default="smollm2-135m",
+                        help="benchmark random weights with a known model's shapes")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's choice)")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    options = parser.parse_args(argv)
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
+    model.name = f"random weights, {options.random_shapes} shapes"
+    result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
+    if options.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['model']} on {result['device']}, {result['dtype']}, {result['threads']} threads, "
+              f"median of {result['repeats']}")
+        print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
+        print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
+        print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms")
+    return 0
