@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .errors import LlamaChatError
 
 
 class Tokenizer(ABC):
@@ -17,6 +20,7 @@ class Tokenizer(ABC):
     vocab_size: int
     bos_id: int | None = None
     eos_id: int | None = None
+    add_bos_token: bool = False  # whether the model expects bos_id at the start of a text
 
     @abstractmethod
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
@@ -30,10 +34,21 @@ class Tokenizer(ABC):
     def token_id(self, name: str) -> int | None:
         """The id of a special (control) token by its name, or None."""
 
+    @abstractmethod
+    def special_token_names(self) -> Iterable[str]:
+        """Names of all control tokens (what a chat template may write to mean one)."""
+
     @property
     def stop_ids(self) -> frozenset[int]:
         """Ids that end a reply (end-of-sequence and end-of-turn tokens)."""
         return frozenset(i for i in (self.eos_id,) if i is not None)
+
+    def save(self, directory: Path) -> dict:
+        """Write this tokenizer's files into a Hugging Face-style directory.
+
+        Returns the entries it needs in tokenizer_config.json.
+        """
+        raise LlamaChatError(f"a {type(self).__name__} cannot be saved to a checkpoint directory")
 
 
 class ByteTokenizer(Tokenizer):
@@ -71,3 +86,6 @@ class ByteTokenizer(Tokenizer):
 
     def token_id(self, name: str) -> int | None:
         return 256 + self.specials.index(name) if name in self.specials else None
+
+    def special_token_names(self) -> list[str]:
+        return list(self.specials)
