@@ -1,13 +1,29 @@
-"""Hugging Face Llama checkpoints: config.json hyper-parameters and tensor names."""
+"""Hugging Face Llama checkpoints: config.json hyper-parameters, tensor names, and whole directories.
+
+A directory holds config.json, the weights (model.safetensors, sharded safetensors
+with an index, or pytorch_model.bin), a tokenizer (tokenizer.json or tokenizer.model),
+and optionally tokenizer_config.json, generation_config.json and a chat template.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
+import tokenizers
 import torch
+from safetensors import SafetensorError, safe_open
 
 from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
+from ..tokenizer import Tokenizer
+from ..tokenizer_bpe import BPETokenizer
+from .checkpoint import Checkpoint
+from .meta import FLOAT_DTYPES, load_tokenizer_model, load_torch_file, token_name
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
 
 
 def args_from_hf_config(config: Mapping) -> ModelArgs:
@@ -90,3 +106,263 @@ def convert_hf_state_dict(tensors: Mapping[str, torch.Tensor], args: ModelArgs) 
         state[ours + "attention_norm.weight"] = take(hf + "input_layernorm.weight")
         state[ours + "ffn_norm.weight"] = take(hf + "post_attention_layernorm.weight")
     return state
+
+
+def load_hf_directory(path: str | Path) -> Checkpoint:
+    """Load a Hugging Face model directory (Llama architecture) with its tokenizer and chat template."""
+    directory = Path(path)
+    config_path = directory / "config.json"
+    config = _read_json(config_path)
+    if config is None:
+        raise LlamaChatError(f"{config_path}: no such file (a Hugging Face model directory has config.json)")
+    args = _checked_args(config, config_path)
+    tensors = convert_hf_state_dict(_weight_files(directory, args), args)
+    tokenizer_config = _read_json(directory / "tokenizer_config.json") or {}
+    generation_config = _read_json(directory / "generation_config.json") or {}
+    end_ids = _id_set(generation_config.get("eos_token_id")) | _id_set(config.get("eos_token_id"))
+    tokenizer = _load_tokenizer(directory, tokenizer_config, end_ids)
+    return Checkpoint(
+        args=args,
+        tensors=tensors,
+        tokenizer=tokenizer,
+        chat_template=_chat_template(directory, tokenizer_config),
+        stop_ids=tokenizer.stop_ids | end_ids,
+        bos_token=_token_content(tokenizer_config.get("bos_token")) or token_name(tokenizer, tokenizer.bos_id),
+        eos_token=_token_content(tokenizer_config.get("eos_token")) or token_name(tokenizer, tokenizer.eos_id),
+    )
+
+
+def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
+    """ModelArgs for a config.json, refusing what the Llama blocks cannot run."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise LlamaChatError(
+            f"{config_path}: model_type {model_type!r} is not supported: "
+            f"llama-chat runs Llama-architecture models ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if config.get("quantization_config"):
+        method = config["quantization_config"].get("quant_method", "quantized")
+        raise LlamaChatError(f"{config_path}: {method} weights are not supported: use a float16/bfloat16 model")
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise LlamaChatError(f"{config_path}: projection biases are not supported by llama-chat's Llama blocks")
+    if config.get("hidden_act", "silu") != "silu":
+        raise LlamaChatError(f"{config_path}: activation {config['hidden_act']!r} is not supported (only silu)")
+    args = args_from_hf_config(config)
+    window = config.get("sliding_window")
+    if window and window < args.max_seq_len:
+        # Within the window, sliding-window attention is plain causal attention.
+        args = dataclasses.replace(args, max_seq_len=window)
+    return args
+
+
+def hf_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """The shape of every Hugging Face tensor a Llama of these dimensions has."""
+    q_rows = args.n_heads * args.head_dim
+    kv_rows = args.n_kv_heads * args.head_dim
+    shapes = {
+        "model.embed_tokens.weight": (args.vocab_size, args.dim),
+        "lm_head.weight": (args.vocab_size, args.dim),
+        "model.norm.weight": (args.dim,),
+    }
+    for i in range(args.n_layers):
+        layer = f"model.layers.{i}."
+        shapes.update(
+            {
+                layer + "self_attn.q_proj.weight": (q_rows, args.dim),
+                layer + "self_attn.k_proj.weight": (kv_rows, args.dim),
+                layer + "self_attn.v_proj.weight": (kv_rows, args.dim),
+                layer + "self_attn.o_proj.weight": (args.dim, q_rows),
+                layer + "mlp.gate_proj.weight": (args.hidden_dim, args.dim),
+                layer + "mlp.up_proj.weight": (args.hidden_dim, args.dim),
+                layer + "mlp.down_proj.weight": (args.dim, args.hidden_dim),
+                layer + "input_layernorm.weight": (args.dim,),
+                layer + "post_attention_layernorm.weight": (args.dim,),
+            }
+        )
+    return shapes
+
+
+class WeightFiles(Mapping):
+    """The tensors of a directory's weight files by name, each read from disk only when asked for.
+
+    Reading tensor by tensor lets the converter fuse one layer at a time, so the
+    separate q/k/v and gate/up tensors never all sit in memory next to the fused ones.
+    Every tensor's shape is checked against config.json before use.
+    """
+
+    def __init__(
+        self, directory: Path, locations: Mapping[str, Path], expected_shapes: Mapping[str, tuple[int, ...]]
+    ) -> None:
+        self._directory = directory
+        self._locations = dict(locations)
+        self._expected = expected_shapes
+        self._opened: dict[Path, object] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._locations:
+            raise LlamaChatError(f"{self._directory}: the weight files have no tensor {name!r}")
+        path = self._locations[name]
+        source = self._open(path)
+        if isinstance(source, dict):  # a PyTorch file, already memory-mapped
+            tensor = source[name]
+            if not isinstance(tensor, torch.Tensor):
+                raise LlamaChatError(f"{path}: {name!r} is a {type(tensor).__name__}, not a tensor")
+            self._check_shape(name, tuple(tensor.shape), path)
+        else:
+            self._check_shape(name, tuple(source.get_slice(name).get_shape()), path)
+            tensor = source.get_tensor(name)
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise LlamaChatError(
+                f"{path}: tensor {name!r} is {tensor.dtype}; llama-chat loads float32, float16 or bfloat16 weights"
+            )
+        return tensor
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._locations  # without reading the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._locations)
+
+    def __len__(self) -> int:
+        return len(self._locations)
+
+    def _check_shape(self, name: str, shape: tuple[int, ...], path: Path) -> None:
+        expected = self._expected.get(name)
+        if expected is not None and shape != expected:
+            raise LlamaChatError(f"{path}: tensor {name!r} has shape {shape} but config.json implies {expected}")
+
+    def _open(self, path: Path):
+        if path not in self._opened:
+            if not path.is_file():
+                raise LlamaChatError(f"{path}: no such file, though the weight index names it")
+            self._opened[path] = load_torch_file(path) if path.suffix == ".bin" else _safe_open(path)
+        return self._opened[path]
+
+
+def _weight_files(directory: Path, args: ModelArgs) -> WeightFiles:
+    """Where each tensor of the directory lives: sharded (an index file) or in one file."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index_path = directory / index_name
+        index = _read_json(index_path)
+        if index is None:
+            continue
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise LlamaChatError(f"{index_path}: has no weight_map")
+        locations = {name: directory / file for name, file in weight_map.items()}
+        return WeightFiles(directory, locations, hf_tensor_shapes(args))
+    safetensors_path = directory / "model.safetensors"
+    if safetensors_path.is_file():
+        names = _safe_open(safetensors_path).keys()
+        return WeightFiles(directory, dict.fromkeys(names, safetensors_path), hf_tensor_shapes(args))
+    bin_path = directory / "pytorch_model.bin"
+    if bin_path.is_file():
+        names = load_torch_file(bin_path).keys()  # memory-mapped: listing reads no weights
+        return WeightFiles(directory, dict.fromkeys(names, bin_path), hf_tensor_shapes(args))
+    raise LlamaChatError(
+        f"{directory}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
+    )
+
+
+def _safe_open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as error:
+        raise LlamaChatError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def _load_tokenizer(directory: Path, tokenizer_config: Mapping, end_ids: Iterable[int]) -> Tokenizer:
+    """tokenizer.json when present (it carries the exact pre-tokenizer), else tokenizer.model."""
+    json_path = directory / "tokenizer.json"
+    if json_path.is_file():
+        return tokenizer_from_tokenizer_json(json_path, tokenizer_config, end_ids)
+    model_path = directory / "tokenizer.model"
+    if model_path.is_file():
+        return load_tokenizer_model(
+            model_path,
+            special_tokens(tokenizer_config),
+            bos_token=_token_content(tokenizer_config.get("bos_token")),
+            eos_token=_token_content(tokenizer_config.get("eos_token")),
+            end_of_turn_ids=end_ids,
+            add_bos_token=tokenizer_config.get("add_bos_token", True),
+        )
+    raise LlamaChatError(f"{directory}: no tokenizer (tokenizer.json or tokenizer.model)")
+
+
+def tokenizer_from_tokenizer_json(
+    path: Path, tokenizer_config: Mapping, end_of_turn_ids: Iterable[int] = ()
+) -> BPETokenizer:
+    """A tokenizer.json with the bos/eos names and add_bos_token of its tokenizer_config.json."""
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers reports every parse failure as a plain Exception
+        raise LlamaChatError(f"{path}: not a readable tokenizer.json ({error})") from None
+    bos_name = _token_content(tokenizer_config.get("bos_token"))
+    eos_name = _token_content(tokenizer_config.get("eos_token"))
+    bos_id = backend.token_to_id(bos_name) if bos_name else None
+    add_bos_token = tokenizer_config.get("add_bos_token")
+    if add_bos_token is None:
+        # Not configured: the tokenizer's own post-processor says whether it adds bos.
+        add_bos_token = bos_id is not None and backend.encode("a").ids[:1] == [bos_id]
+    return BPETokenizer(
+        backend,
+        bos_id=bos_id,
+        eos_id=backend.token_to_id(eos_name) if eos_name else None,
+        end_of_turn_ids=end_of_turn_ids,
+        add_bos_token=bool(add_bos_token),
+    )
+
+
+def special_tokens(tokenizer_config: Mapping) -> dict[str, int]:
+    """The special tokens of a tokenizer_config.json's added_tokens_decoder, name to id."""
+    decoder = tokenizer_config.get("added_tokens_decoder") or {}
+    return {
+        entry["content"]: int(token_id)
+        for token_id, entry in decoder.items()
+        if isinstance(entry, dict) and entry.get("special", False) and "content" in entry
+    }
+
+
+def _chat_template(directory: Path, tokenizer_config: Mapping) -> str | None:
+    """The model's chat template: from tokenizer_config.json, else chat_template.jinja / .json."""
+    template = tokenizer_config.get("chat_template")
+    if template is None:
+        jinja_path = directory / "chat_template.jinja"
+        if jinja_path.is_file():
+            return jinja_path.read_text(encoding="utf-8")
+        template = (_read_json(directory / "chat_template.json") or {}).get("chat_template")
+    if isinstance(template, list):
+        # Several named templates (e.g. "default" and "tool_use"): chat uses the default one.
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _token_content(token: object) -> str | None:
+    """A tokenizer_config.json token: a plain string or an AddedToken dict with "content"."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) and token else None
+
+
+def _id_set(value: object) -> set[int]:
+    """eos_token_id of a config: one id, a list of ids, or nothing."""
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, list):
+        return {i for i in value if isinstance(i, int)}
+    return set()
+
+
+def _read_json(path: Path) -> dict | None:
+    """A JSON object file's contents, or None when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            contents = json.load(file)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise LlamaChatError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(contents, dict):
+        raise LlamaChatError(f"{path}: expected a JSON object")
+    return contents

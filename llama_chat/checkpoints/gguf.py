@@ -1,0 +1,266 @@
+"""GGUF checkpoints (llama.cpp's single-file format): hyper-parameters, tokenizer, weights.
+
+Quantised weights are dequantised on load, one tensor at a time, into the requested
+float dtype. GGUF lists a tensor's dimensions innermost first (ggml order), so a
+PyTorch [out, in] weight is stored with shape [in, out]. llama.cpp's converter
+reorders q and k projection rows into the interleaved rotary layout; they are put
+back into the half-split layout our model uses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+
+from ..config import ModelArgs, RopeScaling
+from ..errors import LlamaChatError
+from ..model import rope_inverse_frequencies
+from ..tokenizer_gguf import tokenizer_from_gguf_metadata
+from .checkpoint import Checkpoint
+from .meta import meta_to_hf_rotary
+
+# Types gguf.quants can dequantise that make sense for weights.
+SUPPORTED_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in (
+        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+        "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+    )
+)
+
+ROPE_FREQS = "rope_freqs.weight"
+
+# Our name inside layers.N -> the GGUF tensors of blk.N it is made of, in row order.
+_BLOCK_TENSORS = {
+    "attention.wqkv": ("attn_q", "attn_k", "attn_v"),
+    "attention.wo": ("attn_output",),
+    "feed_forward.w13": ("ffn_gate", "ffn_up"),
+    "feed_forward.w2": ("ffn_down",),
+    "attention_norm": ("attn_norm",),
+    "ffn_norm": ("ffn_norm",),
+}
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Read a llama-architecture GGUF file; every weight comes back as `dtype`."""
+    source = str(path)
+    metadata, stored = _read(Path(path))
+    architecture = metadata.get("general.architecture")
+    if architecture != "llama":
+        raise LlamaChatError(f"{source} is a {architecture!r} model; llama-chat runs llama-architecture models")
+    _check_types(stored, source)
+    tokenizer = tokenizer_from_gguf_metadata(metadata, source)
+    tokens = metadata["tokenizer.ggml.tokens"]
+    rope_factors = _dequantized(stored[ROPE_FREQS], torch.float64) if ROPE_FREQS in stored else None
+    args = args_from_gguf_metadata(
+        metadata,
+        vocab_size=len(tokens),
+        tie_embeddings="output.weight" not in stored,
+        rope_factors=rope_factors,
+        source=source,
+    )
+    tensors = convert_gguf_tensors(stored, args, dtype, source)
+    return Checkpoint(
+        args=args,
+        tensors=tensors,
+        tokenizer=tokenizer,
+        chat_template=metadata.get("tokenizer.chat_template"),
+        stop_ids=tokenizer.stop_ids,
+        bos_token=tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else None,
+        eos_token=tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else None,
+    )
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, ReaderTensor]]:
+    """The file's metadata as Python values, and its tensors (still mapped from the file)."""
+    if not path.is_file():
+        raise LlamaChatError(f"{path}: no such file")
+    with path.open("rb") as file:
+        if file.read(4) != b"GGUF":
+            raise LlamaChatError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    try:
+        reader = GGUFReader(path)
+        fields = reader.fields.items()
+        metadata = {name: field.contents() for name, field in fields if not name.startswith("GGUF.")}
+    # A truncated or damaged file fails wherever the reader runs out of bytes or meets nonsense.
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError):
+        raise LlamaChatError(f"{path}: the GGUF file is truncated or corrupt; download it again") from None
+    return metadata, {tensor.name: tensor for tensor in reader.tensors}
+
+
+def _check_types(stored: Mapping[str, ReaderTensor], source: str) -> None:
+    for name, tensor in stored.items():
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            raise LlamaChatError(
+                f"{source}: tensor {name} is stored as {tensor.tensor_type.name}, which llama-chat cannot "
+                "load; use a file quantised as F16, BF16, Q8_0, Q4_0/Q4_1/Q5_0/Q5_1 or a K-quant"
+            )
+
+
+def args_from_gguf_metadata(
+    metadata: Mapping[str, Any],
+    *,
+    vocab_size: int,
+    tie_embeddings: bool,
+    rope_factors: torch.Tensor | None = None,
+    source: str = "model.gguf",
+) -> ModelArgs:
+    """ModelArgs from llama.* metadata; `rope_factors` is the rope_freqs tensor, if the file has one."""
+
+    def read(key: str, default: Any = None) -> Any:
+        value = metadata.get(f"llama.{key}", default)
+        if value is None:
+            raise LlamaChatError(f"{source} has no 'llama.{key}' entry; the file is incomplete")
+        if isinstance(value, list):
+            raise LlamaChatError(f"{source}: llama.{key} varies by layer, which llama-chat does not support")
+        return value
+
+    if metadata.get("llama.expert_count", 0):
+        raise LlamaChatError(f"{source} is a mixture-of-experts model, which llama-chat cannot run")
+    dim, n_heads = read("embedding_length"), read("attention.head_count")
+    head_dim = read("attention.key_length", metadata.get("llama.rope.dimension_count", dim // n_heads))
+    if read("attention.value_length", head_dim) != head_dim:
+        raise LlamaChatError(f"{source}: keys and values of different sizes are not supported")
+    if read("rope.dimension_count", head_dim) != head_dim:
+        raise LlamaChatError(f"{source}: rotary embeddings over part of each head are not supported")
+    args = ModelArgs(
+        dim=dim,
+        n_layers=read("block_count"),
+        n_heads=n_heads,
+        n_kv_heads=read("attention.head_count_kv", n_heads),
+        head_dim=head_dim,
+        vocab_size=vocab_size,
+        hidden_dim=read("feed_forward_length"),
+        norm_eps=float(read("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(read("rope.freq_base", 10000.0)),
+        max_seq_len=read("context_length", 2048),
+        tie_embeddings=tie_embeddings,
+    )
+    return replace(args, rope_scaling=_rope_scaling(metadata, args, rope_factors, source))
+
+
+def _rope_scaling(
+    metadata: Mapping[str, Any], args: ModelArgs, rope_factors: torch.Tensor | None, source: str
+) -> RopeScaling:
+    kind = metadata.get("llama.rope.scaling.type", "none")
+    factor = metadata.get("llama.rope.scaling.factor")
+    if kind == "none" and metadata.get("llama.rope.scale_linear"):  # older files
+        kind, factor = "linear", metadata["llama.rope.scale_linear"]
+    if rope_factors is not None:
+        if kind != "none":
+            raise LlamaChatError(f"{source} combines {kind} rope scaling with rope_freqs, which is not supported")
+        original = metadata.get("llama.rope.scaling.original_context_length", 8192)
+        return llama3_scaling_from_factors(rope_factors, args, original, source)
+    if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
+        return RopeScaling()
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=float(factor))
+    raise LlamaChatError(f"{source} uses {kind!r} rope scaling; llama-chat supports linear and llama3")
+
+
+def llama3_scaling_from_factors(
+    rope_factors: torch.Tensor, args: ModelArgs, original_context: int, source: str = "model.gguf"
+) -> RopeScaling:
+    """The llama3 rope scaling whose per-frequency divisors are `rope_factors`.
+
+    llama.cpp stores Llama 3.1 scaling as the divisor of each rotary frequency: 1 for
+    high frequencies, `factor` for low ones, and a blend between. On the blend, the
+    weight of the unscaled frequency is linear in the frequency, which gives the low and
+    high frequency factors back. The result is checked against the stored divisors.
+    """
+    factors = rope_factors.double().flatten()
+    if factors.numel() != args.head_dim // 2:
+        raise LlamaChatError(f"{source}: rope_freqs has {factors.numel()} entries, expected {args.head_dim // 2}")
+    factor = float(factors.max())
+    low, high = 1.0, 4.0  # Llama 3.1's values, used when too few frequencies are blended to tell
+    inv_freq = rope_inverse_frequencies(args)
+    blended = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6))
+    if factor > 1 and int(blended.sum()) >= 2:
+        # 1/divisor = (1 - s)/factor + s, with s = (original/wavelength - low) / (high - low).
+        weight = (1 / factors[blended] - 1 / factor) / (1 - 1 / factor)
+        position = original_context * inv_freq[blended] / (2 * math.pi)
+        slope, intercept = np.polyfit(position.numpy(), weight.numpy(), 1)
+        low = -intercept / slope
+        high = low + 1 / slope
+    scaling = RopeScaling(
+        kind="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+        original_max_position_embeddings=original_context,
+    )
+    expected = inv_freq / factors
+    derived = rope_inverse_frequencies(replace(args, rope_scaling=scaling))
+    if not torch.allclose(derived, expected, rtol=1e-4, atol=0):
+        raise LlamaChatError(f"{source}: its rope_freqs are not a llama3 rope scaling llama-chat can reproduce")
+    return scaling
+
+
+def _expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    shapes = {
+        "token_embd.weight": (args.vocab_size, args.dim),
+        "output_norm.weight": (args.dim,),
+    }
+    if not args.tie_embeddings:
+        shapes["output.weight"] = (args.vocab_size, args.dim)
+    per_block = {
+        "attn_q": (q, args.dim), "attn_k": (kv, args.dim), "attn_v": (kv, args.dim),
+        "attn_output": (args.dim, q),
+        "ffn_gate": (args.hidden_dim, args.dim), "ffn_up": (args.hidden_dim, args.dim),
+        "ffn_down": (args.dim, args.hidden_dim),
+        "attn_norm": (args.dim,), "ffn_norm": (args.dim,),
+    }
+    for i in range(args.n_layers):
+        shapes.update({f"blk.{i}.{name}.weight": shape for name, shape in per_block.items()})
+    return shapes
+
+
+def convert_gguf_tensors(
+    stored: Mapping[str, ReaderTensor], args: ModelArgs, dtype: torch.dtype, source: str = "model.gguf"
+) -> dict[str, torch.Tensor]:
+    """GGUF tensors to our names and layout, dequantised to `dtype` one at a time."""
+    shapes = _expected_shapes(args)
+    unknown = sorted(set(stored) - set(shapes) - {ROPE_FREQS})
+    if unknown:
+        raise LlamaChatError(f"{source} has tensor {unknown[0]}, which a plain Llama model does not use")
+
+    def take(name: str) -> torch.Tensor:
+        if name not in stored:
+            raise LlamaChatError(f"{source} is missing tensor {name}; the file is incomplete")
+        shape = tuple(int(d) for d in reversed(stored[name].shape.tolist()))
+        if shape != shapes[name]:
+            raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
+        return _dequantized(stored[name], dtype)
+
+    state = {"tok_embeddings.weight": take("token_embd.weight"), "norm.weight": take("output_norm.weight")}
+    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take("output.weight")
+    rotary_heads = {"attn_q": args.n_heads, "attn_k": args.n_kv_heads}
+    for i in range(args.n_layers):
+        for ours, gguf_names in _BLOCK_TENSORS.items():
+            pieces = []
+            for gguf_name in gguf_names:
+                tensor = take(f"blk.{i}.{gguf_name}.weight")
+                if gguf_name in rotary_heads:
+                    tensor = meta_to_hf_rotary(tensor, rotary_heads[gguf_name])
+                pieces.append(tensor)
+            state[f"layers.{i}.{ours}.weight"] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    return state
+
+
+def _dequantized(tensor: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
+    """One stored tensor as a float tensor of PyTorch shape, copied out of the file."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    if tensor.tensor_type == GGMLQuantizationType.F32:
+        values = np.array(tensor.data, dtype=np.float32)  # a copy: the file stays mapped read-only
+    elif tensor.tensor_type == GGMLQuantizationType.F16:
+        values = np.array(tensor.data, dtype=np.float16)
+    else:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    return torch.from_numpy(values.reshape(shape)).to(dtype)

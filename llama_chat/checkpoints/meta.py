@@ -1,0 +1,282 @@
+"""Meta's original Llama checkpoints: params.json, consolidated.NN.pth shards, tokenizer.model.
+
+Meta stores each model-parallel rank's slice of the weights in its own shard and
+rotates interleaved feature pairs; loading merges the slices and permutes q/k rows
+into the half-split rotary layout the model uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from ..config import ModelArgs, RopeScaling
+from ..errors import LlamaChatError
+from ..tokenizer import Tokenizer
+from ..tokenizer_spm import SentencePieceTokenizer
+from ..tokenizer_tiktoken import TiktokenTokenizer, looks_like_tiktoken
+from .checkpoint import Checkpoint
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Model-parallel layout of Meta's reference: which dimension each weight is split on.
+# Column-parallel layers split their output rows, row-parallel ones their input columns;
+# norms are replicated on every rank. tok_embeddings is decided by shape (see below).
+_SPLIT_DIM = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}
+
+
+def load_meta_directory(path: str | Path) -> Checkpoint:
+    """Load a directory of Meta's format: params.json, consolidated.*.pth, tokenizer.model."""
+    directory = Path(path)
+    params = _read_params(directory / "params.json")
+    tokenizer = load_tokenizer_model(directory / "tokenizer.model")
+    shard_paths = sorted(directory.glob("consolidated.*.pth"))
+    if not shard_paths:
+        raise LlamaChatError(f"{directory}: no consolidated.*.pth weight files")
+    shards = [load_torch_file(shard) for shard in shard_paths]
+    args = args_from_meta_params(
+        params,
+        tokenizer_vocab_size=tokenizer.vocab_size,
+        tie_embeddings="output.weight" not in shards[0],
+        llama3=isinstance(tokenizer, TiktokenTokenizer),
+    )
+    tensors = convert_meta_shards(shards, args, source=_describe(shard_paths))
+    return Checkpoint(
+        args=args,
+        tensors=tensors,
+        tokenizer=tokenizer,
+        chat_template=None,  # Meta ships no template: a built-in chat format is used
+        stop_ids=tokenizer.stop_ids,
+        bos_token=token_name(tokenizer, tokenizer.bos_id),
+        eos_token=token_name(tokenizer, tokenizer.eos_id),
+    )
+
+
+def meta_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """The SwiGLU width Meta's reference derives from dim (2/3 of 4*dim, scaled, rounded up)."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+def args_from_meta_params(
+    params: Mapping,
+    *,
+    tokenizer_vocab_size: int,
+    tie_embeddings: bool = False,
+    llama3: bool = False,
+) -> ModelArgs:
+    """ModelArgs from a params.json; vocab_size -1 means "as many as the tokenizer has"."""
+    try:
+        dim = params["dim"]
+        vocab_size = params.get("vocab_size", -1)
+        return ModelArgs(
+            dim=dim,
+            n_layers=params["n_layers"],
+            n_heads=params["n_heads"],
+            n_kv_heads=params.get("n_kv_heads") or params["n_heads"],
+            vocab_size=vocab_size if vocab_size > 0 else tokenizer_vocab_size,
+            hidden_dim=meta_hidden_dim(dim, params.get("multiple_of", 256), params.get("ffn_dim_multiplier")),
+            norm_eps=params.get("norm_eps", 1e-5),
+            rope_theta=float(params.get("rope_theta", 10000.0)),
+            rope_scaling=_meta_rope_scaling(params),
+            max_seq_len=params.get("max_seq_len") or _default_context(params, llama3),
+            tie_embeddings=tie_embeddings,
+        )
+    except KeyError as missing:
+        raise LlamaChatError(f"params.json has no {missing.args[0]!r}: is this a Meta Llama checkpoint?") from None
+
+
+def _meta_rope_scaling(params: Mapping) -> RopeScaling:
+    if not params.get("use_scaled_rope"):
+        return RopeScaling()
+    # params.json does not record the factor: 8 for Llama 3.1 and later large models,
+    # 32 for Llama 3.2 1B and 3B (dim 2048 and 3072), as Hugging Face's converter assumes.
+    factor = params.get("rope_scaling_factor") or (32.0 if params["dim"] < 4096 else 8.0)
+    return RopeScaling(
+        kind="llama3",
+        factor=float(factor),
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
+
+
+def _default_context(params: Mapping, llama3: bool) -> int:
+    if params.get("use_scaled_rope"):
+        return 131072
+    return 8192 if llama3 else 4096
+
+
+def meta_to_hf_rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder q or k projection rows from interleaved rotary pairs to half-split.
+
+    Within each head Meta's row 2i+j is pair i's component j; the half-split layout
+    puts component j of pair i at row j*(head_dim/2)+i.
+    """
+    rows, columns = weight.shape
+    head_dim = rows // n_heads
+    return weight.reshape(n_heads, head_dim // 2, 2, columns).transpose(1, 2).reshape(rows, columns)
+
+
+def convert_meta_shards(
+    shards: Sequence[Mapping[str, torch.Tensor]], args: ModelArgs, *, source: str = "checkpoint"
+) -> dict[str, torch.Tensor]:
+    """Merge Meta model-parallel shards into one state dict in this project's names and layout."""
+
+    def take(name: str) -> torch.Tensor:
+        return _merged(shards, name, _meta_shape(name, args), args.dim, source)
+
+    state = {"tok_embeddings.weight": take("tok_embeddings.weight"), "norm.weight": take("norm.weight")}
+    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take("output.weight")
+    for i in range(args.n_layers):
+        layer = f"layers.{i}."
+        state[layer + "attention.wqkv.weight"] = torch.cat(
+            [
+                meta_to_hf_rotary(take(layer + "attention.wq.weight"), args.n_heads),
+                meta_to_hf_rotary(take(layer + "attention.wk.weight"), args.n_kv_heads),
+                take(layer + "attention.wv.weight"),
+            ]
+        )
+        state[layer + "attention.wo.weight"] = take(layer + "attention.wo.weight")
+        state[layer + "feed_forward.w13.weight"] = torch.cat(
+            [take(layer + "feed_forward.w1.weight"), take(layer + "feed_forward.w3.weight")]
+        )
+        state[layer + "feed_forward.w2.weight"] = take(layer + "feed_forward.w2.weight")
+        state[layer + "attention_norm.weight"] = take(layer + "attention_norm.weight")
+        state[layer + "ffn_norm.weight"] = take(layer + "ffn_norm.weight")
+    return state
+
+
+def _meta_shape(name: str, args: ModelArgs) -> tuple[int, ...]:
+    q_rows = args.n_heads * args.head_dim
+    kv_rows = args.n_kv_heads * args.head_dim
+    kind = name.split(".")[-2]
+    shapes = {
+        "tok_embeddings": (args.vocab_size, args.dim),
+        "output": (args.vocab_size, args.dim),
+        "wq": (q_rows, args.dim),
+        "wk": (kv_rows, args.dim),
+        "wv": (kv_rows, args.dim),
+        "wo": (args.dim, q_rows),
+        "w1": (args.hidden_dim, args.dim),
+        "w3": (args.hidden_dim, args.dim),
+        "w2": (args.dim, args.hidden_dim),
+    }
+    return shapes.get(kind, (args.dim,))  # the rest are norms
+
+
+def _merged(
+    shards: Sequence[Mapping[str, torch.Tensor]], name: str, expected: tuple[int, ...], dim: int, source: str
+) -> torch.Tensor:
+    pieces = []
+    for index, shard in enumerate(shards):
+        if name not in shard:
+            raise LlamaChatError(f"{source}: shard {index} has no tensor {name!r}")
+        pieces.append(_checked_float(shard[name], name, source))
+    kind = name.split(".")[-2]
+    if len(pieces) == 1 or pieces[0].ndim == 1:
+        merged = pieces[0]  # one rank, or a norm replicated on every rank
+    elif kind == "tok_embeddings":
+        # Llama 1/2 split the embedding's features; Llama 3 splits its vocabulary.
+        merged = torch.cat(pieces, dim=0 if pieces[0].shape[1] == dim else 1)
+    else:
+        merged = torch.cat(pieces, dim=_SPLIT_DIM[kind])
+    if tuple(merged.shape) != expected:
+        raise LlamaChatError(
+            f"{source}: tensor {name!r} has shape {tuple(merged.shape)} but params.json implies {expected}"
+        )
+    return merged
+
+
+def _checked_float(tensor: object, name: str, source: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise LlamaChatError(f"{source}: {name!r} is a {type(tensor).__name__}, not a tensor")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise LlamaChatError(
+            f"{source}: tensor {name!r} is {tensor.dtype}; llama-chat loads float32, float16 or bfloat16 weights"
+        )
+    return tensor
+
+
+def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
+    """A PyTorch weight file's tensors, memory-mapped, refusing any pickled code."""
+    if not path.is_file():
+        raise LlamaChatError(f"{path}: no such file")
+    with open(path, "rb") as file:
+        header = file.read(4)
+    is_zip = header == b"PK\x03\x04"
+    # PyTorch files are zip archives, or bare pickles (protocol marker 0x80) from before 2020.
+    if not is_zip and header[:1] != b"\x80":
+        raise LlamaChatError(f"{path}: not a readable PyTorch weight file (neither a zip archive nor a pickle)")
+    try:
+        # Files from before PyTorch's zip format cannot be memory-mapped.
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+    except pickle.UnpicklingError:
+        raise LlamaChatError(
+            f"{path}: refused: needs arbitrary code to load (it holds more than tensors); "
+            "use a safetensors or plain-tensor checkpoint"
+        ) from None
+    except Exception as error:  # torch reports damaged files with many exception types
+        raise LlamaChatError(f"{path}: not a readable PyTorch weight file ({type(error).__name__}: {error})") from None
+    if not isinstance(loaded, dict) or not all(isinstance(key, str) for key in loaded):
+        raise LlamaChatError(f"{path}: expected a dictionary of named tensors, found {type(loaded).__name__}")
+    return loaded
+
+
+def load_tokenizer_model(
+    path: Path,
+    added_tokens: Mapping[str, int] | None = None,
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    end_of_turn_ids: Iterable[int] = (),
+    add_bos_token: bool = True,
+) -> Tokenizer:
+    """A tokenizer.model file: Llama 3's tiktoken ranks (text lines) or a SentencePiece protobuf.
+
+    The keyword settings (from a Hugging Face tokenizer_config.json) apply to SentencePiece;
+    a tiktoken file is always Llama 3's, whose settings are known.
+    """
+    if not path.is_file():
+        raise LlamaChatError(f"{path}: no such file (the model's tokenizer)")
+    if looks_like_tiktoken(path):
+        return TiktokenTokenizer.llama3(path)
+    return SentencePieceTokenizer.from_file(
+        path,
+        added_tokens,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        end_of_turn_ids=end_of_turn_ids,
+        add_bos_token=add_bos_token,
+    )
+
+
+def _read_params(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as file:
+            params = json.load(file)
+    except FileNotFoundError:
+        raise LlamaChatError(f"{path}: no such file (a Meta checkpoint directory has params.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise LlamaChatError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(params, dict):
+        raise LlamaChatError(f"{path}: expected a JSON object")
+    return params
+
+
+def token_name(tokenizer: Tokenizer, token: int | None) -> str | None:
+    """The name of a control token (they decode to their own names in every backend)."""
+    return tokenizer.decode([token]) if token is not None else None
+
+
+def _describe(shard_paths: Sequence[Path]) -> str:
+    if len(shard_paths) == 1:
+        return str(shard_paths[0])
+    return f"{shard_paths[0].parent / 'consolidated.*.pth'} ({len(shard_paths)} shards)"

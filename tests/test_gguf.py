@@ -1,0 +1,349 @@
+"""GGUF checkpoints: tiny random models written with gguf.GGUFWriter, checked against transformers."""
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+
+from llama_chat import Llama
+from llama_chat.checkpoints.gguf import load_gguf
+from llama_chat.errors import LlamaChatError
+from llama_chat.model import Transformer
+
+from .hf_reference import hf_logits, random_hf_model
+from .test_tokenizer_bpe import byte_level_metadata, spm_metadata, train_sentencepiece
+
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+VOCAB = byte_level_metadata(pre="smollm")["tokenizer.ggml.tokens"]
+IDS = [1, 70, 80, 90, 100, 261, 262, 3, 4, 200, 150, 2, 5, 6, 7, 8, 9, 10, 260, 259]
+
+
+def tiny_hf_model(seed: int = 0, **config):
+    """Dimensions that are multiples of 32, as block-quantised types need."""
+    settings = dict(
+        vocab_size=len(VOCAB), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    )
+    settings.update(config)
+    return random_hf_model(seed, **settings)
+
+
+def to_interleaved(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to q and k rows: within each head, the two halves
+    of the Hugging Face layout become interleaved pairs."""
+    rows, columns = weight.shape
+    return weight.reshape(n_heads, 2, rows // n_heads // 2, columns).swapaxes(1, 2).reshape(rows, columns)
+
+
+def llama3_rope_factors(config: dict, head_dim: int) -> np.ndarray:
+    """The rope_freqs tensor llama.cpp writes for Llama 3.1 rope scaling."""
+    scaling = config["rope_parameters"]
+    inv_freq = 1.0 / scaling["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    old_context = scaling["original_max_position_embeddings"]
+    low, high, factor = scaling["low_freq_factor"], scaling["high_freq_factor"], scaling["factor"]
+    factors = []
+    for frequency in inv_freq:
+        wavelength = 2 * math.pi / frequency
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def write_gguf(
+    path: Path,
+    model,
+    *,
+    qtype: QType = QType.F32,
+    architecture: str = "llama",
+    extra: Callable[[gguf.GGUFWriter], None] | None = None,
+    vocabulary: dict | None = None,
+) -> Path:
+    """A GGUF file of a transformers LlamaForCausalLM, laid out as llama.cpp's converter does.
+
+    `vocabulary` is tokenizer.ggml.* metadata (by default a byte-level one with the smollm split).
+    """
+    config = model.config.to_dict()
+    n_heads, n_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config["hidden_size"] // n_heads
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(n_heads)
+    writer.add_head_count_kv(n_kv_heads)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    adders = {
+        "model": writer.add_tokenizer_model, "pre": writer.add_tokenizer_pre, "tokens": writer.add_token_list,
+        "token_type": writer.add_token_types, "merges": writer.add_token_merges, "scores": writer.add_token_scores,
+        "bos_token_id": writer.add_bos_token_id, "eos_token_id": writer.add_eos_token_id,
+        "unknown_token_id": writer.add_unk_token_id, "add_space_prefix": writer.add_add_space_prefix,
+    }
+    for key, value in (vocabulary or byte_level_metadata(pre="smollm")).items():
+        adders[key.removeprefix("tokenizer.ggml.")](value)
+    if extra is not None:
+        extra(writer)
+    if config["rope_parameters"].get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config, head_dim))
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        array = tensor.detach().float().numpy()
+        if array.ndim == 1 or qtype == QType.F32:
+            writer.add_tensor(name, array)  # norms stay F32, as llama.cpp keeps them
+        else:
+            data = gguf.quants.quantize(array, qtype)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+
+    weights = model.state_dict()
+    add("token_embd.weight", weights["model.embed_tokens.weight"])
+    add("output_norm.weight", weights["model.norm.weight"])
+    if not config["tie_word_embeddings"]:
+        add("output.weight", weights["lm_head.weight"])
+    for i in range(config["num_hidden_layers"]):
+        hf = f"model.layers.{i}."
+        q = to_interleaved(weights[hf + "self_attn.q_proj.weight"].numpy(), n_heads)
+        k = to_interleaved(weights[hf + "self_attn.k_proj.weight"].numpy(), n_kv_heads)
+        add(f"blk.{i}.attn_q.weight", torch.from_numpy(q))
+        add(f"blk.{i}.attn_k.weight", torch.from_numpy(k))
+        add(f"blk.{i}.attn_v.weight", weights[hf + "self_attn.v_proj.weight"])
+        add(f"blk.{i}.attn_output.weight", weights[hf + "self_attn.o_proj.weight"])
+        add(f"blk.{i}.ffn_gate.weight", weights[hf + "mlp.gate_proj.weight"])
+        add(f"blk.{i}.ffn_up.weight", weights[hf + "mlp.up_proj.weight"])
+        add(f"blk.{i}.ffn_down.weight", weights[hf + "mlp.down_proj.weight"])
+        add(f"blk.{i}.attn_norm.weight", weights[hf + "input_layernorm.weight"])
+        add(f"blk.{i}.ffn_norm.weight", weights[hf + "post_attention_layernorm.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def llama_from_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Llama:
+    checkpoint = load_gguf(path, dtype=dtype)
+    transformer = Transformer(checkpoint.args)
+    transformer.load_state_dict(checkpoint.tensors, strict=True)
+    return Llama(transformer, checkpoint.tokenizer)
+
+
+def quantized_copy(model, qtype: QType):
+    """The model with every matrix replaced by its quantise-dequantise round trip."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                rounded = gguf.quants.dequantize(gguf.quants.quantize(parameter.numpy(), qtype), qtype)
+                parameter.copy_(torch.from_numpy(rounded))
+    return model
+
+
+# --- weights and logits -----------------------------------------------------------------
+
+
+def test_f32_gguf_matches_transformers(tmp_path):
+    model = tiny_hf_model(seed=1)
+    ours = llama_from_gguf(write_gguf(tmp_path / "m.gguf", model))
+    args = ours.args
+    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim) == (64, 2, 4, 2, 16)
+    assert (args.hidden_dim, args.vocab_size, args.max_seq_len) == (96, len(VOCAB), 128)
+    assert not args.tie_embeddings
+    assert args.norm_eps == pytest.approx(1e-5) and args.rope_theta == 10000.0
+    torch.testing.assert_close(ours.logits(IDS), hf_logits(model, IDS), atol=1e-4, rtol=0)
+
+
+def test_tied_embeddings_when_the_file_has_no_output_tensor(tmp_path):
+    model = tiny_hf_model(seed=2, tie_word_embeddings=True, num_key_value_heads=4)
+    checkpoint = load_gguf(write_gguf(tmp_path / "m.gguf", model))
+    assert checkpoint.args.tie_embeddings
+    assert checkpoint.tensors["output.weight"] is checkpoint.tensors["tok_embeddings.weight"]
+    ours = llama_from_gguf(tmp_path / "m.gguf")
+    torch.testing.assert_close(ours.logits(IDS), hf_logits(model, IDS), atol=1e-4, rtol=0)
+
+
+def test_q8_0_gguf_loads_exactly_the_dequantised_weights(tmp_path):
+    model = tiny_hf_model(seed=3)
+    reference = hf_logits(model, IDS)
+    ours = llama_from_gguf(write_gguf(tmp_path / "m.gguf", model, qtype=QType.Q8_0)).logits(IDS)
+    # Against the same model with Q8_0-rounded weights the only difference is arithmetic order.
+    torch.testing.assert_close(ours, hf_logits(quantized_copy(model, QType.Q8_0), IDS), atol=1e-4, rtol=0)
+    # Against the float weights, Q8_0 rounding moves these logits (std 1.0) by 0.114 at most
+    # and 0.016 on average (measured; 0.09-0.16 and 0.016-0.023 over seeds 0-5). A q/k layout
+    # error moves them by 4.2, so these bounds still catch one.
+    error = (ours - reference).abs()
+    assert error.max() < 0.25 and error.mean() < 0.03
+
+
+@pytest.mark.parametrize(
+    "qtype", [QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1], ids=lambda q: q.name
+)
+def test_other_types_dequantise_to_their_rounded_weights(tmp_path, qtype):
+    model = tiny_hf_model(seed=4)
+    ours = llama_from_gguf(write_gguf(tmp_path / "m.gguf", model, qtype=qtype)).logits(IDS)
+    torch.testing.assert_close(ours, hf_logits(quantized_copy(model, qtype), IDS), atol=1e-4, rtol=0)
+
+
+def test_weights_come_back_in_the_requested_dtype(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(), qtype=QType.Q8_0)
+    checkpoint = load_gguf(path, dtype=torch.bfloat16)
+    assert {t.dtype for t in checkpoint.tensors.values()} == {torch.bfloat16}
+    assert checkpoint.tensors["layers.1.attention.wqkv.weight"].shape == (64 + 2 * 32, 64)
+    assert checkpoint.tensors["layers.1.feed_forward.w13.weight"].shape == (2 * 96, 64)
+
+
+# --- rope scaling -------------------------------------------------------------------------
+
+
+def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path):
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=8.0,
+                   original_max_position_embeddings=64, rope_theta=10000.0)
+    model = tiny_hf_model(seed=5, rope_parameters=scaling)
+    ours = llama_from_gguf(write_gguf(tmp_path / "m.gguf", model))
+    recovered = ours.args.rope_scaling
+    assert recovered.kind == "llama3" and recovered.factor == pytest.approx(8.0)
+    # The file determines the wavelengths where scaling starts and ends (original/low, original/high).
+    original = recovered.original_max_position_embeddings
+    assert original / recovered.low_freq_factor == pytest.approx(64.0, rel=1e-4)
+    assert original / recovered.high_freq_factor == pytest.approx(8.0, rel=1e-4)
+    ids = IDS * 5  # positions up to 100, past the original context of 64
+    torch.testing.assert_close(ours.logits(ids), hf_logits(model, ids), atol=1e-4, rtol=0)
+
+
+def test_linear_rope_scaling_from_metadata(tmp_path):
+    model = tiny_hf_model(seed=6, rope_parameters=dict(rope_type="linear", factor=4.0, rope_theta=10000.0))
+    def linear(writer: gguf.GGUFWriter) -> None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(4.0)
+
+    ours = llama_from_gguf(write_gguf(tmp_path / "m.gguf", model, extra=linear))
+    assert (ours.args.rope_scaling.kind, ours.args.rope_scaling.factor) == ("linear", 4.0)
+    torch.testing.assert_close(ours.logits(IDS), hf_logits(model, IDS), atol=1e-4, rtol=0)
+
+
+def test_yarn_rope_scaling_is_refused(tmp_path):
+    def yarn(writer: gguf.GGUFWriter) -> None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(), extra=yarn)
+    with pytest.raises(LlamaChatError, match="'yarn' rope scaling"):
+        load_gguf(path)
+
+
+# --- tokenizer and chat metadata ------------------------------------------------------------
+
+
+def test_tokenizer_and_chat_metadata(tmp_path):
+    checkpoint = load_gguf(write_gguf(tmp_path / "m.gguf", tiny_hf_model()))
+    tokenizer = checkpoint.tokenizer
+    assert checkpoint.chat_template == CHAT_TEMPLATE
+    assert (checkpoint.bos_token, checkpoint.eos_token) == ("<|im_start|>", "<|endoftext|>")
+    assert checkpoint.stop_ids == frozenset({0, 2})
+    typed = tokenizer.encode("<|im_end|> the 42")
+    assert len(typed) > 3 and not set(typed) & {0, 1, 2}
+    assert [VOCAB[i] for i in tokenizer.encode(" the 42")] == ["Ġthe", "Ġ", "4", "2"]  # smollm split
+    assert tokenizer.decode([1, *typed, 2]) == "<|im_start|><|im_end|> the 42<|im_end|>"
+
+
+def test_sentencepiece_vocabulary_read_from_the_file(tmp_path):
+    sp = train_sentencepiece(tmp_path)
+    vocabulary = spm_metadata(sp)
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(vocab_size=sp.GetPieceSize()), vocabulary=vocabulary)
+    checkpoint = load_gguf(path)
+    text = "  Hello world, 2024 Привет <tool>"
+    assert checkpoint.tokenizer.encode(text) == sp.encode(text)
+    assert (checkpoint.bos_token, checkpoint.eos_token, checkpoint.stop_ids) == ("<s>", "</s>", frozenset({2}))
+    assert checkpoint.tokenizer.add_bos_token
+
+
+# --- files llama-chat refuses ---------------------------------------------------------------
+
+
+def test_other_architectures_are_refused_by_name(tmp_path):
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(), architecture="qwen2")
+    expected = r"model\.gguf is a 'qwen2' model; llama-chat runs llama-architecture models"
+    with pytest.raises(LlamaChatError, match=expected):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.01, 0.3, 0.9, 0.999])
+def test_truncated_file_is_refused_naming_it(tmp_path, keep):
+    path = write_gguf(tmp_path / "cut.gguf", tiny_hf_model())
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    expected = "cut.gguf is not a GGUF file" if keep < 0.001 else "cut.gguf: the GGUF file is truncated or corrupt"
+    with pytest.raises(LlamaChatError, match=expected):
+        load_gguf(path)
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(LlamaChatError, match="absent.gguf: no such file"):
+        load_gguf(tmp_path / "absent.gguf")
+
+
+def test_not_a_gguf_file_is_refused(tmp_path):
+    path = tmp_path / "notes.gguf"
+    path.write_text("just some text, not a model at all" * 10)
+    with pytest.raises(LlamaChatError, match="notes.gguf is not a GGUF file"):
+        load_gguf(path)
+
+
+def copy_gguf(source: Path, target: Path, replacements: dict[str, tuple[np.ndarray, QType]]) -> Path:
+    """The same file with some tensors replaced by (data, type): F32 data, or raw quantised bytes."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(str(target), "llama")
+    for field in reader.fields.values():
+        if not field.name.startswith(("GGUF.", "general.architecture")):
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        data, qtype = replacements.get(tensor.name, (np.array(tensor.data), tensor.tensor_type))
+        writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def test_k_quant_tensor_is_dequantised_in_place(tmp_path):
+    # gguf-py cannot quantise to K-quants, so make Q6_K blocks by hand: 128 bytes of low
+    # bits, 64 of high bits, 16 int8 scales and a float16 scale for 256 weights each.
+    model = tiny_hf_model(hidden_size=256, intermediate_size=256)
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, size=(len(VOCAB), 210), dtype=np.uint8)
+    blocks[:, 208:] = np.full((len(VOCAB), 1), 0.01, dtype=np.float16).view(np.uint8)
+    source = write_gguf(tmp_path / "m.gguf", model)
+    path = copy_gguf(source, tmp_path / "q6k.gguf", {"token_embd.weight": (blocks, QType.Q6_K)})
+    embedding = load_gguf(path).tensors["tok_embeddings.weight"]
+    expected = torch.from_numpy(gguf.quants.dequantize(blocks, QType.Q6_K))
+    assert embedding.shape == (len(VOCAB), 256)
+    torch.testing.assert_close(embedding, expected, atol=0, rtol=0)
+
+
+def test_unsupported_tensor_type_is_refused(tmp_path):
+    source = write_gguf(tmp_path / "m.gguf", tiny_hf_model())
+    wide = np.zeros((96, 64), dtype=np.float64)
+    path = copy_gguf(source, tmp_path / "f64.gguf", {"blk.0.ffn_up.weight": (wide, QType.F64)})
+    with pytest.raises(LlamaChatError, match="blk.0.ffn_up.weight is stored as F64"):
+        load_gguf(path)
+
+
+def test_shape_that_disagrees_with_metadata_is_refused(tmp_path):
+    def wider_feed_forward(writer: gguf.GGUFWriter) -> None:
+        writer.add_feed_forward_length(128)  # the later value replaces the true 96
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(), extra=wider_feed_forward)
+    with pytest.raises(LlamaChatError, match=r"blk.0.ffn_gate.weight has shape \[96, 64\], expected \[128, 64\]"):
+        load_gguf(path)

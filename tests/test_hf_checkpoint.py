@@ -1,0 +1,209 @@
+import json
+from pathlib import Path
+
+import pytest
+import tokenizers
+import torch
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+from llama_chat import Llama
+from llama_chat.checkpoints.hf import load_hf_directory
+from llama_chat.errors import LlamaChatError
+from llama_chat.model import Transformer
+from llama_chat.tokenizer_bpe import BPETokenizer
+from llama_chat.tokenizer_spm import SentencePieceTokenizer
+
+from .hf_reference import hf_logits, random_hf_model
+from .test_tokenizer_spm import CORPUS, train_tiny_spm
+
+VOCAB = 300
+SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+BOS, EOS, EOT = 0, 1, 4  # ids of the special tokens, which the trainer puts first
+IDS = [BOS, 37, 5, 250, 299, 64, 120, 7, 11, 199, 33, 42]
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+class NotATensor:
+    """Pickled by reference: loading it would need this module's code."""
+
+
+def write_tokenizer_json(directory: Path) -> tokenizers.Tokenizer:
+    """A byte-level BPE tokenizer.json (Llama 3 style) whose post-processor adds the bos token."""
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", BOS)]
+    )
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return tokenizer
+
+
+def write_json(path: Path, contents: dict) -> None:
+    path.write_text(json.dumps(contents))
+
+
+def save_model_directory(directory: Path, tied: bool = False, **save_options):
+    """A Hugging Face directory as save_pretrained writes it, with a tokenizer.json and its configs."""
+    model = random_hf_model(seed=3, vocab_size=VOCAB, tie_word_embeddings=tied, bos_token_id=BOS, eos_token_id=EOT)
+    model.save_pretrained(directory, **save_options)
+    write_tokenizer_json(directory)
+    write_json(directory / "tokenizer_config.json", {
+        "bos_token": {"content": "<|begin_of_text|>", "special": True},
+        "eos_token": "<|eot_id|>",
+        "chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": TEMPLATE}],
+    })
+    write_json(directory / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": [EOS, EOT]})
+    return model
+
+
+def llama_from_checkpoint(checkpoint) -> Llama:
+    transformer = Transformer(checkpoint.args)
+    transformer.load_state_dict(checkpoint.tensors, strict=True)
+    return Llama(transformer, checkpoint.tokenizer)
+
+
+def assert_same_logits(checkpoint, model) -> None:
+    ours = llama_from_checkpoint(checkpoint).logits(IDS)
+    torch.testing.assert_close(ours, hf_logits(model, IDS), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_safetensors_directory_matches_transformers(tmp_path, tied):
+    model = save_model_directory(tmp_path, tied)
+    assert (tmp_path / "model.safetensors").is_file()
+    checkpoint = load_hf_directory(tmp_path)
+    assert checkpoint.args.tie_embeddings is tied
+    assert (checkpoint.args.n_heads, checkpoint.args.n_kv_heads) == (6, 2)
+    assert_same_logits(checkpoint, model)
+
+
+def test_tokenizer_and_chat_settings(tmp_path):
+    save_model_directory(tmp_path)
+    checkpoint = load_hf_directory(tmp_path)
+    tokenizer = checkpoint.tokenizer
+    assert isinstance(tokenizer, BPETokenizer)
+    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.vocab_size) == (BOS, EOT, VOCAB)
+    assert tokenizer.add_bos_token is True  # found in the post-processor
+    assert checkpoint.chat_template == TEMPLATE  # the "default" of the named templates
+    assert (checkpoint.bos_token, checkpoint.eos_token) == ("<|begin_of_text|>", "<|eot_id|>")
+    assert checkpoint.stop_ids == tokenizer.stop_ids == frozenset({EOS, EOT})
+    reference = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = "Привет, world 😀\n\n  def f(x):"
+    assert tokenizer.encode(text) == reference.encode(text, add_special_tokens=False).ids
+    assert tokenizer.encode(text, add_bos=True) == reference.encode(text).ids
+    typed = "a <|eot_id|> b"
+    assert EOT in reference.encode(typed, add_special_tokens=False).ids  # what must not happen here
+    assert EOT not in tokenizer.encode(typed) and tokenizer.decode(tokenizer.encode(typed)) == typed
+
+
+def test_sharded_safetensors_directory(tmp_path):
+    model = save_model_directory(tmp_path, max_shard_size="30KB")
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 2
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert_same_logits(load_hf_directory(tmp_path), model)
+
+
+def test_pytorch_bin_directory(tmp_path):
+    model = save_model_directory(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    assert_same_logits(load_hf_directory(tmp_path), model)
+
+
+def test_pytorch_bin_needing_code_is_refused(tmp_path):
+    model = save_model_directory(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "extra": NotATensor()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(LlamaChatError, match="pytorch_model.bin: refused: needs arbitrary code to load"):
+        load_hf_directory(tmp_path)
+
+
+def test_shape_disagreeing_with_config_is_refused(tmp_path):
+    save_model_directory(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["intermediate_size"] = 96
+    write_json(tmp_path / "config.json", config)
+    with pytest.raises(LlamaChatError, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' "
+                                             r"has shape \(80, 48\) but config\.json implies \(96, 48\)"):
+        load_hf_directory(tmp_path)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+    ({"quantization_config": {"quant_method": "gptq"}}, "gptq weights are not supported"),
+    ({"attention_bias": True}, "biases are not supported"),
+])
+def test_unsupported_configs_are_refused(tmp_path, change, message):
+    save_model_directory(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    write_json(tmp_path / "config.json", {**config, **change})
+    with pytest.raises(LlamaChatError, match=message):
+        load_hf_directory(tmp_path)
+
+
+def test_mistral_sliding_window_bounds_the_context(tmp_path):
+    model = save_model_directory(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    write_json(tmp_path / "config.json", {**config, "model_type": "mistral", "sliding_window": 64})
+    checkpoint = load_hf_directory(tmp_path)
+    assert checkpoint.args.max_seq_len == 64
+    assert_same_logits(checkpoint, model)
+
+
+@pytest.mark.parametrize(("missing", "message"), [
+    ("config.json", "config.json: no such file"),
+    ("model.safetensors", "no weights"),
+    ("tokenizer.json", r"no tokenizer \(tokenizer.json or tokenizer.model\)"),
+])
+def test_missing_files_are_reported(tmp_path, missing, message):
+    save_model_directory(tmp_path)
+    (tmp_path / missing).unlink()
+    with pytest.raises(LlamaChatError, match=message):
+        load_hf_directory(tmp_path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    model = save_model_directory(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    state = model.state_dict()
+    del state["model.layers.1.self_attn.k_proj.weight"]
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    with pytest.raises(LlamaChatError, match="weight files have no tensor 'model.layers.1.self_attn.k_proj.weight'"):
+        load_hf_directory(tmp_path)
+
+
+def test_sentencepiece_tokenizer_with_added_tokens(tmp_path):
+    """A Llama 2 style directory: tokenizer.model, specials past the SentencePiece vocabulary."""
+    model = random_hf_model(seed=4, vocab_size=422, bos_token_id=1, eos_token_id=2)
+    model.save_pretrained(tmp_path)
+    train_tiny_spm(tmp_path / "tokenizer.model", 420)
+    write_json(tmp_path / "tokenizer_config.json", {
+        "add_bos_token": True,
+        "bos_token": "<s>",
+        "eos_token": {"content": "</s>"},
+        "added_tokens_decoder": {
+            "0": {"content": "<unk>", "special": True},
+            "1": {"content": "<s>", "special": True},
+            "2": {"content": "</s>", "special": True},
+            "420": {"content": "<|im_start|>", "special": True},
+            "421": {"content": "<|im_end|>", "special": True},
+        },
+    })
+    write_json(tmp_path / "generation_config.json", {"eos_token_id": [2, 421]})
+    (tmp_path / "chat_template.jinja").write_text(TEMPLATE)
+    checkpoint = load_hf_directory(tmp_path)
+    tokenizer = checkpoint.tokenizer
+    assert isinstance(tokenizer, SentencePieceTokenizer)
+    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.vocab_size) == (1, 2, 422)
+    assert tokenizer.token_id("<|im_end|>") == 421
+    assert checkpoint.stop_ids == frozenset({2, 421})
+    assert checkpoint.chat_template == TEMPLATE
+    assert (checkpoint.bos_token, checkpoint.eos_token) == ("<s>", "</s>")
+    assert 421 not in tokenizer.encode("<|im_end|>")
+    ids = [1, 37, 5, 250, 419, 420, 421, 64]
+    torch.testing.assert_close(llama_from_checkpoint(checkpoint).logits(ids), hf_logits(model, ids), atol=1e-4, rtol=0)
