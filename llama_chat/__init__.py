@@ -4,12 +4,14 @@ from .config import ModelArgs, RopeScaling
 from .errors import LlamaChatError
 from .generate import Generation, GenerationStats, Piece
 from .llama import Llama
+from .loading import load
 from .sampling import SamplingSettings
 
 __all__ = [
     "Generation",
     "GenerationStats",
     "Llama",
+    "load",
     "LlamaChatError",
     "ModelArgs",
     "Piece",

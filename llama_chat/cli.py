@@ -1,30 +1,79 @@
-"""The `llama-chat` command: sub-commands, and the one place user errors are printed."""
+"""The `llama-chat` command: options, sub-commands, and the one place user errors are printed."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
 
-from .errors import LlamaChatError
+from .errors import LlamaChatError, UsageError
+from .sampling import SamplingSettings
 
-SUBCOMMANDS = ("bench",)
+SUBCOMMANDS = {
+    "bench": "measure prefill and decode speed",
+    "download": "fetch the default model into the weights folder",
+    "convert": "write a Hugging Face-style directory from a GGUF file or a Meta checkpoint",
+}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def chat_parser() -> argparse.ArgumentParser:
+    defaults = SamplingSettings()
+    parser = argparse.ArgumentParser(
+        prog="llama-chat",
+        description="Chat with a local Llama-family model in the terminal.",
+        epilog="sub-commands: " + "; ".join(f"{name}: {about}" for name, about in SUBCOMMANDS.items()),
+    )
+    parser.add_argument("--model", "-m", help="a .gguf file, or a Hugging Face or Meta checkpoint directory "
+                        "(default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--prompt", "-p", help="answer this one message, print the reply and exit")
+    parser.add_argument("--raw", action="store_true", help="plain completion of the prompt, no chat template")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--chat-format", help="llama3, llama2, chatml, plain, or template (the model's own)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+    parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--min-p", type=float, default=defaults.min_p)
+    parser.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--seed", type=int, help="seed for reproducible sampling (default: random)")
+    parser.add_argument("--stats", action="store_true", help="print a statistics line to stderr after each reply")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
     try:
-        if argv and argv[0] == "bench":
-            from .bench import main as bench_main
+        if argv and argv[0] in SUBCOMMANDS:
+            return run_subcommand(argv[0], [a for a in argv[1:] if a != "--debug"])
+        from .chat import run_chat
 
-            return bench_main(argv[1:])
-        print("llama-chat: chatting needs model loading, which is not built yet; try `llama-chat bench`",
-              file=sys.stderr)
-        return 2
+        options = chat_parser().parse_args(argv)
+        return run_chat(options)
     except LlamaChatError as error:
         if debug:
             raise
         print(f"llama-chat: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, UsageError) else 1
     except KeyboardInterrupt:
+        print(file=sys.stderr)
         return 130
+
+
+def run_subcommand(name: str, argv: list[str]) -> int:
+    if name == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv)
+    if name == "convert":
+        from .convert import main as convert_main
+
+        return convert_main(argv)
+    from .weights import download_default_model
+
+    print(download_default_model())
+    return 0

@@ -20,3 +20,7 @@ class DeviceError(LlamaChatError):
 
 class ContextOverflowError(LlamaChatError):
     """More tokens were fed than the context (the KV cache) can hold."""
+
+
+class UsageError(LlamaChatError):
+    """The command line asks for something impossible (exit code 2)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from .cache import KVCache
+from .chat_format import ChatFormat, PlainFormat
 from .config import ModelArgs
 from .device import resolve_device, resolve_dtype
 from .errors import ContextOverflowError
@@ -23,13 +24,28 @@ PREFILL_CHUNK = 256  # prompt tokens per forward call: bounds the attention scor
 class Llama:
     """A loaded model: `tokenizer`, `logits(ids)`, `new_cache()`, `feed()` and `generate()`."""
 
-    def __init__(self, transformer: Transformer, tokenizer: Tokenizer, *, name: str = "") -> None:
+    def __init__(
+        self,
+        transformer: Transformer,
+        tokenizer: Tokenizer,
+        *,
+        name: str = "",
+        chat_format: ChatFormat | None = None,
+        stop_ids: Iterable[int] | None = None,
+    ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.chat_format = chat_format or PlainFormat(tokenizer)
+        self.stop_ids = frozenset(tokenizer.stop_ids if stop_ids is None else stop_ids)
         first = next(transformer.parameters())
         self.device = first.device
         self.dtype = first.dtype
+        if self.device.type == "cpu":
+            # Real weights drive exp() inside silu and softmax into subnormal floats, which
+            # the CPU handles several times slower; flushing them to zero changes no logit
+            # that matters. (This is a process-wide setting of the CPU's float unit.)
+            torch.set_flush_denormal(True)
 
     @classmethod
     def random(
@@ -97,7 +113,7 @@ class Llama:
         settings = settings or SamplingSettings()
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
-        stop_ids = self.tokenizer.stop_ids if stop_ids is None else stop_ids
+        stop_ids = self.stop_ids if stop_ids is None else stop_ids
         return Generation(self, prompt_ids, settings, cache, stop_ids, stop_strings)
 
 

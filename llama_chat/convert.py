@@ -1,0 +1,133 @@
+"""`llama-chat convert SRC DST`: any supported checkpoint to a Hugging Face-style directory.
+
+The directory holds config.json, model.safetensors (Hugging Face tensor names, so
+transformers can read it too), the tokenizer, tokenizer_config.json with the chat
+template, and generation_config.json with the end-of-turn ids. Safetensors load by
+memory-mapping, so the result loads much faster than a quantised GGUF that must be
+dequantised, or a Meta checkpoint whose shards must be merged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .checkpoints.checkpoint import Checkpoint
+from .config import ModelArgs
+from .device import resolve_dtype
+from .errors import LlamaChatError
+from .loading import read_checkpoint
+
+
+def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
+    """config.json for a LlamaConfig with these hyper-parameters."""
+    scaling = args.rope_scaling
+    rope_scaling = None
+    if scaling.kind == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": scaling.factor}
+    elif scaling.kind == "llama3":
+        rope_scaling = {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "intermediate_size": args.hidden_dim,
+        "vocab_size": args.vocab_size,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": args.max_seq_len,
+        "tie_word_embeddings": args.tie_embeddings,
+        "hidden_act": "silu",
+        "bos_token_id": checkpoint.tokenizer.bos_id,
+        "eos_token_id": checkpoint.tokenizer.eos_id,
+    }
+
+
+def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Our tensor names to Hugging Face's, splitting the fused projections again."""
+    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(dtype).contiguous().clone()  # safetensors wants unshared, contiguous storage
+
+    out = {
+        "model.embed_tokens.weight": own(tensors["tok_embeddings.weight"]),
+        "model.norm.weight": own(tensors["norm.weight"]),
+    }
+    if not args.tie_embeddings:
+        out["lm_head.weight"] = own(tensors["output.weight"])
+    for i in range(args.n_layers):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        q, k, v = tensors[ours + "attention.wqkv.weight"].split([q_rows, kv_rows, kv_rows])
+        gate, up = tensors[ours + "feed_forward.w13.weight"].split(args.hidden_dim)
+        out.update({
+            hf + "self_attn.q_proj.weight": own(q),
+            hf + "self_attn.k_proj.weight": own(k),
+            hf + "self_attn.v_proj.weight": own(v),
+            hf + "self_attn.o_proj.weight": own(tensors[ours + "attention.wo.weight"]),
+            hf + "mlp.gate_proj.weight": own(gate),
+            hf + "mlp.up_proj.weight": own(up),
+            hf + "mlp.down_proj.weight": own(tensors[ours + "feed_forward.w2.weight"]),
+            hf + "input_layernorm.weight": own(tensors[ours + "attention_norm.weight"]),
+            hf + "post_attention_layernorm.weight": own(tensors[ours + "ffn_norm.weight"]),
+        })
+    return out
+
+
+def write_hf_directory(checkpoint: Checkpoint, destination: Path, dtype: torch.dtype) -> None:
+    """Write the directory next to its final place, then move it in: never half a checkpoint."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=destination.parent))
+    try:
+        tokenizer_config = checkpoint.tokenizer.save(staging)
+        tokenizer_config.update(bos_token=checkpoint.bos_token, eos_token=checkpoint.eos_token)
+        if checkpoint.chat_template:
+            tokenizer_config["chat_template"] = checkpoint.chat_template
+        write_json(staging / "tokenizer_config.json", tokenizer_config)
+        write_json(staging / "config.json", hf_config(checkpoint.args, checkpoint))
+        write_json(staging / "generation_config.json", {
+            "bos_token_id": checkpoint.tokenizer.bos_id,
+            "eos_token_id": sorted(checkpoint.stop_ids),
+        })
+        save_file(to_hf_tensors(checkpoint.tensors, checkpoint.args, dtype), staging / "model.safetensors",
+                  metadata={"format": "pt"})
+        staging.rename(destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llama-chat convert", description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="a .gguf file, or a Meta or Hugging Face checkpoint directory")
+    parser.add_argument("destination", help="the directory to create (must not exist yet)")
+    parser.add_argument("--dtype", default="float32", help="float32 (default, exact), bfloat16 or float16")
+    options = parser.parse_args(argv)
+    destination = Path(options.destination).expanduser()
+    if destination.exists():
+        raise LlamaChatError(f"{destination} already exists; give a new directory to convert into")
+    dtype = resolve_dtype(options.dtype, torch.device("cpu"))
+    write_hf_directory(read_checkpoint(options.source), destination, dtype)
+    print(destination)
+    return 0

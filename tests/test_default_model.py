@@ -1,0 +1,110 @@
+"""The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), against independent references.
+
+The model is fetched into the weights folder first if it is not there yet.
+"""
+
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaForCausalLM
+
+import llama_chat
+from llama_chat import Llama, SamplingSettings
+from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.gguf import load_gguf
+from llama_chat.weights import download_default_model
+
+TEXTS = [
+    "Hello, world! How are you today?",
+    "Привет, как дела? Всё хорошо, спасибо.",
+    "你好，世界。今天天气很好。",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "Emoji: 🙂👍🏽🇫🇷 and ❤️",
+    "lots   of    spaces\n\n\n\nand\tnewlines  \n",
+    "  0.18",
+    "Version 2024.11.3 costs $1,299.99",
+    "<|im_end|> typed by a user",
+]
+
+
+@pytest.fixture(scope="module")
+def default_gguf() -> Path:
+    return download_default_model()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(default_gguf) -> Checkpoint:
+    return load_gguf(default_gguf)
+
+
+@pytest.fixture(scope="module")
+def model(default_gguf) -> Llama:
+    return llama_chat.load(default_gguf, device="cpu", dtype="float32")
+
+
+def reference_tokenizer(path: Path) -> Tokenizer:
+    """SmolLM2's published tokenizer.json pipeline, rebuilt from the file's vocabulary and merges.
+
+    No added tokens are registered, so special-token strings in text are plain text.
+    """
+    fields = gguf.GGUFReader(path).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(merge.split(" ")) for merge in fields["tokenizer.ggml.merges"].contents()]
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def test_tokenizer_matches_smollm2_pipeline(default_gguf, checkpoint):
+    reference = reference_tokenizer(default_gguf)
+    for text in TEXTS:
+        ids = checkpoint.tokenizer.encode(text)
+        assert ids == reference.encode(text).ids, text
+        assert checkpoint.tokenizer.decode(ids) == text
+    # Each digit on its own, as SmolLM2 was trained (transformers' GGUF conversion merges "18").
+    pieces = [reference.id_to_token(i) for i in checkpoint.tokenizer.encode("  0.18")]
+    assert pieces == ["ĠĠ", "0", ".", "1", "8"]
+
+
+def test_checkpoint_metadata(checkpoint):
+    args = checkpoint.args
+    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size) == (576, 30, 9, 3, 49152)
+    assert args.tie_embeddings and args.rope_theta == 100000.0 and args.max_seq_len == 8192
+    assert (checkpoint.bos_token, checkpoint.eos_token) == ("<|im_start|>", "<|im_end|>")
+    assert checkpoint.stop_ids == frozenset({0, 2})  # <|endoftext|> and <|im_end|>
+    assert "<|im_start|>" in checkpoint.chat_template
+
+
+def test_logits_match_transformers(default_gguf, model):
+    reference = LlamaForCausalLM.from_pretrained(
+        default_gguf.parent, gguf_file=default_gguf.name, dtype=torch.float32
+    ).eval()
+    text = " ".join(TEXTS) * 3
+    ids = model.tokenizer.encode(text)
+    assert 300 <= len(ids) <= 600
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0]
+    # Both dequantise the same Q4_1 weights; measured: max difference 2.6e-4 over 504 tokens
+    # (logits' standard deviation 6.1).
+    assert (model.logits(ids) - expected).abs().max() <= 1e-3
+
+
+def test_greedy_reply_knows_the_capital_of_france_and_ends_its_turn(model):
+    assert model.chat_format.name == "template"
+    prompt = model.chat_format.encode([{"role": "user", "content": "What is the capital of France?"}])
+    generation = model.generate(prompt, SamplingSettings(temperature=0, max_tokens=30))
+    reply = "".join(piece.text for piece in generation)
+    assert "Paris" in reply
+    assert generation.stats.stop_reason == "stop_token"
+
+
+def test_both_end_of_turn_tokens_are_stop_ids(model):
+    end_ids = {model.tokenizer.token_id(name) for name in ("<|im_end|>", "<|endoftext|>")}
+    assert None not in end_ids and end_ids <= model.stop_ids
