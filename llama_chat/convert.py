@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -108,10 +109,20 @@ def write_hf_directory(checkpoint: Checkpoint, destination: Path, dtype: torch.d
         })
         save_file(to_hf_tensors(checkpoint.tensors, checkpoint.args, dtype), staging / "model.safetensors",
                   metadata={"format": "pt"})
+        give_usual_permissions(staging)
         staging.rename(destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def give_usual_permissions(directory: Path) -> None:
+    """mkdtemp makes a private folder: open it up as far as the umask allows a new one."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def write_json(path: Path, value: dict) -> None:

@@ -8,6 +8,9 @@ import torch
 
 from .chat_format import get_chat_format
 from .checkpoints.checkpoint import Checkpoint
+from .checkpoints.gguf import load_gguf
+from .checkpoints.hf import load_hf_directory
+from .checkpoints.meta import load_meta_directory
 from .device import resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
@@ -16,19 +19,19 @@ from .model import Transformer, rope_tables
 GGUF_MAGIC = b"GGUF"
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a GGUF file, a Hugging Face directory (config.json) or a Meta one (params.json)."""
-    from .checkpoints.gguf import load_gguf
-    from .checkpoints.hf import load_hf_directory
-    from .checkpoints.meta import load_meta_directory
+def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Read a GGUF file, a Hugging Face directory (config.json) or a Meta one (params.json).
 
+    GGUF weights are dequantised straight into `dtype`; the other formats keep the dtype
+    they were stored in until build_transformer converts them.
+    """
     path = Path(path).expanduser()
     if not path.exists():
         raise LlamaChatError(f"{path}: no such file or directory")
     if path.is_file():
         with open(path, "rb") as file:
             if file.read(4) == GGUF_MAGIC:
-                return load_gguf(path)
+                return load_gguf(path, dtype=dtype)
         raise LlamaChatError(
             f"{path}: not a GGUF file; give a .gguf file or a directory with config.json or params.json"
         )
@@ -38,7 +41,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         return load_meta_directory(path)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return load_gguf(ggufs[0])
+        return load_gguf(ggufs[0], dtype=dtype)
     found = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no checkpoint"
     raise LlamaChatError(
         f"{path}: {found}; expected config.json (Hugging Face), params.json (Meta) or one .gguf file"
@@ -77,7 +80,7 @@ def load(
     """Load a model from local files onto `device` (auto: cuda, mps, else cpu) as `dtype`."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
-    checkpoint = read_checkpoint(path)
+    checkpoint = read_checkpoint(path, resolved_dtype)
     chosen_format = get_chat_format(
         chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token
     )

@@ -15,6 +15,7 @@ import llama_chat
 from llama_chat import Llama, SamplingSettings
 from llama_chat.checkpoints.checkpoint import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
+from llama_chat.cli import main
 from llama_chat.weights import download_default_model
 
 TEXTS = [
@@ -108,3 +109,12 @@ def test_greedy_reply_knows_the_capital_of_france_and_ends_its_turn(model):
 def test_both_end_of_turn_tokens_are_stop_ids(model):
     end_ids = {model.tokenizer.token_id(name) for name in ("<|im_end|>", "<|endoftext|>")}
     assert None not in end_ids and end_ids <= model.stop_ids
+
+
+def test_converted_directory_is_the_same_model(default_gguf, model, tmp_path):
+    assert main(["convert", str(default_gguf), str(tmp_path / "smollm2")]) == 0
+    converted = llama_chat.load(tmp_path / "smollm2", device="cpu", dtype="float32")
+    ids = model.tokenizer.encode(" ".join(TEXTS))
+    assert converted.tokenizer.encode(" ".join(TEXTS)) == ids
+    assert torch.equal(converted.logits(ids), model.logits(ids))
+    assert converted.stop_ids == model.stop_ids
