@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from .checkpoints.checkpoint import Checkpoint
+from .checkpoints.hf import HF_NAMES
 from .config import ModelArgs
 from .device import resolve_dtype
 from .errors import LlamaChatError
@@ -68,27 +69,21 @@ def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torc
     def own(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(dtype).contiguous().clone()  # safetensors wants unshared, contiguous storage
 
-    out = {
-        "model.embed_tokens.weight": own(tensors["tok_embeddings.weight"]),
-        "model.norm.weight": own(tensors["norm.weight"]),
-    }
+    names = HF_NAMES
+    out = {names.embeddings: own(tensors["tok_embeddings.weight"]), names.norm: own(tensors["norm.weight"])}
     if not args.tie_embeddings:
-        out["lm_head.weight"] = own(tensors["output.weight"])
+        out[names.output] = own(tensors["output.weight"])
     for i in range(args.n_layers):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        ours = f"layers.{i}."
         q, k, v = tensors[ours + "attention.wqkv.weight"].split([q_rows, kv_rows, kv_rows])
         gate, up = tensors[ours + "feed_forward.w13.weight"].split(args.hidden_dim)
-        out.update({
-            hf + "self_attn.q_proj.weight": own(q),
-            hf + "self_attn.k_proj.weight": own(k),
-            hf + "self_attn.v_proj.weight": own(v),
-            hf + "self_attn.o_proj.weight": own(tensors[ours + "attention.wo.weight"]),
-            hf + "mlp.gate_proj.weight": own(gate),
-            hf + "mlp.up_proj.weight": own(up),
-            hf + "mlp.down_proj.weight": own(tensors[ours + "feed_forward.w2.weight"]),
-            hf + "input_layernorm.weight": own(tensors[ours + "attention_norm.weight"]),
-            hf + "post_attention_layernorm.weight": own(tensors[ours + "ffn_norm.weight"]),
-        })
+        layer = {
+            names.q: q, names.k: k, names.v: v, names.o: tensors[ours + "attention.wo.weight"],
+            names.gate: gate, names.up: up, names.down: tensors[ours + "feed_forward.w2.weight"],
+            names.attention_norm: tensors[ours + "attention_norm.weight"],
+            names.ffn_norm: tensors[ours + "ffn_norm.weight"],
+        }
+        out.update({template.format(i=i): own(tensor) for template, tensor in layer.items()})
     return out
 
 

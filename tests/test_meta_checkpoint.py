@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from llama_chat import Llama
-from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim, meta_to_hf_rotary
+from llama_chat.checkpoints.checkpoint import interleaved_to_half_split
+from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim
 from llama_chat.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 from llama_chat.model import Transformer, apply_rotary, rope_inverse_frequencies, rope_tables
@@ -127,7 +128,7 @@ def test_rotary_permutation_matches_meta_interleaved_rotation():
     meta_q = torch.view_as_complex((x @ meta_weight.T).view(10, args.n_heads, -1, 2).contiguous())
     meta_rotated = torch.view_as_real(meta_q * torch.polar(torch.ones_like(angles), angles)[:, None, :])
     cos, sin = rope_tables(args, 10)
-    ours = apply_rotary((x @ meta_to_hf_rotary(meta_weight, args.n_heads).T).view(1, 10, args.n_heads, -1), cos, sin)
+    ours = apply_rotary((x @ interleaved_to_half_split(meta_weight, args.n_heads).T).view(1, 10, args.n_heads, -1), cos, sin)
     expected = meta_rotated.transpose(-1, -2).reshape(10, args.n_heads, -1)  # pairs to halves
     torch.testing.assert_close(ours[0], expected, atol=1e-5, rtol=0)
 

@@ -21,3 +21,62 @@ class Checkpoint:
     stop_ids: frozenset[int]  # every end-of-turn and end-of-sequence id
     bos_token: str | None = None  # token names, for templates
     eos_token: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """Where a checkpoint format keeps each weight; per-layer names contain "{i}"."""
+
+    embeddings: str
+    norm: str
+    output: str
+    q: str
+    k: str
+    v: str
+    o: str
+    gate: str
+    up: str
+    down: str
+    attention_norm: str
+    ffn_norm: str
+
+
+def interleaved_to_half_split(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder q or k projection rows from interleaved rotary pairs to half-split.
+
+    Within each head, Meta's (and GGUF's) row 2i+j is pair i's component j; the
+    half-split layout puts component j of pair i at row j*(head_dim/2)+i.
+    """
+    rows, columns = weight.shape
+    head_dim = rows // n_heads
+    return weight.reshape(n_heads, head_dim // 2, 2, columns).transpose(1, 2).reshape(rows, columns)
+
+
+def assemble_state_dict(
+    args: ModelArgs, names: TensorNames, take, *, interleaved_rotary: bool
+) -> dict[str, torch.Tensor]:
+    """Our state dict from a format's tensors: `take(name)` returns one checked tensor.
+
+    Fuses q/k/v and gate/up into one matrix each, and brings q/k rows stored in the
+    interleaved rotary layout into the half-split one the model uses.
+    """
+
+    def rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+        return interleaved_to_half_split(weight, n_heads) if interleaved_rotary else weight
+
+    state = {"tok_embeddings.weight": take(names.embeddings), "norm.weight": take(names.norm)}
+    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take(names.output)
+    for i in range(args.n_layers):
+        def layer(template: str) -> torch.Tensor:
+            return take(template.format(i=i))
+
+        ours = f"layers.{i}."
+        state[ours + "attention.wqkv.weight"] = torch.cat([
+            rotary(layer(names.q), args.n_heads), rotary(layer(names.k), args.n_kv_heads), layer(names.v)
+        ])
+        state[ours + "attention.wo.weight"] = layer(names.o)
+        state[ours + "feed_forward.w13.weight"] = torch.cat([layer(names.gate), layer(names.up)])
+        state[ours + "feed_forward.w2.weight"] = layer(names.down)
+        state[ours + "attention_norm.weight"] = layer(names.attention_norm)
+        state[ours + "ffn_norm.weight"] = layer(names.ffn_norm)
+    return state

@@ -24,8 +24,7 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..model import rope_inverse_frequencies
 from ..tokenizer_gguf import tokenizer_from_gguf_metadata
-from .checkpoint import Checkpoint
-from .meta import meta_to_hf_rotary
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict
 
 # Types gguf.quants can dequantise that make sense for weights.
 SUPPORTED_TYPES = frozenset(
@@ -39,15 +38,20 @@ SUPPORTED_TYPES = frozenset(
 
 ROPE_FREQS = "rope_freqs.weight"
 
-# Our name inside layers.N -> the GGUF tensors of blk.N it is made of, in row order.
-_BLOCK_TENSORS = {
-    "attention.wqkv": ("attn_q", "attn_k", "attn_v"),
-    "attention.wo": ("attn_output",),
-    "feed_forward.w13": ("ffn_gate", "ffn_up"),
-    "feed_forward.w2": ("ffn_down",),
-    "attention_norm": ("attn_norm",),
-    "ffn_norm": ("ffn_norm",),
-}
+GGUF_NAMES = TensorNames(
+    embeddings="token_embd.weight",
+    norm="output_norm.weight",
+    output="output.weight",
+    q="blk.{i}.attn_q.weight",
+    k="blk.{i}.attn_k.weight",
+    v="blk.{i}.attn_v.weight",
+    o="blk.{i}.attn_output.weight",
+    gate="blk.{i}.ffn_gate.weight",
+    up="blk.{i}.ffn_up.weight",
+    down="blk.{i}.ffn_down.weight",
+    attention_norm="blk.{i}.attn_norm.weight",
+    ffn_norm="blk.{i}.ffn_norm.weight",
+)
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Checkpoint:
@@ -239,19 +243,8 @@ def convert_gguf_tensors(
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
         return _dequantized(stored[name], dtype)
 
-    state = {"tok_embeddings.weight": take("token_embd.weight"), "norm.weight": take("output_norm.weight")}
-    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take("output.weight")
-    rotary_heads = {"attn_q": args.n_heads, "attn_k": args.n_kv_heads}
-    for i in range(args.n_layers):
-        for ours, gguf_names in _BLOCK_TENSORS.items():
-            pieces = []
-            for gguf_name in gguf_names:
-                tensor = take(f"blk.{i}.{gguf_name}.weight")
-                if gguf_name in rotary_heads:
-                    tensor = meta_to_hf_rotary(tensor, rotary_heads[gguf_name])
-                pieces.append(tensor)
-            state[f"layers.{i}.{ours}.weight"] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    return state
+    # llama.cpp's converter stores q/k rows in the interleaved rotary layout.
+    return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=True)
 
 
 def _dequantized(tensor: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:

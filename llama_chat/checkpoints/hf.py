@@ -20,7 +20,7 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_bpe import BPETokenizer
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict
 from .meta import FLOAT_DTYPES, load_tokenizer_model, load_torch_file, token_name
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
@@ -73,39 +73,32 @@ def _rope_scaling(scaling: Mapping | None) -> RopeScaling:
     raise LlamaChatError(f"unsupported rope scaling type {kind!r}: llama-chat supports linear and llama3")
 
 
-def convert_hf_state_dict(tensors: Mapping[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    """Hugging Face tensor names to this project's, fusing q/k/v and gate/up.
+HF_NAMES = TensorNames(
+    embeddings="model.embed_tokens.weight",
+    norm="model.norm.weight",
+    output="lm_head.weight",
+    q="model.layers.{i}.self_attn.q_proj.weight",
+    k="model.layers.{i}.self_attn.k_proj.weight",
+    v="model.layers.{i}.self_attn.v_proj.weight",
+    o="model.layers.{i}.self_attn.o_proj.weight",
+    gate="model.layers.{i}.mlp.gate_proj.weight",
+    up="model.layers.{i}.mlp.up_proj.weight",
+    down="model.layers.{i}.mlp.down_proj.weight",
+    attention_norm="model.layers.{i}.input_layernorm.weight",
+    ffn_norm="model.layers.{i}.post_attention_layernorm.weight",
+)
 
-    Hugging Face already stores q and k rows in the half-split rotary layout we use.
-    """
+
+def convert_hf_state_dict(tensors: Mapping[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor names to this project's (q and k rows are already half-split)."""
+
     def take(name: str) -> torch.Tensor:
         try:
             return tensors[name]
         except KeyError:
             raise LlamaChatError(f"checkpoint is missing tensor {name!r}") from None
 
-    state = {
-        "tok_embeddings.weight": take("model.embed_tokens.weight"),
-        "norm.weight": take("model.norm.weight"),
-    }
-    if args.tie_embeddings:
-        state["output.weight"] = state["tok_embeddings.weight"]
-    else:
-        state["output.weight"] = take("lm_head.weight")
-    for i in range(args.n_layers):
-        hf = f"model.layers.{i}."
-        ours = f"layers.{i}."
-        state[ours + "attention.wqkv.weight"] = torch.cat(
-            [take(hf + f"self_attn.{p}_proj.weight") for p in ("q", "k", "v")]
-        )
-        state[ours + "attention.wo.weight"] = take(hf + "self_attn.o_proj.weight")
-        state[ours + "feed_forward.w13.weight"] = torch.cat(
-            [take(hf + "mlp.gate_proj.weight"), take(hf + "mlp.up_proj.weight")]
-        )
-        state[ours + "feed_forward.w2.weight"] = take(hf + "mlp.down_proj.weight")
-        state[ours + "attention_norm.weight"] = take(hf + "input_layernorm.weight")
-        state[ours + "ffn_norm.weight"] = take(hf + "post_attention_layernorm.weight")
-    return state
+    return assemble_state_dict(args, HF_NAMES, take, interleaved_rotary=False)
 
 
 def load_hf_directory(path: str | Path) -> Checkpoint:

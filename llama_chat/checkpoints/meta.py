@@ -20,7 +20,7 @@ from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_spm import SentencePieceTokenizer
 from ..tokenizer_tiktoken import TiktokenTokenizer, looks_like_tiktoken
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -114,15 +114,20 @@ def _default_context(params: Mapping, llama3: bool) -> int:
     return 8192 if llama3 else 4096
 
 
-def meta_to_hf_rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder q or k projection rows from interleaved rotary pairs to half-split.
-
-    Within each head Meta's row 2i+j is pair i's component j; the half-split layout
-    puts component j of pair i at row j*(head_dim/2)+i.
-    """
-    rows, columns = weight.shape
-    head_dim = rows // n_heads
-    return weight.reshape(n_heads, head_dim // 2, 2, columns).transpose(1, 2).reshape(rows, columns)
+META_NAMES = TensorNames(
+    embeddings="tok_embeddings.weight",
+    norm="norm.weight",
+    output="output.weight",
+    q="layers.{i}.attention.wq.weight",
+    k="layers.{i}.attention.wk.weight",
+    v="layers.{i}.attention.wv.weight",
+    o="layers.{i}.attention.wo.weight",
+    gate="layers.{i}.feed_forward.w1.weight",
+    up="layers.{i}.feed_forward.w3.weight",
+    down="layers.{i}.feed_forward.w2.weight",
+    attention_norm="layers.{i}.attention_norm.weight",
+    ffn_norm="layers.{i}.ffn_norm.weight",
+)
 
 
 def convert_meta_shards(
@@ -133,25 +138,7 @@ def convert_meta_shards(
     def take(name: str) -> torch.Tensor:
         return _merged(shards, name, _meta_shape(name, args), args.dim, source)
 
-    state = {"tok_embeddings.weight": take("tok_embeddings.weight"), "norm.weight": take("norm.weight")}
-    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take("output.weight")
-    for i in range(args.n_layers):
-        layer = f"layers.{i}."
-        state[layer + "attention.wqkv.weight"] = torch.cat(
-            [
-                meta_to_hf_rotary(take(layer + "attention.wq.weight"), args.n_heads),
-                meta_to_hf_rotary(take(layer + "attention.wk.weight"), args.n_kv_heads),
-                take(layer + "attention.wv.weight"),
-            ]
-        )
-        state[layer + "attention.wo.weight"] = take(layer + "attention.wo.weight")
-        state[layer + "feed_forward.w13.weight"] = torch.cat(
-            [take(layer + "feed_forward.w1.weight"), take(layer + "feed_forward.w3.weight")]
-        )
-        state[layer + "feed_forward.w2.weight"] = take(layer + "feed_forward.w2.weight")
-        state[layer + "attention_norm.weight"] = take(layer + "attention_norm.weight")
-        state[layer + "ffn_norm.weight"] = take(layer + "ffn_norm.weight")
-    return state
+    return assemble_state_dict(args, META_NAMES, take, interleaved_rotary=True)
 
 
 def _meta_shape(name: str, args: ModelArgs) -> tuple[int, ...]:
