@@ -207,3 +207,22 @@ def test_sentencepiece_tokenizer_with_added_tokens(tmp_path):
     assert 421 not in tokenizer.encode("<|im_end|>")
     ids = [1, 37, 5, 250, 419, 420, 421, 64]
     torch.testing.assert_close(llama_from_checkpoint(checkpoint).logits(ids), hf_logits(model, ids), atol=1e-4, rtol=0)
+
+
+MULTILINGUAL = [
+    "The quick brown fox.", "Съешь же ещё этих мягких булок", "我能吞下玻璃而不伤身体。",
+    "def f(x):\n\treturn x ** 2  # square\n", "Rockets 🚀🚀 and 👨‍👩‍👧", "   runs   of\n\n\n  spaces  ", "",
+]
+
+
+def test_tokenizer_json_matches_transformers(tmp_path):
+    from transformers import AutoTokenizer
+
+    save_model_directory(tmp_path)
+    # transformers 5 wants plain names here (the dict form is tested above).
+    write_json(tmp_path / "tokenizer_config.json", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    ours = load_hf_directory(tmp_path).tokenizer
+    reference = AutoTokenizer.from_pretrained(tmp_path)
+    for text in MULTILINGUAL:
+        assert ours.encode(text, add_bos=True) == reference.encode(text), text
+        assert ours.decode(ours.encode(text)) == reference.decode(reference.encode(text, add_special_tokens=False))
