@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -14,6 +15,17 @@ SUBCOMMANDS = {
     "download": "fetch the default model into the weights folder",
     "convert": "write a Hugging Face-style directory from a GGUF file or a Meta checkpoint",
 }
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a real number, not nan or inf."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
 
 
 def chat_parser() -> argparse.ArgumentParser:
@@ -32,14 +44,26 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--top-k", type=int, default=defaults.top_k)
-    parser.add_argument("--top-p", type=float, default=defaults.top_p)
-    parser.add_argument("--min-p", type=float, default=defaults.min_p)
-    parser.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty)
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    parser.add_argument("--seed", type=int, help="seed for reproducible sampling (default: random)")
-    parser.add_argument("--stats", action="store_true", help="print a statistics line to stderr after each reply")
+    sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
+    sampling.add_argument("--temperature", type=finite_float, default=defaults.temperature,
+                          help=f"randomness; 0 always picks the likeliest token (default: {defaults.temperature})")
+    sampling.add_argument("--top-k", type=int, default=defaults.top_k,
+                          help=f"sample among the K likeliest tokens, 0: off (default: {defaults.top_k})")
+    sampling.add_argument("--top-p", type=finite_float, default=defaults.top_p,
+                          help=f"sample among the likeliest tokens holding probability P, 1: off "
+                          f"(default: {defaults.top_p})")
+    sampling.add_argument("--min-p", type=finite_float, default=defaults.min_p,
+                          help=f"drop tokens less than P times as likely as the likeliest, 0: off "
+                          f"(default: {defaults.min_p})")
+    sampling.add_argument("--repeat-penalty", type=finite_float, default=defaults.repeat_penalty,
+                          help=f"make recent tokens less likely, 1: off (default: {defaults.repeat_penalty})")
+    sampling.add_argument("--repeat-last-n", type=int, default=defaults.repeat_last_n,
+                          help=f"how many recent tokens the repeat penalty looks at "
+                          f"(default: {defaults.repeat_last_n})")
+    sampling.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
+                          help=f"the longest reply, in tokens (default: {defaults.max_tokens})")
+    sampling.add_argument("--seed", type=int, help="seed for reproducible sampling (default: random)")
+    parser.add_argument("--stats", action="store_true", help="with -p or piped input: the statistics line on stderr")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 

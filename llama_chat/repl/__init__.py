@@ -1,0 +1,1 @@
+"""The terminal chat: input loop (app), slash commands (commands), output (render)."""

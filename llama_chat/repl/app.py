@@ -1,0 +1,165 @@
+"""The interactive chat: a prompt_toolkit input loop. Lines starting with "/" go to the
+slash commands, others to the session; replies go to the renderer.
+
+Keys: Enter sends, Esc then Enter (Alt+Enter) starts a new line, a pasted block stays one
+message, Up/Down and Ctrl-R search the history (kept in the XDG state directory), Tab
+completes commands and paths, Ctrl-C clears the line or stops a reply, Ctrl-D leaves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion, PathCompleter
+from prompt_toolkit.document import Document
+from prompt_toolkit.filters import completion_is_selected
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.input import Input
+from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.output import Output, create_output
+
+from ..errors import LlamaChatError
+from ..llama import Llama
+from ..session import Session
+from . import commands
+from .commands import ChatState
+from .render import Renderer
+
+
+def history_path() -> Path:
+    """$XDG_STATE_HOME/llama-chat/history (~/.local/state when the variable is not set)."""
+    state_home = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state_home) / "llama-chat" / "history"
+
+
+def open_history() -> History:
+    """The persistent history; kept in memory only when its folder cannot be made."""
+    path = history_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        return InMemoryHistory()
+    return FileHistory(str(path))
+
+
+class ChatCompleter(Completer):
+    """Completes command names after "/", argument words, and paths after /load /save /open."""
+
+    def __init__(self) -> None:
+        self.paths = PathCompleter(expanduser=True)
+
+    def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterable[Completion]:
+        text = document.text_before_cursor
+        if not text.startswith("/") or text.startswith("//"):
+            return
+        name, space, argument = text[1:].partition(" ")
+        if not space:
+            for candidate in commands.names():
+                if candidate.startswith(name):
+                    yield Completion(candidate, start_position=-len(name))
+            return
+        command = commands.find_or_none(name)
+        if command is None:
+            return
+        argument = argument.lstrip()
+        if command.takes_path:
+            yield from self.paths.get_completions(Document(argument), complete_event)
+        for choice in command.choices:
+            if choice.startswith(argument):
+                yield Completion(choice, start_position=-len(argument))
+
+
+def key_bindings() -> KeyBindings:
+    bindings = KeyBindings()
+
+    @bindings.add("enter")
+    def _send(event: KeyPressEvent) -> None:
+        event.current_buffer.validate_and_handle()
+
+    @bindings.add("enter", filter=completion_is_selected)  # registered later, so it wins
+    def _take_completion(event: KeyPressEvent) -> None:
+        event.current_buffer.complete_state = None
+
+    @bindings.add("escape", "enter")  # also what Alt+Enter sends
+    def _new_line(event: KeyPressEvent) -> None:
+        event.current_buffer.insert_text("\n")
+
+    return bindings
+
+
+def toolbar(session: Session) -> str:
+    """Model, device, temperature and context use, for the bottom toolbar."""
+    return (
+        f" {session.model.name} | {session.model.device} | temperature {session.settings.temperature:g} | "
+        f"context {session.context_used()}/{session.capacity} "
+    )
+
+
+def continuation(width: int, line_number: int, wrap_count: int) -> str:
+    return "." * (width - 1) + " "
+
+
+def prompt_session(
+    state: ChatState, *, input: Input | None = None, output: Output | None = None, history: History | None = None
+) -> PromptSession:
+    return PromptSession(
+        message="> ",
+        multiline=True,  # Enter is rebound to send; Esc-Enter adds lines
+        prompt_continuation=continuation,
+        key_bindings=key_bindings(),
+        completer=ChatCompleter(),
+        complete_while_typing=True,
+        history=history if history is not None else open_history(),
+        bottom_toolbar=lambda: toolbar(state.session),
+        input=input,
+        # With stdout redirected, the prompt still belongs on the terminal.
+        output=output or create_output(always_prefer_tty=True),
+    )
+
+
+def handle(state: ChatState, text: str) -> bool:
+    """Act on one submitted input; False when the chat should end."""
+    if not text.strip():
+        return True
+    if text.startswith("/") and not text.startswith("//"):
+        return commands.dispatch(state, text)
+    message = text[1:] if text.startswith("//") else text
+    state.renderer.play(state.session.send(message))
+    return True
+
+
+def run_repl(
+    session: Session,
+    load_model: Callable[[str], Llama],
+    *,
+    renderer: Renderer | None = None,
+    input: Input | None = None,
+    output: Output | None = None,
+    history: History | None = None,
+) -> int:
+    """Chat until /quit or Ctrl-D; returns the exit code (0)."""
+    state = ChatState(session, renderer or Renderer(), load_model)
+    prompt = prompt_session(state, input=input, output=output, history=history)
+    model = session.model
+    state.renderer.note(
+        f"llama-chat: {model.name} on {commands.describe_device(model)}, {model.chat_format.name} format, "
+        f"context {session.capacity} tokens. /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves."
+    )
+    while True:
+        try:
+            text = prompt.prompt()
+        except KeyboardInterrupt:
+            continue  # the line is cleared
+        except EOFError:
+            return 0
+        try:
+            if not handle(state, text):
+                return 0
+        except KeyboardInterrupt:
+            state.renderer.note("interrupted")
+        except LlamaChatError as error:
+            state.renderer.error(str(error))

@@ -1,0 +1,292 @@
+"""The slash commands: one table of names, help texts and handlers with validated arguments.
+
+A handler gets the chat state and the text after the command name. A bad argument raises
+CommandError (one line, nothing changed); returning STOP ends the chat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import LlamaChatError
+from ..llama import Llama
+from ..sampling import SamplingSettings
+from ..session import Session
+from .render import Renderer, stats_line
+
+STOP = True  # what a handler returns to end the chat (others return None)
+
+
+class CommandError(LlamaChatError):
+    """A slash command was misspelt or given a bad argument."""
+
+
+@dataclass
+class ChatState:
+    """What commands act on."""
+
+    session: Session
+    renderer: Renderer
+    load_model: Callable[[str], Llama]  # the command line's device, dtype and chat format applied
+
+
+Handler = Callable[[ChatState, str], "bool | None"]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    usage: str  # the arguments, for /help
+    help: str
+    run: Handler
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()  # argument words offered by completion
+    takes_path: bool = False  # the argument is a file path (completed as one)
+
+
+# Sampling settings, each a command with one number: (field, kind, argument name, help, aliases).
+_SETTINGS = [
+    ("temperature", float, "T", "randomness: 0 always picks the likeliest token", ("temp",)),
+    ("top_k", int, "K", "sample among the K likeliest tokens (0: off)", ()),
+    ("top_p", float, "P", "sample among the likeliest tokens holding probability P (1: off)", ()),
+    ("min_p", float, "P", "drop tokens less than P times as likely as the likeliest (0: off)", ()),
+    ("repeat_penalty", float, "R", "make recently seen tokens less likely (1: off)", ()),
+    ("repeat_last_n", int, "N", "how many recent tokens the repeat penalty looks at", ()),
+    ("max_tokens", int, "N", "the longest reply, in tokens", ()),
+]
+
+
+def parse_number(kind: type, name: str, argument: str) -> int | float:
+    """A whole number or a finite real number from the command's argument."""
+    try:
+        value = kind(argument)
+    except ValueError:
+        wanted = "a whole number" if kind is int else "a number"
+        raise CommandError(f"/{name} needs {wanted}, got {argument!r}") from None
+    if not math.isfinite(value):
+        raise CommandError(f"/{name} needs a finite number, got {argument!r}")
+    return value
+
+
+def change_setting(state: ChatState, **values: object) -> None:
+    """Replace settings; an invalid value leaves the old settings in place."""
+    state.session.settings = dataclasses.replace(state.session.settings, **values)
+
+
+def setting_command(field: str, kind: type, argument: str, about: str, aliases: tuple[str, ...]) -> Command:
+    def run(state: ChatState, text: str) -> None:
+        if text:
+            change_setting(state, **{field: parse_number(kind, field, text)})
+        state.renderer.line(f"{field} = {getattr(state.session.settings, field)}")
+
+    return Command(field, argument, about, run, aliases)
+
+
+def run_seed(state: ChatState, text: str) -> None:
+    if text:
+        seed = None if text == "random" else parse_number(int, "seed", text)
+        change_setting(state, seed=seed)
+    seed = state.session.settings.seed
+    state.renderer.line(f"seed = {'random' if seed is None else seed}")
+
+
+def run_settings(state: ChatState, text: str) -> None:
+    session = state.session
+    for field in dataclasses.fields(SamplingSettings):
+        state.renderer.line(f"{field.name} = {getattr(session.settings, field.name)}")
+    state.renderer.line(f"system = {session.system!r}")
+    state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
+    state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
+
+
+def run_system(state: ChatState, text: str) -> None:
+    session = state.session
+    if not text:
+        state.renderer.line(f"system prompt: {session.system}" if session.system else "no system prompt")
+        return
+    session.set_system(None if text == "clear" else text)
+    state.renderer.note("system prompt removed" if text == "clear" else "system prompt set")
+
+
+def run_clear(state: ChatState, text: str) -> None:
+    state.session.clear()
+    kept = " (system prompt kept)" if state.session.system else ""
+    state.renderer.note(f"conversation cleared{kept}")
+
+
+def run_retry(state: ChatState, text: str) -> None:
+    state.renderer.play(state.session.retry())
+
+
+def run_undo(state: ChatState, text: str) -> None:
+    removed = state.session.undo()
+    state.renderer.note(f"removed the last exchange ({shorten(removed.user)})")
+
+
+def run_load(state: ChatState, text: str) -> None:
+    session = state.session
+    try:
+        model = state.load_model(text)
+    except Exception as error:  # a foreign file can fail in many ways; the chat must go on
+        reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
+        raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
+    session.set_model(model, text)
+    state.renderer.note(
+        f"loaded {model.name} on {describe_device(model)}, context {session.capacity} tokens; "
+        f"the conversation goes on ({exchanges(len(session.exchanges))})"
+    )
+
+
+def run_save(state: ChatState, text: str) -> None:
+    path = state.session.save(text)
+    state.renderer.note(f"saved {exchanges(len(state.session.exchanges))} to {path}")
+
+
+def run_open(state: ChatState, text: str) -> None:
+    note = state.session.open(text)
+    if note:
+        state.renderer.note(note)
+    state.renderer.note(f"opened {text}: {exchanges(len(state.session.exchanges))}")
+
+
+def run_stats(state: ChatState, text: str) -> None:
+    session = state.session
+    stats = session.last_stats
+    if stats is None:
+        state.renderer.line("no reply yet")
+    else:
+        state.renderer.line(f"last reply: {stats_line(stats)}")
+        state.renderer.line(
+            f"prompt {stats.prompt_tokens} tokens: {stats.reused_tokens} reused from the cache, "
+            f"{stats.prefilled_tokens} prefilled at {stats.prefill_tokens_per_second:.0f} tok/s; "
+            f"ended by {stats.stop_reason}"
+        )
+    state.renderer.line(
+        f"context: {session.context_used()} of {session.capacity} tokens, {exchanges(len(session.exchanges))}"
+    )
+
+
+def run_device(state: ChatState, text: str) -> None:
+    state.renderer.line(describe_device(state.session.model))
+
+
+def run_markdown(state: ChatState, text: str) -> None:
+    if text not in ("", "on", "off"):
+        raise CommandError(f"/markdown takes on or off, got {text!r}")
+    if text:
+        state.renderer.markdown = text == "on"
+    state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
+
+
+def run_quit(state: ChatState, text: str) -> bool:
+    return STOP
+
+
+def run_help(state: ChatState, text: str) -> None:
+    if text:
+        command = find(text.removeprefix("/"))
+        state.renderer.line(f"{usage(command)}\n    {command.help}")
+        return
+    for command in COMMANDS:
+        state.renderer.line(f"{usage(command):<30} {command.help}")
+    state.renderer.line(
+        "A setting's command without an argument shows its value. Esc then Enter (or Alt+Enter) starts "
+        "a new line; a message starting with // is sent with one /."
+    )
+
+
+def usage(command: Command) -> str:
+    names = " ".join("/" + name for name in (command.name, *command.aliases))
+    return f"{names} {command.usage}".rstrip()
+
+
+def describe_device(model: Llama) -> str:
+    return f"{model.device} ({str(model.dtype).removeprefix('torch.')})"
+
+
+def exchanges(count: int) -> str:
+    return f"{count} exchange{'' if count == 1 else 's'}"
+
+
+def shorten(text: str, width: int = 40) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
+def needs_argument(run: Handler, what: str) -> Handler:
+    def checked(state: ChatState, text: str) -> bool | None:
+        if not text:
+            raise CommandError(f"this command needs {what}")
+        return run(state, text)
+
+    return checked
+
+
+def takes_no_argument(name: str, run: Handler) -> Handler:
+    def checked(state: ChatState, text: str) -> bool | None:
+        if text:
+            raise CommandError(f"/{name} takes no argument")
+        return run(state, text)
+
+    return checked
+
+
+def _plain(name: str, about: str, run: Handler, aliases: tuple[str, ...] = ()) -> Command:
+    return Command(name, "", about, takes_no_argument(name, run), aliases)
+
+
+COMMANDS: list[Command] = [
+    Command("help", "[COMMAND]", "list the commands, or explain one", run_help),
+    *(setting_command(*spec) for spec in _SETTINGS),
+    Command("seed", "N|random", "seed for reproducible sampling", run_seed,
+            choices=("random",)),
+    _plain("settings", "show every setting", run_settings),
+    Command("system", "[TEXT|clear]", "set the system prompt (no argument: show it; clear: remove it)",
+            run_system, choices=("clear",)),
+    _plain("clear", "start over (the system prompt stays)", run_clear),
+    _plain("retry", "generate the last reply again", run_retry),
+    _plain("undo", "remove the last exchange", run_undo),
+    Command("load", "PATH", "load other weights; the conversation goes on",
+            needs_argument(run_load, "a model path"), takes_path=True),
+    Command("save", "FILE", "save the conversation, settings and model path as JSON",
+            needs_argument(run_save, "a file name"), takes_path=True),
+    Command("open", "FILE", "open a conversation saved with /save",
+            needs_argument(run_open, "a file name"), takes_path=True),
+    _plain("stats", "statistics of the last reply and the context", run_stats),
+    _plain("device", "the device and dtype the model runs on", run_device),
+    Command("markdown", "on|off", "render finished replies as Markdown", run_markdown,
+            choices=("on", "off")),
+    _plain("quit", "leave (Ctrl-D does too)", run_quit, aliases=("exit", "bye")),
+]
+
+_BY_NAME = {name: command for command in COMMANDS for name in (command.name, *command.aliases)}
+
+
+def names() -> list[str]:
+    """Every command name and alias."""
+    return list(_BY_NAME)
+
+
+def find_or_none(name: str) -> Command | None:
+    return _BY_NAME.get(name)
+
+
+def find(name: str) -> Command:
+    """The command called name, or a CommandError suggesting the closest one."""
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    # A command the name begins (/temper: /temperature), else the most similar one.
+    close = [candidate for candidate in names() if name and candidate.startswith(name)]
+    close = close or difflib.get_close_matches(name, names(), n=1, cutoff=0.5)
+    hint = f"did you mean /{close[0]}? " if close else ""
+    raise CommandError(f"unknown command /{name}: {hint}(/help lists the commands)")
+
+
+def dispatch(state: ChatState, line: str) -> bool:
+    """Run a "/command argument" line; False when the chat should end."""
+    name, argument = (line.strip().removeprefix("/").split(None, 1) + [""])[:2]
+    return not find(name.lower()).run(state, argument.strip())

@@ -1,0 +1,132 @@
+import io
+import sys
+
+import pytest
+from prompt_toolkit.history import InMemoryHistory
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+from rich.console import Console
+
+import llama_chat.chat
+import llama_chat.repl.app
+from llama_chat import SamplingSettings
+from llama_chat.cli import main
+from llama_chat.repl.render import Renderer, visible
+from llama_chat.session import Session
+
+from .test_session import chat_model
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """Every model load gives a tiny chat model; returns the list of (path, options) asked for."""
+    calls = []
+
+    def load(path, **options):
+        calls.append((str(path), options))
+        return chat_model(name="tiny")
+
+    monkeypatch.setattr(llama_chat.chat, "load", load)
+    return calls
+
+
+def greedy_reply(text, **settings):
+    session = Session(chat_model(), SamplingSettings(temperature=0, **settings))
+    turn = session.send(text)
+    turn.run()
+    return turn.text
+
+
+def test_prompt_prints_only_the_reply_and_stats_go_to_stderr(loads, capsys):
+    code = main(["--model", "tiny.gguf", "-p", "hello", "--temperature", "0", "--max-tokens", "5", "--stats"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out == visible(greedy_reply("hello", max_tokens=5)) + "\n"
+    assert err.count("\n") == 1 and "tokens" in err and "cached tokens" in err
+    assert loads == [("tiny.gguf", {"device": "auto", "dtype": "auto", "chat_format": None})]
+
+
+def test_piped_stdin_is_the_prompt(loads, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello"))
+    assert main(["--model", "tiny.gguf", "--temperature", "0", "--max-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert out == visible(greedy_reply("hello", max_tokens=4)) + "\n" and err == ""
+
+
+def test_raw_is_plain_completion(loads, capsys):
+    assert main(["--model", "tiny.gguf", "--raw", "-p", "Once upon", "--max-tokens", "3"]) == 0
+    assert loads[0][1]["chat_format"] == "plain"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1", "-p", "x"], "temperature must be 0 (greedy) or more"),
+    (["--top-p", "1.5", "-p", "x"], "top_p must be in (0, 1]"),
+    (["--max-tokens", "0", "-p", "x"], "max_tokens must be a positive number"),
+    (["--ctx-size", "0", "-p", "x"], "--ctx-size must be a positive number"),
+    (["--raw"], "--raw needs a prompt"),
+])
+def test_bad_usage_exits_2_with_one_line_before_loading(loads, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr(sys, "stdin", FakeTerminal())
+    assert main(["--model", "tiny.gguf", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llama-chat: ") and message in err and err.count("\n") == 1
+    assert loads == []
+
+
+def test_empty_stdin_is_bad_usage(loads, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
+    assert main(["--model", "tiny.gguf"]) == 2
+    assert "stdin is empty" in capsys.readouterr().err
+
+
+def test_unparsable_flag_values_exit_2(capsys):
+    for argv in (["--temperature", "nan"], ["--top-k", "many"]):
+        with pytest.raises(SystemExit) as exit:
+            main(argv)
+        assert exit.value.code == 2
+    assert "not a finite number: 'nan'" in capsys.readouterr().err
+
+
+def test_missing_model_is_a_runtime_error_exit_1(tmp_path, capsys):
+    assert main(["--model", str(tmp_path / "nothing.gguf"), "-p", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"llama-chat: {tmp_path / 'nothing.gguf'}: no such file or directory\n"
+
+
+def test_subcommands_still_go_through_the_error_boundary(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith("llama-chat: ")
+
+
+def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "stdin", FakeTerminal())
+    shown = io.StringIO()
+    sessions = []
+    real_run_repl = llama_chat.repl.app.run_repl
+
+    def run_repl_with_keys(session, load_model):
+        sessions.append(session)
+        with create_pipe_input() as pipe:
+            pipe.send_text("/settings\rhello\r/load other.gguf\r/quit\r")
+            return real_run_repl(session, load_model, renderer=Renderer(Console(file=shown, width=200)),
+                                 input=pipe, output=DummyOutput(), history=InMemoryHistory())
+
+    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_with_keys)
+    argv = ["--model", "tiny.gguf", "--temperature", "0.1", "--top-k", "3", "--top-p", "0.8", "--min-p", "0.2",
+            "--repeat-penalty", "1.2", "--repeat-last-n", "8", "--max-tokens", "4", "--seed", "9",
+            "--system", "Be brief.", "--ctx-size", "256", "--device", "cpu", "--dtype", "float32",
+            "--chat-format", "chatml"]
+    assert main(argv) == 0
+    session = sessions[0]
+    assert session.settings == SamplingSettings(temperature=0.1, top_k=3, top_p=0.8, min_p=0.2, repeat_penalty=1.2,
+                                                repeat_last_n=8, max_tokens=4, seed=9)
+    assert session.system == "Be brief." and session.capacity == 256
+    assert "temperature = 0.1" in shown.getvalue() and "context = 256 tokens" in shown.getvalue()
+    assert [e.user for e in session.exchanges] == ["hello"]
+    # /load goes through the same loader, with the command line's device, dtype and format.
+    assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml"})
