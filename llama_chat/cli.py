@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import LlamaChatError, UsageError
-from .sampling import SamplingSettings
+from .sampling import SETTING_HELP, SamplingSettings
 
 SUBCOMMANDS = {
     "bench": "measure prefill and decode speed",
@@ -45,23 +45,11 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
-    sampling.add_argument("--temperature", type=finite_float, default=defaults.temperature,
-                          help=f"randomness; 0 always picks the likeliest token (default: {defaults.temperature})")
-    sampling.add_argument("--top-k", type=int, default=defaults.top_k,
-                          help=f"sample among the K likeliest tokens, 0: off (default: {defaults.top_k})")
-    sampling.add_argument("--top-p", type=finite_float, default=defaults.top_p,
-                          help=f"sample among the likeliest tokens holding probability P, 1: off "
-                          f"(default: {defaults.top_p})")
-    sampling.add_argument("--min-p", type=finite_float, default=defaults.min_p,
-                          help=f"drop tokens less than P times as likely as the likeliest, 0: off "
-                          f"(default: {defaults.min_p})")
-    sampling.add_argument("--repeat-penalty", type=finite_float, default=defaults.repeat_penalty,
-                          help=f"make recent tokens less likely, 1: off (default: {defaults.repeat_penalty})")
-    sampling.add_argument("--repeat-last-n", type=int, default=defaults.repeat_last_n,
-                          help=f"how many recent tokens the repeat penalty looks at "
-                          f"(default: {defaults.repeat_last_n})")
-    sampling.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
-                          help=f"the longest reply, in tokens (default: {defaults.max_tokens})")
+    for name, (argument, about) in SETTING_HELP.items():
+        default = getattr(defaults, name)
+        sampling.add_argument("--" + name.replace("_", "-"), metavar=argument, default=default,
+                              type=finite_float if isinstance(default, float) else int,
+                              help=f"{about} (default: {default})")
     sampling.add_argument("--seed", type=int, help="seed for reproducible sampling (default: random)")
     parser.add_argument("--stats", action="store_true", help="with -p or piped input: the statistics line on stderr")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")

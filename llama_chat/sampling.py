@@ -45,6 +45,19 @@ class SamplingSettings:
                 raise SettingError(message)
 
 
+# The numeric settings as people see them: a placeholder for the value and a line of help,
+# shared by the command-line flags and the chat's slash commands.
+SETTING_HELP = {
+    "temperature": ("T", "randomness: 0 always picks the likeliest token"),
+    "top_k": ("K", "sample among the K likeliest tokens (0: off)"),
+    "top_p": ("P", "sample among the likeliest tokens holding probability P (1: off)"),
+    "min_p": ("P", "drop tokens less than P times as likely as the likeliest (0: off)"),
+    "repeat_penalty": ("R", "make recently seen tokens less likely (1: off)"),
+    "repeat_last_n": ("N", "how many recent tokens the repeat penalty looks at"),
+    "max_tokens": ("N", "the longest reply, in tokens"),
+}
+
+
 def apply_repeat_penalty(logits: torch.Tensor, recent_ids: Sequence[int], penalty: float) -> torch.Tensor:
     """Make recently seen tokens less likely: positive logits divided, negative multiplied."""
     if penalty == 1.0 or not recent_ids:

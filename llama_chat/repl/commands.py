@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import LlamaChatError
 from ..llama import Llama
-from ..sampling import SamplingSettings
+from ..sampling import SETTING_HELP, SamplingSettings
 from ..session import Session
 from .render import Renderer, stats_line
 
@@ -49,14 +49,10 @@ class Command:
 
 
 # Sampling settings, each a command with one number: (field, kind, argument name, help, aliases).
+_ALIASES = {"temperature": ("temp",)}
 _SETTINGS = [
-    ("temperature", float, "T", "randomness: 0 always picks the likeliest token", ("temp",)),
-    ("top_k", int, "K", "sample among the K likeliest tokens (0: off)", ()),
-    ("top_p", float, "P", "sample among the likeliest tokens holding probability P (1: off)", ()),
-    ("min_p", float, "P", "drop tokens less than P times as likely as the likeliest (0: off)", ()),
-    ("repeat_penalty", float, "R", "make recently seen tokens less likely (1: off)", ()),
-    ("repeat_last_n", int, "N", "how many recent tokens the repeat penalty looks at", ()),
-    ("max_tokens", int, "N", "the longest reply, in tokens", ()),
+    (name, type(getattr(SamplingSettings(), name)), argument, about, _ALIASES.get(name, ()))
+    for name, (argument, about) in SETTING_HELP.items()
 ]
 
 
