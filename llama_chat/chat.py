@@ -44,7 +44,8 @@ def read_prompt(options: argparse.Namespace) -> str | None:
 def model_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
     """Loads weights from a path with the command line's device, dtype and chat format."""
     chat_format = "plain" if options.raw else options.chat_format
-    return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format)
+    return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format,
+                   quantize=options.quantize)
 
 
 def run_chat(options: argparse.Namespace) -> int:

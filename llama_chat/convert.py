@@ -24,7 +24,6 @@ from .checkpoints.hf import HF_NAMES
 from .config import ModelArgs
 from .device import resolve_dtype
 from .errors import LlamaChatError
-from .loading import read_checkpoint
 
 
 def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
@@ -59,6 +58,8 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
         "hidden_act": "silu",
         "bos_token_id": checkpoint.tokenizer.bos_id,
         "eos_token_id": checkpoint.tokenizer.eos_id,
+        # Ignored by other readers; lets llama-chat pack the weights as tightly as the source.
+        "llama_chat": {"source_quantization": checkpoint.source_quantization},
     }
 
 
@@ -133,6 +134,8 @@ def main(argv: list[str]) -> int:
     destination = Path(options.destination).expanduser()
     if destination.exists():
         raise LlamaChatError(f"{destination} already exists; give a new directory to convert into")
+    from .loading import read_checkpoint  # loading writes its cache with this module
+
     dtype = resolve_dtype(options.dtype, torch.device("cpu"))
     write_hf_directory(read_checkpoint(options.source), destination, dtype)
     print(destination)

@@ -32,10 +32,12 @@ class Llama:
         name: str = "",
         chat_format: ChatFormat | None = None,
         stop_ids: Iterable[int] | None = None,
+        quantization: str = "none",
     ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.quantization = quantization  # how the weights are packed: none, int8 or int4
         self.chat_format = chat_format or PlainFormat(tokenizer)
         self.stop_ids = frozenset(tokenizer.stop_ids if stop_ids is None else stop_ids)
         first = next(transformer.parameters())

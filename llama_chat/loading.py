@@ -1,7 +1,15 @@
-"""llama_chat.load: find out what a path holds, read it, and put the model on a device."""
+"""llama_chat.load: find out what a path holds, read it, and put the model on a device.
+
+A GGUF file is dequantised on every read, which takes seconds; the first load therefore
+also writes the checkpoint as a Hugging Face folder (safetensors in the dtype the model
+runs in, which load by memory-mapping without a conversion) into the cache folder, and
+later loads of the same unchanged file read that instead.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -11,19 +19,55 @@ from .checkpoints.checkpoint import Checkpoint
 from .checkpoints.gguf import load_gguf
 from .checkpoints.hf import load_hf_directory
 from .checkpoints.meta import load_meta_directory
+from .convert import write_hf_directory
 from .device import resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
 from .model import Transformer, rope_tables
+from .quantize import check_quantization, choose_quantization, quantize_transformer
 
 GGUF_MAGIC = b"GGUF"
+
+
+def cache_root() -> Path | None:
+    """$LLAMA_CHAT_CACHE ("off" for none), else $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat."""
+    configured = os.environ.get("LLAMA_CHAT_CACHE")
+    if configured == "off":
+        return None
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama-chat"
+
+
+def gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path | None:
+    """Where the conversion of this GGUF file to `dtype` lives; a changed file gets a new folder."""
+    root = cache_root()
+    if root is None:
+        return None
+    stat = path.stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    dtype_name = str(dtype).removeprefix("torch.")
+    return root / f"{path.stem}-{dtype_name}-{hashlib.sha256(identity).hexdigest()[:16]}"
+
+
+def read_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
+    cached = gguf_cache_dir(path, dtype)
+    if cached is not None and (cached / "config.json").is_file():
+        return load_hf_directory(cached)
+    checkpoint = load_gguf(path, dtype=dtype)
+    if cached is not None:
+        try:
+            write_hf_directory(checkpoint, cached, dtype)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+    return checkpoint
 
 
 def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
     """Read a GGUF file, a Hugging Face directory (config.json) or a Meta one (params.json).
 
-    GGUF weights are dequantised straight into `dtype`; the other formats keep the dtype
-    they were stored in until build_transformer converts them.
+    GGUF weights are dequantised into `dtype` when they are not cached; the other
+    formats keep the dtype they were stored in until build_transformer converts them.
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -31,7 +75,7 @@ def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Che
     if path.is_file():
         with open(path, "rb") as file:
             if file.read(4) == GGUF_MAGIC:
-                return load_gguf(path, dtype=dtype)
+                return read_gguf(path, dtype)
         raise LlamaChatError(
             f"{path}: not a GGUF file; give a .gguf file or a directory with config.json or params.json"
         )
@@ -41,7 +85,7 @@ def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Che
         return load_meta_directory(path)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return load_gguf(ggufs[0], dtype=dtype)
+        return read_gguf(ggufs[0], dtype)
     found = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no checkpoint"
     raise LlamaChatError(
         f"{path}: {found}; expected config.json (Hugging Face), params.json (Meta) or one .gguf file"
@@ -50,8 +94,7 @@ def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Che
 
 def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:
     """The Transformer with the checkpoint's weights, converting one tensor at a time."""
-    with torch.device("meta"):  # no memory for weights that are about to be replaced
-        transformer = Transformer(checkpoint.args)
+    transformer = Transformer(checkpoint.args)  # uninitialised: the weights are replaced below
     tensors = checkpoint.tensors
     converted = {}
     for name in list(tensors):
@@ -61,8 +104,9 @@ def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch
     try:
         transformer.load_state_dict(converted, strict=True, assign=True)
     except RuntimeError as error:
-        first_line = str(error).strip().splitlines()[0]
-        raise LlamaChatError(f"the checkpoint's tensors do not fit the model: {first_line}") from None
+        # The first line only names the module; the second says which tensors are wrong.
+        detail = (str(error).strip().splitlines() + [""])[1].strip()[:300]
+        raise LlamaChatError(f"the checkpoint's tensors do not fit the model: {detail}") from None
     if checkpoint.args.tie_embeddings:
         transformer.output.weight = transformer.tok_embeddings.weight
     cos, sin = rope_tables(checkpoint.args, checkpoint.args.max_seq_len)
@@ -76,19 +120,35 @@ def load(
     device: str | None = None,
     dtype: str | None = None,
     chat_format: str | None = None,
+    quantize: str = "auto",
 ) -> Llama:
-    """Load a model from local files onto `device` (auto: cuda, mps, else cpu) as `dtype`."""
+    """Load a model from local files onto `device` (auto: cuda, mps, else cpu) as `dtype`.
+
+    `quantize` (none, int8, int4, auto) packs the weights for fast cpu decoding; auto
+    does so on the cpu unless float32 is asked for, and runs the model in bfloat16.
+    """
     resolved_device = resolve_device(device)
-    resolved_dtype = resolve_dtype(dtype, resolved_device)
+    wants_float32 = (dtype or "auto").lower() in ("float32", "fp32")
+    if quantize == "auto" and (wants_float32 or resolved_device.type != "cpu"):
+        quantize = "none"
+    packed = quantize != "none"
+    resolved_dtype = torch.bfloat16 if packed else resolve_dtype(dtype, resolved_device)
+    if packed and (dtype or "auto").lower() not in ("auto", "bfloat16", "bf16"):
+        raise LlamaChatError(f"--quantize {quantize} runs in bfloat16; use --dtype bfloat16 or --quantize none")
     checkpoint = read_checkpoint(path, resolved_dtype)
+    mode = choose_quantization(quantize, resolved_device, checkpoint.source_quantization)
+    check_quantization(mode, resolved_device, checkpoint.args.dim)
     chosen_format = get_chat_format(
         chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token
     )
     transformer = build_transformer(checkpoint, resolved_device, resolved_dtype)
+    if mode != "none":
+        quantize_transformer(transformer, mode)
     return Llama(
         transformer,
         checkpoint.tokenizer,
         name=Path(path).expanduser().name,
         chat_format=chosen_format,
         stop_ids=checkpoint.stop_ids | chosen_format.stop_ids,
+        quantization=mode,
     )

@@ -20,6 +20,20 @@ from .cache import KVCache
 from .config import ModelArgs
 
 
+class UninitializedLinear(nn.Linear):
+    """A bias-free linear layer whose weight starts as uninitialised memory.
+
+    Every weight is loaded from a checkpoint or set by init_random_weights, so the
+    default random init would only cost time (seconds for a whole model).
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class RMSNorm(nn.Module):
     """Scales each token's feature vector to unit root-mean-square, then by a learnt gain."""
 
@@ -31,8 +45,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Over the last (feature) dimension only, in float32 whatever the model's dtype.
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        inverse_rms = x32.square().mean(dim=-1, keepdim=True).add_(self.eps).rsqrt_()
+        return self.weight * (x32 * inverse_rms).to(x.dtype)
 
 
 def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
@@ -58,19 +72,21 @@ def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's angles, shape [length, head_dim], half-split layout."""
+    """cos and signed sin of every position's angles, [length, head_dim], half-split layout.
+
+    The sin table's first half is negated, so that rotating is x*cos + roll(x)*sin:
+    roll swaps the halves, and the sign turns (x2, x1) into (-x2, x1).
+    """
     positions = torch.arange(length, dtype=torch.float64)
     angles = torch.outer(positions, rope_inverse_frequencies(args))
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).float(), torch.cat([-sin, sin], dim=-1).float()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [batch, time, heads, head_dim] by the angles in cos/sin [time, head_dim]."""
-    cos = cos[:, None, :].to(x.dtype)
-    sin = sin[:, None, :].to(x.dtype)
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [batch, time, heads, head_dim] by the angles of cos/signed_sin [time, head_dim]."""
+    half = x.shape[-1] // 2
+    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * signed_sin[:, None, :]
 
 
 class Attention(nn.Module):
@@ -82,8 +98,8 @@ class Attention(nn.Module):
         self.n_kv_heads = args.n_kv_heads
         self.head_dim = args.head_dim
         self.n_rep = args.n_rep
-        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.wqkv = UninitializedLinear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim)
+        self.wo = UninitializedLinear(args.n_heads * args.head_dim, args.dim)
 
     def forward(
         self,
@@ -96,12 +112,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, time, _ = x.shape
         q_size = self.n_heads * self.head_dim
-        kv_size = self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rotary(q.view(batch, time, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(batch, time, self.n_kv_heads, self.head_dim), cos, sin)
-        k = k.transpose(1, 2)
-        v = v.view(batch, time, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        rotated_heads = self.n_heads + self.n_kv_heads
+        qkv = self.wqkv(x).view(batch, time, rotated_heads + self.n_kv_heads, self.head_dim)
+        qk = apply_rotary(qkv[:, :, :rotated_heads], cos, sin)  # q and k heads in one call
+        q, k = qk[:, :, : self.n_heads], qk[:, :, self.n_heads :].transpose(1, 2)
+        v = qkv[:, :, rotated_heads:].transpose(1, 2)
         if layer_cache is not None:
             cache_k, cache_v = layer_cache
             end = start_pos + time
@@ -124,8 +139,8 @@ class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.hidden_dim = args.hidden_dim
-        self.w13 = nn.Linear(args.dim, 2 * args.hidden_dim, bias=False)
-        self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=False)
+        self.w13 = UninitializedLinear(args.dim, 2 * args.hidden_dim)
+        self.w2 = UninitializedLinear(args.hidden_dim, args.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.hidden_dim, dim=-1)
@@ -153,10 +168,11 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # Given a table, Embedding skips its random init (see UninitializedLinear).
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, _weight=torch.empty(args.vocab_size, args.dim))
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = UninitializedLinear(args.dim, args.vocab_size)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args, args.max_seq_len)
@@ -182,10 +198,10 @@ class Transformer(nn.Module):
             raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
         if end > self.rope_cos.shape[0]:
             raise ValueError(f"position {end} is past the model's context of {self.rope_cos.shape[0]}")
-        cos = self.rope_cos[start_pos:end]
-        sin = self.rope_sin[start_pos:end]
-        mask = causal_mask(start_pos, time, self.args.n_rep, tokens.device)
         x = self.tok_embeddings(tokens)
+        cos = self.rope_cos[start_pos:end].to(x.dtype)
+        sin = self.rope_sin[start_pos:end].to(x.dtype)
+        mask = causal_mask(start_pos, time, self.args.n_rep, tokens.device)
         for index, layer in enumerate(self.layers):
             layer_cache = cache.layer(index) if cache is not None else None
             x = layer(x, cos, sin, mask, layer_cache, start_pos)

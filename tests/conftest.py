@@ -15,3 +15,9 @@ def tiny_args(**overrides) -> ModelArgs:
 @pytest.fixture
 def tiny_model() -> Llama:
     return Llama.random(tiny_args(), seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """GGUF conversions made by tests go to a temporary cache, never the user's."""
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path_factory.mktemp("cache")))

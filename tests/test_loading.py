@@ -23,7 +23,7 @@ def test_a_directory_holding_one_gguf_file_loads_it(gguf_file):
 
 
 def test_requested_dtype_and_chat_format(gguf_file):
-    model = llama_chat.load(gguf_file, device="cpu", dtype="bfloat16", chat_format="chatml")
+    model = llama_chat.load(gguf_file, device="cpu", dtype="bfloat16", chat_format="chatml", quantize="none")
     assert {p.dtype for p in model.transformer.parameters()} == {torch.bfloat16}
     assert model.chat_format.name == "chatml"
     assert model.transformer.output.weight.data_ptr() != model.transformer.tok_embeddings.weight.data_ptr()

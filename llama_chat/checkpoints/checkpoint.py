@@ -21,6 +21,9 @@ class Checkpoint:
     stop_ids: frozenset[int]  # every end-of-turn and end-of-sequence id
     bos_token: str | None = None  # token names, for templates
     eos_token: str | None = None
+    # The GGUF type the layers' weights were stored as (e.g. "Q4_1"), whatever form they
+    # reached us in: it tells how far they can be packed again without losing anything.
+    source_quantization: str | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ back into the half-split layout our model uses.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -81,7 +82,14 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Checkp
         stop_ids=tokenizer.stop_ids,
         bos_token=tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else None,
         eos_token=tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else None,
+        source_quantization=_layer_weight_type(stored),
     )
+
+
+def _layer_weight_type(stored: Mapping[str, ReaderTensor]) -> str:
+    """The type most of the blocks' matrices are stored as."""
+    types = Counter(t.tensor_type.name for name, t in stored.items() if name.startswith("blk.") and len(t.shape) == 2)
+    return types.most_common(1)[0][0] if types else "F32"
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, ReaderTensor]]:

@@ -122,6 +122,7 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
         stop_ids=tokenizer.stop_ids | end_ids,
         bos_token=_token_content(tokenizer_config.get("bos_token")) or token_name(tokenizer, tokenizer.bos_id),
         eos_token=_token_content(tokenizer_config.get("eos_token")) or token_name(tokenizer, tokenizer.eos_id),
+        source_quantization=(config.get("llama_chat") or {}).get("source_quantization"),
     )
 
 

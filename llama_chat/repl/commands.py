@@ -201,7 +201,8 @@ def usage(command: Command) -> str:
 
 
 def describe_device(model: Llama) -> str:
-    return f"{model.device} ({str(model.dtype).removeprefix('torch.')})"
+    packing = "" if model.quantization == "none" else f", {model.quantization} weights"
+    return f"{model.device} ({str(model.dtype).removeprefix('torch.')}{packing})"
 
 
 def exchanges(count: int) -> str:
