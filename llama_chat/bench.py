@@ -1,9 +1,10 @@
-"""`llama-chat bench`: prefill and decode speed of a model on this machine."""
+"""`llama-chat bench`: load time, prefill and decode speed, and peak memory of a model here."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 
@@ -11,7 +12,9 @@ import torch
 
 from .config import ModelArgs
 from .llama import Llama
+from .loading import load
 from .sampling import SamplingSettings
+from .weights import require_default_model
 
 # Shapes of known models, for benchmarking random weights without any files.
 SHAPES = {
@@ -20,6 +23,10 @@ SHAPES = {
         rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
     ),
 }
+
+
+def peak_memory_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def measure(model: Llama, prompt_tokens: int, new_tokens: int) -> dict:
@@ -48,6 +55,7 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
         model=model.name,
         device=str(model.device),
         dtype=str(model.dtype).removeprefix("torch."),
+        quantization=model.quantization,
         threads=torch.get_num_threads(),
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
@@ -58,10 +66,12 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llama-chat bench", description=__doc__)
-    parser.add_argument("--random-shapes", choices=sorted(SHAPES), default="smollm2-135m",
-                        help="benchmark random weights with a known model's shapes")
+    parser.add_argument("--model", "-m", help="weights to measure (default: the default model)")
+    parser.add_argument("--random-shapes", choices=sorted(SHAPES),
+                        help="measure random weights with a known model's shapes instead")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"))
     parser.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's choice)")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -70,15 +80,32 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if options.threads:
         torch.set_num_threads(options.threads)
-    model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
-    model.name = f"random weights, {options.random_shapes} shapes"
+    memory_before = peak_memory_mb()
+    started = time.perf_counter()
+    if options.random_shapes:
+        model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
+        model.name = f"random weights, {options.random_shapes} shapes"
+    else:
+        model = load(options.model or require_default_model(), device=options.device, dtype=options.dtype,
+                     quantize=options.quantize)
+    load_seconds = time.perf_counter() - started
+    memory_after_load = peak_memory_mb()
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
+    result.update(
+        load_seconds=load_seconds,
+        peak_memory_mb=peak_memory_mb(),
+        memory_before_load_mb=memory_before,
+        peak_memory_after_load_mb=memory_after_load,
+    )
     if options.json:
         print(json.dumps(result))
-    else:
-        print(f"{result['model']} on {result['device']}, {result['dtype']}, {result['threads']} threads, "
-              f"median of {result['repeats']}")
-        print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
-        print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
-        print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms")
+        return 0
+    packing = "" if result["quantization"] == "none" else f", {result['quantization']} weights"
+    print(f"{result['model']} on {result['device']} ({result['dtype']}{packing}), {result['threads']} threads, "
+          f"median of {result['repeats']}")
+    print(f"load: {result['load_seconds']:.2f} s")
+    print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
+    print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
+    print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms")
+    print(f"peak memory: {result['peak_memory_mb']:.0f} MB ({result['memory_before_load_mb']:.0f} MB before loading)")
     return 0

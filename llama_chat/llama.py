@@ -18,7 +18,7 @@ from .sampling import SamplingSettings
 from .tokenizer import ByteTokenizer, Tokenizer
 
 DEFAULT_CONTEXT = 4096
-PREFILL_CHUNK = 256  # prompt tokens per forward call: bounds the attention scores' memory
+PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the attention scores' memory
 
 
 class Llama:

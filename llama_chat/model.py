@@ -201,7 +201,7 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens)
         cos = self.rope_cos[start_pos:end].to(x.dtype)
         sin = self.rope_sin[start_pos:end].to(x.dtype)
-        mask = causal_mask(start_pos, time, self.args.n_rep, tokens.device)
+        mask = causal_mask(start_pos, time, self.args.n_rep, tokens.device, x.dtype)
         for index, layer in enumerate(self.layers):
             layer_cache = cache.layer(index) if cache is not None else None
             x = layer(x, cos, sin, mask, layer_cache, start_pos)
@@ -210,14 +210,20 @@ class Transformer(nn.Module):
         return self.output(self.norm(x)).float()
 
 
-def causal_mask(start_pos: int, time: int, n_rep: int, device: torch.device) -> torch.Tensor | None:
-    """Which keys each (grouped) query row may see: [n_rep*time, start_pos+time], True = visible.
+def causal_mask(
+    start_pos: int, time: int, n_rep: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """Additive mask [n_rep*time, start_pos+time] for the grouped query rows: 0 where a key
+    is visible, -inf where it is in the future.
 
-    A single new token may see every cached position, so it needs no mask at all.
+    Made once per forward pass in the model's dtype: a boolean mask would be converted
+    to this inside every layer's attention call. A single new token may see every
+    cached position, so it needs no mask at all.
     """
     if time == 1:
         return None
     query_positions = torch.arange(start_pos, start_pos + time, device=device)
     key_positions = torch.arange(start_pos + time, device=device)
-    mask = key_positions[None, :] <= query_positions[:, None]
+    future = key_positions[None, :] > query_positions[:, None]
+    mask = torch.zeros(future.shape, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
     return mask.repeat(n_rep, 1)

@@ -118,3 +118,20 @@ def test_converted_directory_is_the_same_model(default_gguf, model, tmp_path):
     assert converted.tokenizer.encode(" ".join(TEXTS)) == ids
     assert torch.equal(converted.logits(ids), model.logits(ids))
     assert converted.stop_ids == model.stop_ids
+
+
+def test_packed_weights_agree_with_float32(default_gguf, model):
+    """The default fast path (int4 layers, int8 head, bfloat16) against float32, teacher-forced:
+    each decode step sees the same history, so every position is a fair comparison."""
+    fast = llama_chat.load(default_gguf, device="cpu")
+    assert (fast.quantization, fast.dtype) == ("int4", torch.bfloat16)
+    ids = model.tokenizer.encode(" ".join(TEXTS[:6]) + " The Roman Empire was one of the largest empires in history.")
+    reference = model.logits(ids)[15:]
+    cache = fast.new_cache(512)
+    steps = [fast.feed(cache, ids[:16])] + [fast.feed(cache, [token]) for token in ids[16:]]
+    difference = (torch.stack(steps) - reference).abs()
+    agreement = (torch.stack(steps).argmax(-1) == reference.argmax(-1)).float().mean()
+    # Measured on these 128 positions (code, emoji, Chinese and Russian among them): argmax
+    # agreement 0.94, max difference 1.74, mean 0.21; on plain English prose 1.0, 0.98, 0.12.
+    assert agreement >= 0.9
+    assert difference.max() <= 2.5 and difference.mean() <= 0.3
