@@ -1,0 +1,94 @@
+"""Measure llama-chat and Hugging Face transformers on the same GGUF weights, in one run.
+
+    .venv/bin/python benchmarks/compare_with_transformers.py [--model FILE.gguf] [--repeats 3]
+
+Both get the same 512-token prompt (prefill) and then decode 128 tokens greedily,
+ignoring end-of-turn tokens, on the same number of threads. transformers is a test
+dependency (`scripts/setup test`), not one of the app's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+import llama_chat
+from llama_chat.bench import run as run_llama_chat
+from llama_chat.weights import require_default_model
+
+
+@torch.inference_mode()
+def measure_transformers(model: LlamaForCausalLM, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s) with transformers' own KV cache, greedy."""
+    started = time.perf_counter()
+    output = model(torch.tensor([prompt]), use_cache=True)
+    prefill_seconds = time.perf_counter() - started
+    cache, token = output.past_key_values, output.logits[:, -1].argmax(-1, keepdim=True)
+    started = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        output = model(token, past_key_values=cache, use_cache=True)
+        cache, token = output.past_key_values, output.logits[:, -1].argmax(-1, keepdim=True)
+    decode_seconds = time.perf_counter() - started
+    return len(prompt) / prefill_seconds, (new_tokens - 1) / decode_seconds
+
+
+def transformers_row(path: Path, dtype: torch.dtype, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+    model = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    measure_transformers(model, prompt, 8)  # warm-up at full size, as llama-chat's bench does
+    runs = [measure_transformers(model, prompt, new_tokens) for _ in range(repeats)]
+    return {
+        "name": f"transformers {str(dtype).removeprefix('torch.')}",
+        "prefill": statistics.median(r[0] for r in runs),
+        "decode": statistics.median(r[1] for r in runs),
+    }
+
+
+def llama_chat_row(path: Path, prompt_tokens: int, new_tokens: int, repeats: int, **options) -> dict:
+    model = llama_chat.load(path, device="cpu", **options)
+    result = run_llama_chat(model, prompt_tokens, new_tokens, repeats)
+    packing = "" if model.quantization == "none" else f", {model.quantization} weights"
+    return {
+        "name": f"llama-chat {result['dtype']}{packing}",
+        "prefill": result["prefill_tokens_per_second"],
+        "decode": result["decode_tokens_per_second"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a GGUF file (default: the default model)")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    path = options.model or require_default_model()
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 49152, (options.prompt_tokens,), generator=generator).tolist()
+    common = (options.prompt_tokens, options.new_tokens, options.repeats)
+    rows = [
+        llama_chat_row(path, *common),
+        llama_chat_row(path, *common, dtype="float32"),
+        transformers_row(path, torch.float32, prompt, options.new_tokens, options.repeats),
+        transformers_row(path, torch.bfloat16, prompt, options.new_tokens, options.repeats),
+    ]
+    best_prefill = max(r["prefill"] for r in rows[2:])
+    transformers_float32 = rows[2]
+    print(f"{path.name}, {options.threads} threads, prefill {options.prompt_tokens} tokens, "
+          f"decode {options.new_tokens} tokens, median of {options.repeats}")
+    print(f"{'':38} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    for row in rows:
+        print(f"{row['name']:38} {row['prefill']:14.1f} {row['decode']:13.1f}")
+    fast = rows[0]
+    print(f"llama-chat (default) vs best transformers prefill: {fast['prefill'] / best_prefill:.2f}x")
+    print(f"llama-chat (default) vs transformers float32 decode: {fast['decode'] / transformers_float32['decode']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
