@@ -38,6 +38,17 @@ def llama_from_hf(model: LlamaForCausalLM) -> Llama:
     return Llama(transformer, ByteTokenizer())
 
 
+def llama_from_checkpoint(checkpoint) -> Llama:
+    """A Llama built straight from a loader's Checkpoint (no device or dtype conversion)."""
+    transformer = Transformer(checkpoint.args)
+    transformer.load_state_dict(checkpoint.tensors, strict=True)
+    return Llama(transformer, checkpoint.tokenizer)
+
+
+class NotATensor:
+    """Pickled by reference: loading it would need this module's code."""
+
+
 def hf_logits(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()

@@ -6,14 +6,12 @@ import tokenizers
 import torch
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from llama_chat import Llama
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.errors import LlamaChatError
-from llama_chat.model import Transformer
 from llama_chat.tokenizer_bpe import BPETokenizer
 from llama_chat.tokenizer_spm import SentencePieceTokenizer
 
-from .hf_reference import hf_logits, random_hf_model
+from .hf_reference import NotATensor, hf_logits, llama_from_checkpoint, random_hf_model
 from .test_tokenizer_spm import CORPUS, train_tiny_spm
 
 VOCAB = 300
@@ -21,10 +19,6 @@ SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|en
 BOS, EOS, EOT = 0, 1, 4  # ids of the special tokens, which the trainer puts first
 IDS = [BOS, 37, 5, 250, 299, 64, 120, 7, 11, 199, 33, 42]
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-
-
-class NotATensor:
-    """Pickled by reference: loading it would need this module's code."""
 
 
 def write_tokenizer_json(directory: Path) -> tokenizers.Tokenizer:
@@ -59,12 +53,6 @@ def save_model_directory(directory: Path, tied: bool = False, **save_options):
     })
     write_json(directory / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": [EOS, EOT]})
     return model
-
-
-def llama_from_checkpoint(checkpoint) -> Llama:
-    transformer = Transformer(checkpoint.args)
-    transformer.load_state_dict(checkpoint.tensors, strict=True)
-    return Llama(transformer, checkpoint.tokenizer)
 
 
 def assert_same_logits(checkpoint, model) -> None:

@@ -4,26 +4,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from llama_chat import Llama
 from llama_chat.checkpoints.checkpoint import interleaved_to_half_split
 from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim
 from llama_chat.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
-from llama_chat.model import Transformer, apply_rotary, rope_inverse_frequencies, rope_tables
+from llama_chat.model import apply_rotary, rope_inverse_frequencies, rope_tables
 from llama_chat.tokenizer_spm import SentencePieceTokenizer
 from llama_chat.tokenizer_tiktoken import TiktokenTokenizer
 
-from .hf_reference import hf_logits, random_hf_model
+from .hf_reference import NotATensor, hf_logits, llama_from_checkpoint, random_hf_model
 from .test_tokenizer_spm import CORPUS, train_tiny_spm
 from .test_tokenizer_tiktoken import train_byte_bpe, write_tiktoken_file
 
 IDS = [5, 99, 17, 250, 3, 64, 120, 7, 0, 199, 33, 42]
 SPM_VOCAB = 420
 TIKTOKEN_BASE = 300  # 256 bytes + 44 merges, then Llama 3's 256 special tokens
-
-
-class NotATensor:
-    """Pickled by reference: loading it would need this module's code."""
 
 
 def interleave_rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -109,12 +104,6 @@ def llama3_style(tmp_path: Path, tied: bool):
     directory = write_meta_directory(tmp_path / "llama-3", model, params, embedding_dim=0)
     write_tiktoken_file(directory / "tokenizer.model", train_byte_bpe(CORPUS, TIKTOKEN_BASE - 256))
     return model, directory
-
-
-def llama_from_checkpoint(checkpoint) -> Llama:
-    transformer = Transformer(checkpoint.args)
-    transformer.load_state_dict(checkpoint.tensors, strict=True)
-    return Llama(transformer, checkpoint.tokenizer)
 
 
 def test_rotary_permutation_matches_meta_interleaved_rotation():
