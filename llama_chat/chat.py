@@ -11,18 +11,15 @@ from .errors import SettingError, UsageError
 from .llama import Llama
 from .loading import load
 from .repl.render import stats_line, visible
-from .sampling import SamplingSettings
+from .sampling import SETTING_HELP, SamplingSettings
 from .session import Session
 from .weights import require_default_model
 
 
 def settings_from(options: argparse.Namespace) -> SamplingSettings:
     try:
-        return SamplingSettings(
-            temperature=options.temperature, top_k=options.top_k, top_p=options.top_p, min_p=options.min_p,
-            repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
-            max_tokens=options.max_tokens, seed=options.seed,
-        )
+        # The flags are named after the settings (see cli.chat_parser).
+        return SamplingSettings(seed=options.seed, **{name: getattr(options, name) for name in SETTING_HELP})
     except SettingError as error:
         raise UsageError(str(error)) from None
 
