@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "bench": "measure prefill and decode speed",
     "download": "fetch the default model into the weights folder",
     "convert": "write a Hugging Face-style directory from a GGUF file or a Meta checkpoint",
+    "train": "train a small Llama from scratch on text files",
 }
 
 
@@ -88,6 +89,10 @@ def run_subcommand(name: str, argv: list[str]) -> int:
         from .convert import main as convert_main
 
         return convert_main(argv)
+    if name == "train":
+        from .train import main as train_main
+
+        return train_main(argv)
     from .weights import download_default_model
 
     print(download_default_model())
