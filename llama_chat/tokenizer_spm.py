@@ -43,29 +43,15 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def from_file(
-        cls,
-        path: str | Path,
-        added_tokens: Mapping[str, int] | None = None,
-        *,
-        bos_token: str | None = None,
-        eos_token: str | None = None,
-        end_of_turn_ids: Iterable[int] = (),
-        add_bos_token: bool = True,
+        cls, path: str | Path, added_tokens: Mapping[str, int] | None = None, **settings
     ) -> SentencePieceTokenizer:
-        """Load a tokenizer.model file."""
+        """Load a tokenizer.model file; `settings` are the constructor's keyword arguments."""
         processor = sentencepiece.SentencePieceProcessor()
         try:
             processor.Load(str(path))
         except (OSError, RuntimeError) as error:
             raise LlamaChatError(f"{path}: not a readable SentencePiece model ({error})") from None
-        return cls(
-            processor,
-            added_tokens,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            end_of_turn_ids=end_of_turn_ids,
-            add_bos_token=add_bos_token,
-        )
+        return cls(processor, added_tokens, **settings)
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
         ids = self.processor.encode(text, out_type=int)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -217,32 +217,18 @@ def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def load_tokenizer_model(
-    path: Path,
-    added_tokens: Mapping[str, int] | None = None,
-    *,
-    bos_token: str | None = None,
-    eos_token: str | None = None,
-    end_of_turn_ids: Iterable[int] = (),
-    add_bos_token: bool = True,
-) -> Tokenizer:
+def load_tokenizer_model(path: Path, added_tokens: Mapping[str, int] | None = None, **settings) -> Tokenizer:
     """A tokenizer.model file: Llama 3's tiktoken ranks (text lines) or a SentencePiece protobuf.
 
-    The keyword settings (from a Hugging Face tokenizer_config.json) apply to SentencePiece;
-    a tiktoken file is always Llama 3's, whose settings are known.
+    The keyword settings (bos_token, eos_token, end_of_turn_ids, add_bos_token: from a
+    Hugging Face tokenizer_config.json) apply to SentencePiece; a tiktoken file is always
+    Llama 3's, whose settings are known.
     """
     if not path.is_file():
         raise LlamaChatError(f"{path}: no such file (the model's tokenizer)")
     if looks_like_tiktoken(path):
         return TiktokenTokenizer.llama3(path)
-    return SentencePieceTokenizer.from_file(
-        path,
-        added_tokens,
-        bos_token=bos_token,
-        eos_token=eos_token,
-        end_of_turn_ids=end_of_turn_ids,
-        add_bos_token=add_bos_token,
-    )
+    return SentencePieceTokenizer.from_file(path, added_tokens, **settings)
 
 
 def _read_params(path: Path) -> dict:
