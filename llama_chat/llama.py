@@ -39,7 +39,9 @@ class Llama:
         self.name = name
         self.quantization = quantization  # how the weights are packed: none, int8 or int4
         self.chat_format = chat_format or PlainFormat(tokenizer)
-        self.stop_ids = frozenset(tokenizer.stop_ids if stop_ids is None else stop_ids)
+        # A reply ends at the model's end ids and at whatever ends a turn in its chat format.
+        base = tokenizer.stop_ids if stop_ids is None else stop_ids
+        self.stop_ids = frozenset(base) | self.chat_format.stop_ids
         first = next(transformer.parameters())
         self.device = first.device
         self.dtype = first.dtype

@@ -9,6 +9,7 @@ later loads of the same unchanged file read that instead.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from .convert import write_hf_directory
 from .device import resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
-from .model import Transformer, rope_tables
-from .quantize import check_quantization, choose_quantization, quantize_transformer
+from .model import Transformer
+from .quantize import INT4_GROUP, check_quantization, choose_quantization, quantize_transformer
 
 GGUF_MAGIC = b"GGUF"
 
@@ -109,9 +110,7 @@ def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch
         raise LlamaChatError(f"the checkpoint's tensors do not fit the model: {detail}") from None
     if checkpoint.args.tie_embeddings:
         transformer.output.weight = transformer.tok_embeddings.weight
-    cos, sin = rope_tables(checkpoint.args, checkpoint.args.max_seq_len)
-    transformer.rope_cos, transformer.rope_sin = cos.to(device), sin.to(device)
-    return transformer
+    return transformer.to(device)  # the weights are there already; this moves the rotary tables
 
 
 def load(
@@ -124,20 +123,27 @@ def load(
 ) -> Llama:
     """Load a model from local files onto `device` (auto: cuda, mps, else cpu) as `dtype`.
 
-    `quantize` (none, int8, int4, auto) packs the weights for fast cpu decoding; auto
-    does so on the cpu unless float32 is asked for, and runs the model in bfloat16.
+    `quantize` (none, int8, int4, auto) packs the weights for fast cpu decoding, in
+    bfloat16; auto does so on the cpu unless another dtype is asked for.
     """
     resolved_device = resolve_device(device)
-    wants_float32 = (dtype or "auto").lower() in ("float32", "fp32")
-    if quantize == "auto" and (wants_float32 or resolved_device.type != "cpu"):
-        quantize = "none"
-    packed = quantize != "none"
-    resolved_dtype = torch.bfloat16 if packed else resolve_dtype(dtype, resolved_device)
-    if packed and (dtype or "auto").lower() not in ("auto", "bfloat16", "bf16"):
+    dtype_name = (dtype or "auto").lower()
+    runs_in_bfloat16 = dtype_name in ("auto", "bfloat16", "bf16")
+    if quantize == "auto" and not runs_in_bfloat16:
+        quantize = "none"  # an explicit float32 or float16 asks for the unpacked model
+    # Whether to pack is known now; int4 or int8 only once the file says how it was stored.
+    packed = choose_quantization(quantize, resolved_device, None) != "none"
+    if packed and not runs_in_bfloat16:
         raise LlamaChatError(f"--quantize {quantize} runs in bfloat16; use --dtype bfloat16 or --quantize none")
+    resolved_dtype = torch.bfloat16 if packed else resolve_dtype(dtype, resolved_device)
     checkpoint = read_checkpoint(path, resolved_dtype)
     mode = choose_quantization(quantize, resolved_device, checkpoint.source_quantization)
-    check_quantization(mode, resolved_device, checkpoint.args.dim)
+    args = checkpoint.args
+    # Every projection's input width: dim, the attention heads' total, the SwiGLU width.
+    input_widths = math.gcd(args.dim, args.n_heads * args.head_dim, args.hidden_dim)
+    if quantize == "auto" and mode == "int4" and input_widths % INT4_GROUP:
+        mode = "int8"
+    check_quantization(mode, resolved_device, input_widths)
     chosen_format = get_chat_format(
         chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token
     )
@@ -149,6 +155,6 @@ def load(
         checkpoint.tokenizer,
         name=Path(path).expanduser().name,
         chat_format=chosen_format,
-        stop_ids=checkpoint.stop_ids | chosen_format.stop_ids,
+        stop_ids=checkpoint.stop_ids,
         quantization=mode,
     )

@@ -300,8 +300,7 @@ class Session:
         if closed is None or not _starts_with(closed, plan.rendered):
             return None
         tail = closed[len(plan.rendered):]
-        end_ids = self.model.stop_ids | self.model.chat_format.stop_ids
-        ends = [index for index, token in enumerate(tail) if token in end_ids]
+        ends = [index for index, token in enumerate(tail) if token in self.model.stop_ids]
         if not ends:
             return None  # no end-of-turn marker to go by (plain text): re-render instead
         return list(generation.tokens) + tail[ends[-1]:]
