@@ -28,6 +28,13 @@ def int8_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
+def bfloat16_at_least(values: torch.Tensor) -> torch.Tensor:
+    """The nearest bfloat16 not below each float32 value."""
+    rounded = values.to(torch.bfloat16)
+    too_small = rounded.float() < values
+    return torch.where(too_small, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))), rounded)
+
+
 class QuantizedLinear(nn.Module):
     """y = x W^T with W packed to `mode` for single tokens, and kept in bfloat16 for more."""
 
@@ -58,13 +65,14 @@ class QuantizedLinear(nn.Module):
         # Symmetric, one scale per output row; a few thousand rows at a time, so that the
         # float32 temporaries of a large output head stay small.
         self.packed = torch.empty(weight.shape, dtype=torch.int8)
-        scales = torch.empty(self.out_features)
+        self.scales = torch.empty(self.out_features, dtype=torch.bfloat16)
         for start in range(0, self.out_features, 4096):
             rows = weight[start : start + 4096].float()
-            scale = (rows.abs().amax(dim=1) / 127).clamp_min(1e-12)
-            self.packed[start : start + 4096] = torch.round(rows / scale[:, None]).clamp_(-127, 127)
-            scales[start : start + 4096] = scale
-        self.scales = scales.to(torch.bfloat16)
+            scale = bfloat16_at_least((rows.abs().amax(dim=1) / 127).clamp_min(1e-12))
+            # Rounded against the bfloat16 scale the kernel multiplies by, so each weight
+            # is within half a step of what it was, and the largest one is not clamped.
+            self.packed[start : start + 4096] = torch.round(rows / scale.float()[:, None]).clamp_(-127, 127)
+            self.scales[start : start + 4096] = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.numel() != x.shape[-1]:
