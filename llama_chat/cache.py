@@ -23,13 +23,12 @@ class KVCache:
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        batch_size: int = 1,
     ) -> None:
         if not 0 < capacity <= args.max_seq_len:
             raise ContextOverflowError(
                 f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
             )
-        shape = (args.n_layers, batch_size, args.n_kv_heads, capacity, args.head_dim)
+        shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.capacity = capacity
@@ -39,7 +38,7 @@ class KVCache:
         return len(self.tokens)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers of one layer: [batch, kv_heads, capacity, head_dim]."""
+        """The key and value buffers of one layer: [1, kv_heads, capacity, head_dim]."""
         return self.keys[index], self.values[index]
 
     def truncate(self, length: int) -> None:

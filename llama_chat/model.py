@@ -72,21 +72,21 @@ def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and signed sin of every position's angles, [length, head_dim], half-split layout.
+    """cos and signed sin of every position's angles, [length, 1, head_dim], half-split layout.
 
-    The sin table's first half is negated, so that rotating is x*cos + roll(x)*sin:
-    roll swaps the halves, and the sign turns (x2, x1) into (-x2, x1).
+    The middle axis broadcasts over heads. The sin table's first half is negated, so that
+    rotating is x*cos + swap_halves(x)*sin: (x1, x2) becomes (x1*cos - x2*sin, x2*cos + x1*sin).
     """
     positions = torch.arange(length, dtype=torch.float64)
     angles = torch.outer(positions, rope_inverse_frequencies(args))
     cos, sin = angles.cos(), angles.sin()
-    return torch.cat([cos, cos], dim=-1).float(), torch.cat([-sin, sin], dim=-1).float()
+    return torch.cat([cos, cos], dim=-1).float()[:, None], torch.cat([-sin, sin], dim=-1).float()[:, None]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [batch, time, heads, head_dim] by the angles of cos/signed_sin [time, head_dim]."""
-    half = x.shape[-1] // 2
-    return x * cos[:, None, :] + torch.roll(x, half, dims=-1) * signed_sin[:, None, :]
+    """Rotate x [batch, time, heads, head_dim] by the angles of cos/signed_sin [time, 1, head_dim]."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, signed_sin)
 
 
 class Attention(nn.Module):
@@ -111,26 +111,23 @@ class Attention(nn.Module):
         start_pos: int,
     ) -> torch.Tensor:
         batch, time, _ = x.shape
-        q_size = self.n_heads * self.head_dim
         rotated_heads = self.n_heads + self.n_kv_heads
         qkv = self.wqkv(x).view(batch, time, rotated_heads + self.n_kv_heads, self.head_dim)
-        qk = apply_rotary(qkv[:, :, :rotated_heads], cos, sin)  # q and k heads in one call
-        q, k = qk[:, :, : self.n_heads], qk[:, :, self.n_heads :].transpose(1, 2)
-        v = qkv[:, :, rotated_heads:].transpose(1, 2)
+        qk = apply_rotary(qkv.narrow(2, 0, rotated_heads), cos, sin)
+        q, k = qk.narrow(2, 0, self.n_heads), qk.narrow(2, self.n_heads, self.n_kv_heads).transpose(1, 2)
+        v = qkv.narrow(2, rotated_heads, self.n_kv_heads).transpose(1, 2)
         if layer_cache is not None:
             cache_k, cache_v = layer_cache
-            end = start_pos + time
-            cache_k[:batch, :, start_pos:end] = k
-            cache_v[:batch, :, start_pos:end] = v
-            k, v = cache_k[:batch, :, :end], cache_v[:batch, :, :end]
+            cache_k.narrow(2, start_pos, time).copy_(k)
+            cache_v.narrow(2, start_pos, time).copy_(v)
+            k, v = cache_k.narrow(2, 0, start_pos + time), cache_v.narrow(2, 0, start_pos + time)
         # Put the n_rep query heads that share a key/value head next to each other
         # along the time axis, so attention broadcasts over K/V without repeating them.
         q = q.view(batch, time, self.n_kv_heads, self.n_rep, self.head_dim)
         q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.n_kv_heads, self.n_rep * time, self.head_dim)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim)
-        out = out.permute(0, 3, 1, 2, 4).reshape(batch, time, q_size)
-        return self.wo(out)
+        return self.wo(out.permute(0, 3, 1, 2, 4).reshape(batch, time, -1))
 
 
 class FeedForward(nn.Module):
@@ -196,6 +193,8 @@ class Transformer(nn.Module):
         end = start_pos + time
         if cache is None and start_pos:
             raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
+        if cache is not None and tokens.shape[0] != 1:
+            raise ValueError(f"a KV cache holds one sequence, not a batch of {tokens.shape[0]}")
         if end > self.rope_cos.shape[0]:
             raise ValueError(f"position {end} is past the model's context of {self.rope_cos.shape[0]}")
         x = self.tok_embeddings(tokens)
