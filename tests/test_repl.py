@@ -139,7 +139,7 @@ def test_tab_then_enter_takes_a_completion_without_sending():
             output=DummyOutput(), history=InMemoryHistory())))
         repl.start()
         for keys in ["/temper", "\t", ENTER, " 0.5" + ENTER, "/quit" + ENTER]:
-            time.sleep(0.3)
+            time.sleep(0.5)
             pipe.send_text(keys)
         repl.join(timeout=10)
     assert exit_codes == [0] and session.settings.temperature == 0.5
