@@ -10,6 +10,10 @@ single-token steps, and as a bfloat16 matrix for multi-token steps.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -113,7 +117,30 @@ def quantize_transformer(transformer: nn.Module, mode: str) -> None:
         for owner, name in ((block.attention, "wqkv"), (block.attention, "wo"),
                             (block.feed_forward, "w13"), (block.feed_forward, "w2")):
             setattr(owner, name, QuantizedLinear(getattr(owner, name).weight.detach(), mode))
+        return_freed_memory()
     transformer.output = QuantizedLinear(transformer.output.weight.detach(), "int8", keep_dense=False)
+    return_freed_memory()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+
+
+def return_freed_memory() -> None:
+    """Give the memory freed by packing back to the system.
+
+    glibc's malloc keeps freed blocks of up to 32 MB for reuse, so the float32 and int32
+    temporaries of packing one matrix after another stay resident, used by nothing: for
+    the default model, trimming after each block lowers the peak from 930-990 MB to
+    780-810 MB (three loads each).
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 # GGUF types of at most 4 bits a weight: their values fit int4 groups of 32 with no loss

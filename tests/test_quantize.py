@@ -1,9 +1,13 @@
+import sys
+
 import pytest
 import torch
 
 from llama_chat import Llama
 from llama_chat.errors import LlamaChatError
-from llama_chat.quantize import INT4_GROUP, QuantizedLinear, check_quantization, choose_quantization, quantize_transformer
+from llama_chat.quantize import (
+    INT4_GROUP, QuantizedLinear, check_quantization, choose_quantization, quantize_transformer, return_freed_memory,
+)
 
 from .conftest import tiny_args
 
@@ -79,3 +83,21 @@ def test_auto_choice_and_refusals():
         check_quantization("int8", torch.device("cuda"), 64)
     with pytest.raises(LlamaChatError, match="divisible by 32"):
         check_quantization("int4", cpu, 48)
+
+
+def resident_megabytes() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and trims glibc's heap")
+def test_freed_packing_temporaries_go_back_to_the_system():
+    # After one large block is freed, glibc serves blocks of that size from its heap and
+    # keeps them when they are freed; the last one holds the heap's top in place.
+    large = torch.ones(16 * 2**20, dtype=torch.uint8)
+    del large
+    blocks = [torch.ones(8 * 2**20, dtype=torch.uint8) for _ in range(12)]
+    del blocks[:-1]
+    before = resident_megabytes()
+    return_freed_memory()
+    assert resident_megabytes() < before - 50
