@@ -29,8 +29,10 @@ class KVCache:
                 f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
             )
         shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        keys = torch.zeros(shape, device=device, dtype=dtype)
+        values = torch.zeros(shape, device=device, dtype=dtype)
+        # Each layer's views, made once rather than on every forward pass.
+        self._layers = list(zip(keys.unbind(0), values.unbind(0)))
         self.capacity = capacity
         self.tokens: list[int] = []
 
@@ -39,7 +41,7 @@ class KVCache:
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value buffers of one layer: [1, kv_heads, capacity, head_dim]."""
-        return self.keys[index], self.values[index]
+        return self._layers[index]
 
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on, without copying anything."""

@@ -135,12 +135,11 @@ class FeedForward(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.hidden_dim = args.hidden_dim
         self.w13 = UninitializedLinear(args.dim, 2 * args.hidden_dim)
         self.w2 = UninitializedLinear(args.hidden_dim, args.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.hidden_dim, dim=-1)
+        gate, up = self.w13(x).chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 
 
