@@ -25,7 +25,7 @@ from .device import resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
 from .model import Transformer
-from .quantize import INT4_GROUP, check_quantization, choose_quantization, quantize_transformer
+from .quantize import check_quantization, choose_quantization, quantize_transformer
 
 GGUF_MAGIC = b"GGUF"
 
@@ -137,12 +137,10 @@ def load(
         raise LlamaChatError(f"--quantize {quantize} runs in bfloat16; use --dtype bfloat16 or --quantize none")
     resolved_dtype = torch.bfloat16 if packed else resolve_dtype(dtype, resolved_device)
     checkpoint = read_checkpoint(path, resolved_dtype)
-    mode = choose_quantization(quantize, resolved_device, checkpoint.source_quantization)
     args = checkpoint.args
     # Every projection's input width: dim, the attention heads' total, the SwiGLU width.
     input_widths = math.gcd(args.dim, args.n_heads * args.head_dim, args.hidden_dim)
-    if quantize == "auto" and mode == "int4" and input_widths % INT4_GROUP:
-        mode = "int8"
+    mode = choose_quantization(quantize, resolved_device, checkpoint.source_quantization, input_widths)
     check_quantization(mode, resolved_device, input_widths)
     chosen_format = get_chat_format(
         chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token

@@ -148,11 +148,15 @@ def return_freed_memory() -> None:
 FOUR_BIT_SOURCES = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS")
 
 
-def choose_quantization(requested: str, device: torch.device, source_quantization: str | None) -> str:
+def choose_quantization(
+    requested: str, device: torch.device, source_quantization: str | None, in_features: int | None = None
+) -> str:
     """The packing to run with: `auto` means int4 for 4-bit sources and int8 otherwise on
-    the cpu (the two agree with float32 on most greedy tokens), none elsewhere."""
+    the cpu (the two agree with float32 on most greedy tokens), none elsewhere; int8 too
+    when a layer's input width (`in_features`, if known) does not split into int4 groups."""
     if requested != "auto":
         return requested
     if device.type != "cpu" or not (int4_available() and int8_available()):
         return "none"
-    return "int4" if source_quantization in FOUR_BIT_SOURCES else "int8"
+    fits_int4 = in_features is None or in_features % INT4_GROUP == 0
+    return "int4" if source_quantization in FOUR_BIT_SOURCES and fits_int4 else "int8"

@@ -75,6 +75,8 @@ def test_quantized_model_stays_close_to_float32():
 def test_auto_choice_and_refusals():
     cpu = torch.device("cpu")
     assert choose_quantization("auto", cpu, "Q4_1") == "int4"
+    assert choose_quantization("auto", cpu, "Q4_1", in_features=64) == "int4"
+    assert choose_quantization("auto", cpu, "Q4_1", in_features=48) == "int8"  # not whole int4 groups
     assert choose_quantization("auto", cpu, "Q8_0") == "int8"
     assert choose_quantization("auto", cpu, None) == "int8"
     assert choose_quantization("auto", torch.device("cuda"), "Q4_1") == "none"
