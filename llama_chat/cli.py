@@ -75,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"llama-chat: {error}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1
+    except OSError as error:  # a file that cannot be read or written: say which, and why
+        if debug:
+            raise
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"llama-chat: {where}{error.strerror or error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .checkpoints.checkpoint import Checkpoint
@@ -137,6 +138,11 @@ def main(argv: list[str]) -> int:
     from .loading import read_checkpoint  # loading writes its cache with this module
 
     dtype = resolve_dtype(options.dtype, torch.device("cpu"))
-    write_hf_directory(read_checkpoint(options.source), destination, dtype)
+    # Read straight into the target dtype, past the load cache: its copy would only cost disk.
+    checkpoint = read_checkpoint(options.source, dtype, use_cache=False)
+    try:
+        write_hf_directory(checkpoint, destination, dtype)
+    except SafetensorError as error:  # its own I/O errors, a full disk among them
+        raise LlamaChatError(f"{destination}: cannot write the weights ({error})") from None
     print(destination)
     return 0

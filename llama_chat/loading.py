@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .chat_format import get_chat_format
 from .checkpoints.checkpoint import Checkpoint
@@ -51,24 +52,25 @@ def gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path | None:
     return root / f"{path.stem}-{dtype_name}-{hashlib.sha256(identity).hexdigest()[:16]}"
 
 
-def read_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
-    cached = gguf_cache_dir(path, dtype)
+def read_gguf(path: Path, dtype: torch.dtype, use_cache: bool = True) -> Checkpoint:
+    cached = gguf_cache_dir(path, dtype) if use_cache else None
     if cached is not None and (cached / "config.json").is_file():
         return load_hf_directory(cached)
     checkpoint = load_gguf(path, dtype=dtype)
     if cached is not None:
         try:
             write_hf_directory(checkpoint, cached, dtype)
-        except OSError:
-            pass  # a cache that cannot be written only costs time
+        except (OSError, SafetensorError):
+            pass  # a cache that cannot be written (a full disk) only costs time
     return checkpoint
 
 
-def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
+def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, *, use_cache: bool = True) -> Checkpoint:
     """Read a GGUF file, a Hugging Face directory (config.json) or a Meta one (params.json).
 
-    GGUF weights are dequantised into `dtype` when they are not cached; the other
-    formats keep the dtype they were stored in until build_transformer converts them.
+    GGUF weights are dequantised into `dtype` when they are not cached (`use_cache`
+    reads and writes the conversion cache); the other formats keep the dtype they were
+    stored in until build_transformer converts them.
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -76,7 +78,7 @@ def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Che
     if path.is_file():
         with open(path, "rb") as file:
             if file.read(4) == GGUF_MAGIC:
-                return read_gguf(path, dtype)
+                return read_gguf(path, dtype, use_cache)
         raise LlamaChatError(
             f"{path}: not a GGUF file; give a .gguf file or a directory with config.json or params.json"
         )
@@ -86,7 +88,7 @@ def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32) -> Che
         return load_meta_directory(path)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return read_gguf(ggufs[0], dtype)
+        return read_gguf(ggufs[0], dtype, use_cache)
     found = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no checkpoint"
     raise LlamaChatError(
         f"{path}: {found}; expected config.json (Hugging Face), params.json (Meta) or one .gguf file"
@@ -97,10 +99,13 @@ def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch
     """The Transformer with the checkpoint's weights, converting one tensor at a time."""
     transformer = Transformer(checkpoint.args)  # uninitialised: the weights are replaced below
     tensors = checkpoint.tensors
+    tied = checkpoint.args.tie_embeddings
+    if tied:
+        tensors.pop("output.weight", None)  # the embedding table itself: converted once, below
     converted = {}
     for name in list(tensors):
         converted[name] = tensors.pop(name).to(device=device, dtype=dtype)
-    if checkpoint.args.tie_embeddings:
+    if tied:
         converted["output.weight"] = converted["tok_embeddings.weight"]
     try:
         transformer.load_state_dict(converted, strict=True, assign=True)
@@ -108,7 +113,7 @@ def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch
         # The first line only names the module; the second says which tensors are wrong.
         detail = (str(error).strip().splitlines() + [""])[1].strip()[:300]
         raise LlamaChatError(f"the checkpoint's tensors do not fit the model: {detail}") from None
-    if checkpoint.args.tie_embeddings:
+    if tied:
         transformer.output.weight = transformer.tok_embeddings.weight
     return transformer.to(device)  # the weights are there already; this moves the rotary tables
 

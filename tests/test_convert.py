@@ -72,3 +72,19 @@ def test_convert_never_overwrites(tmp_path, capsys):
     assert main(["convert", str(source), str(tmp_path / "taken")]) == 1
     assert "already exists" in capsys.readouterr().err
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+
+
+def test_convert_reads_past_the_load_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(cache))
+    source = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=4), qtype=QType.Q8_0)
+    convert(source, tmp_path / "converted")
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_a_destination_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    source = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=4), qtype=QType.F32)
+    (tmp_path / "a-file").write_text("x")
+    assert main(["convert", str(source), str(tmp_path / "a-file" / "converted")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("llama-chat: ") and "a-file" in error
