@@ -7,6 +7,7 @@ Filters return logits with the removed tokens set to -inf.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ class SamplingSettings:
     max_tokens: int = 1024
 
     def __post_init__(self) -> None:
+        # Types first (a hand-edited saved file may hold 2.5 tokens or "hot"); bool is no number.
+        for field in dataclasses.fields(self):  # annotations are strings here: "int", "float", "int | None"
+            value = getattr(self, field.name)
+            if value is None and field.type.endswith("| None"):
+                continue
+            whole = field.type.startswith("int")
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+                raise SettingError(f"{field.name} must be {'a whole number' if whole else 'a number'}, not {value!r}")
         checks = [
             (self.temperature >= 0, "temperature must be 0 (greedy) or more"),
             (self.top_k >= 0, "top_k must be 0 (off) or a positive number of tokens"),

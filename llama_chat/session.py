@@ -338,7 +338,7 @@ class Session:
 
     def save(self, path: str | Path) -> Path:
         """Write the conversation, its token ids, the settings and the model path as JSON."""
-        path = Path(path).expanduser()
+        path = _expanded(path)
         try:
             path.write_text(_dumps(self._to_json()), encoding="utf-8")
         except OSError as error:
@@ -348,13 +348,14 @@ class Session:
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation and settings with a saved one. Returns a note when the
         file was made with another model (its token ids are then rebuilt for this one)."""
-        path = Path(path).expanduser()
+        path = _expanded(path)
         data = _read_json(path)
         system, exchanges, head_ids = _conversation_from(data, path)
         settings = _settings_from(data.get("settings"), path)
         saved_model = data.get("model") if isinstance(data.get("model"), dict) else {}
         same_model = self._is_same_model(saved_model)
         if not same_model:  # another tokenizer's ids mean nothing here
+            head_ids = None
             for exchange in exchanges:
                 exchange.user_ids = exchange.reply_ids = None
         self.system, self.exchanges, self.settings, self.head_ids = system, exchanges, settings, head_ids
@@ -403,8 +404,16 @@ def _messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
     return messages
 
 
+def _expanded(path: str | Path) -> Path:
+    """The path with ~ or ~user expanded; an unknown user is one clear error."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise LlamaChatError(f"cannot expand {path}: no such user") from None
+
+
 def _absolute(path: str | Path | None) -> str | None:
-    return str(Path(path).expanduser().absolute()) if path is not None else None
+    return str(_expanded(path).absolute()) if path is not None else None
 
 
 def _dumps(data: dict) -> str:
@@ -475,5 +484,3 @@ def _settings_from(values: object, path: Path) -> SamplingSettings:
         return SamplingSettings(**{name: value for name, value in values.items() if name in known})
     except SettingError as error:
         raise LlamaChatError(f"{path}: {error}") from None
-    except TypeError:
-        raise LlamaChatError(f"{path}: a setting has a value of the wrong type") from None

@@ -89,6 +89,8 @@ def test_settings_change_through_slash_commands():
     ("/tempreature 1", "unknown command /tempreature: did you mean /temperature?"),
     ("/temper 1", "unknown command /temper: did you mean /temperature?"),
     ("/unknownthing", "unknown command /unknownthing: (/help lists the commands)"),
+    ("/", "unknown command /: (/help lists the commands)"),
+    ("/save ~no-such-user-here/chat.json", "cannot expand ~no-such-user-here/chat.json: no such user"),
 ])
 def test_bad_values_are_refused_and_nothing_changes(line, message):
     settings = SamplingSettings(temperature=0.5, seed=1)

@@ -243,6 +243,14 @@ def test_open_of_another_models_file_says_so_and_rebuilds_the_ids(tmp_path):
     assert other.ids == other.model.chat_format.encode(other.messages(), False)
 
 
+def test_open_of_another_models_system_prompt_encodes_it_for_this_model(tmp_path):
+    session = Session(chat_model("chatml"), GREEDY, system="Be brief.", model_path=tmp_path / "a.gguf")
+    session.save(tmp_path / "chat.json")
+    other = Session(chat_model("llama3"), GREEDY, model_path=tmp_path / "b.gguf")
+    assert "rebuilt" in other.open(tmp_path / "chat.json")
+    assert other.ids == other.model.chat_format.encode(other.messages(), False)
+
+
 @pytest.mark.parametrize("contents, message", [
     ("not json", "bad JSON on line 1"),
     ('{"kind": "something else"}', "not a llama-chat conversation"),
@@ -250,6 +258,8 @@ def test_open_of_another_models_file_says_so_and_rebuilds_the_ids(tmp_path):
      '"messages": [{"role": "assistant", "content": "x"}]}', "alternate user, assistant"),
     ('{"kind": "llama-chat conversation", "version": 1, "settings": {"temperature": -1}, "messages": []}',
      "temperature must be"),
+    ('{"kind": "llama-chat conversation", "version": 1, "settings": {"max_tokens": 5.5}, "messages": []}',
+     "max_tokens must be a whole number"),
 ])
 def test_bad_conversation_files_are_refused_and_nothing_changes(tmp_path, contents, message):
     session = Session(chat_model(), GREEDY)

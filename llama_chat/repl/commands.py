@@ -285,5 +285,5 @@ def find(name: str) -> Command:
 
 def dispatch(state: ChatState, line: str) -> bool:
     """Run a "/command argument" line; False when the chat should end."""
-    name, argument = (line.strip().removeprefix("/").split(None, 1) + [""])[:2]
+    name, argument = (line.strip().removeprefix("/").split(None, 1) + ["", ""])[:2]
     return not find(name.lower()).run(state, argument.strip())
