@@ -90,9 +90,11 @@ class Renderer:
 
     def _stream_markdown(self, turn: Turn) -> None:
         # Live redraws the Markdown as it grows (cropped to the screen while streaming) and
-        # prints it in full when it stops.
-        with Live(console=self.console, refresh_per_second=8, vertical_overflow="ellipsis") as live:
-            turn.run(lambda piece: live.update(Markdown(visible(turn.text))))
+        # prints it in full when it stops. It parses the reply only when it redraws, 8 times
+        # a second, not after every token: parsing grows with the reply's length.
+        with Live(console=self.console, refresh_per_second=8, vertical_overflow="ellipsis",
+                  get_renderable=lambda: Markdown(visible(turn.text))):
+            turn.run()
 
     def _end_line(self, text: str) -> None:
         if not (self.markdown and self.styled) and not text.endswith("\n"):
