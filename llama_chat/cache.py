@@ -29,10 +29,10 @@ class KVCache:
                 f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
             )
         shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)
-        keys = torch.zeros(shape, device=device, dtype=dtype)
-        values = torch.zeros(shape, device=device, dtype=dtype)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
         # Each layer's views, made once rather than on every forward pass.
-        self._layers = list(zip(keys.unbind(0), values.unbind(0)))
+        self._layers = list(zip(self.keys.unbind(0), self.values.unbind(0)))
         self.capacity = capacity
         self.tokens: list[int] = []
 
