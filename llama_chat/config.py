@@ -56,6 +56,9 @@ class ModelArgs:
         # Frozen dataclass: fill the derived defaults through object.__setattr__.
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "max_seq_len"):
+            if getattr(self, name) <= 0:  # before any division by them
+                raise LlamaChatError(f"model config: {name} must be positive, got {getattr(self, name)}")
         if self.head_dim is None:
             if self.dim % self.n_heads:
                 raise LlamaChatError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
@@ -66,9 +69,6 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise LlamaChatError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        for name in ("dim", "n_layers", "n_heads", "vocab_size", "hidden_dim", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise LlamaChatError(f"model config: {name} must be positive, got {getattr(self, name)}")
 
     @property
     def n_rep(self) -> int:

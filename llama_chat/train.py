@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import shutil
 import signal
 import time
@@ -23,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .checkpoints.checkpoint import Checkpoint
 from .checkpoints.hf import load_hf_directory
+from .cli import finite_float
 from .config import ModelArgs
 from .convert import write_hf_directory
 from .device import resolve_device
@@ -240,8 +242,11 @@ class Run:
     @classmethod
     def resume(cls, out: Path, data: list[str], device: torch.device) -> Run:
         """The run saved in `out`, exactly as it was after its last saved step."""
-        state = torch.load(out / STATE_FILE, weights_only=True)
-        config = TrainConfig(**state["config"])
+        try:
+            state = torch.load(out / STATE_FILE, weights_only=True)
+            config = TrainConfig(**state["config"])
+        except (OSError, RuntimeError, pickle.UnpicklingError, TypeError, KeyError) as error:
+            raise LlamaChatError(f"{out / STATE_FILE}: not a training state this version can resume ({error})") from None
         corpus = read_corpus(data, config.validation_fraction)
         if state["corpus_fingerprint"] != corpus.fingerprint:
             raise LlamaChatError(f"{out}: this run was trained on other data; --resume needs the same --data files")
@@ -249,9 +254,7 @@ class Run:
         if not isinstance(checkpoint.tokenizer, SentencePieceTokenizer):
             raise LlamaChatError(f"{out}: not a llama-chat training run (no SentencePiece tokenizer)")
         run = cls(config, corpus, out, device, tokenizer=checkpoint.tokenizer)
-        tensors = dict(checkpoint.tensors)
-        tensors["output.weight"] = tensors["tok_embeddings.weight"]  # tied: one tensor under both names
-        run.transformer.load_state_dict({k: v.to(device) for k, v in tensors.items()}, strict=True)
+        run.transformer.load_state_dict(checkpoint.tensors, strict=True)  # copies onto the run's device
         run.optimizer.load_state_dict(state["optimizer"])
         run.data_generator.set_state(state["data_generator"])
         run.step = state["step"]
@@ -348,7 +351,8 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
         default = getattr(defaults, name)
         kind = type(default)
         extra = {"choices": ("bpe", "char")} if name == "tokenizer" else {}
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None, **extra,
+        parser.add_argument("--" + name.replace("_", "-"), type=finite_float if kind is float else kind,
+                            default=None, **extra,
                             help=f"(tiny preset: {default})")
     return parser.parse_args(argv)
 
@@ -362,7 +366,7 @@ def build_config(options: argparse.Namespace) -> TrainConfig:
     if not 0 < config.validation_fraction < 1:
         raise UsageError(f"--validation-fraction must be between 0 and 1, got {config.validation_fraction}")
     for name in ("steps", "batch_size", "accumulate", "context", "warmup", "eval_every", "eval_batches",
-                 "save_every", "learning_rate"):
+                 "save_every", "sample_tokens", "learning_rate"):
         if getattr(config, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
     config.model_args(vocab_size=1)  # checks the shape flags fit together (e.g. heads divide dim)
@@ -393,6 +397,8 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"--resume continues with the run's saved settings; drop {flags}")
     else:
         config = build_config(options)
+    if options.threads is not None and options.threads <= 0:
+        raise UsageError(f"--threads must be positive, got {options.threads}")
     check_output(out, options.resume)
     if options.threads:
         torch.set_num_threads(options.threads)

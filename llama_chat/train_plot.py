@@ -46,7 +46,6 @@ FONT = {
     "s": (".....", ".....", ".####", "#....", ".###.", "....#", "####."),
     "t": (".#...", ".#...", "###..", ".#...", ".#...", ".#..#", "..##."),
     "v": (".....", ".....", "#...#", "#...#", "#...#", ".#.#.", "..#.."),
-    " ": (".....",) * 7,
 }
 CHAR_WIDTH, CHAR_HEIGHT = 6 * SCALE, 7 * SCALE  # a glyph and one column of space
 
@@ -54,6 +53,9 @@ CHAR_WIDTH, CHAR_HEIGHT = 6 * SCALE, 7 * SCALE  # a glyph and one column of spac
 def write_loss_plot(path: Path, train: Sequence[Point], validation: Sequence[Point]) -> None:
     """Draw both curves (step on x, loss on y, y from 0) and save them as a PNG file."""
     pixels: Pixels = [[WHITE] * WIDTH for _ in range(HEIGHT)]
+    # A run that diverged has nan or inf losses: they have no place on the scale.
+    train = [point for point in train if math.isfinite(point[1])]
+    validation = [point for point in validation if math.isfinite(point[1])]
     points = [*train, *validation]
     max_step = max((step for step, _ in points), default=1) or 1
     max_loss = math.ceil(max((loss for _, loss in points), default=1.0)) or 1

@@ -1,5 +1,6 @@
 import os
 import random
+import shutil
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -165,6 +166,9 @@ def test_a_crash_between_the_renames_is_recovered(tmp_path):
         ("play", ["--tokenizer", "char", "--vocab-size", "500"], UsageError, "does not apply"),
         ("play", ["--validation-fraction", "1.5"], UsageError, "between 0 and 1"),
         ("play", ["--dim", "30", "--n-heads", "4"], LlamaChatError, "not divisible"),
+        ("play", ["--n-kv-heads", "0"], LlamaChatError, "n_kv_heads must be positive"),
+        ("play", ["--sample-tokens", "0"], UsageError, "--sample-tokens must be positive"),
+        ("play", ["--threads", "-1"], UsageError, "--threads must be positive"),
     ],
 )
 def test_bad_input_is_refused(tmp_path, setup, flags, error, message):
@@ -176,6 +180,21 @@ def test_bad_input_is_refused(tmp_path, setup, flags, error, message):
     with pytest.raises(error, match=message):
         main(["--data", str(data), "--out", str(out), *TINY_FLAGS, *flags])
     assert not out.exists()
+
+
+def test_a_learning_rate_that_is_not_finite_is_refused(tmp_path, corpus_file, capsys):
+    with pytest.raises(SystemExit):
+        main(["--data", str(corpus_file), "--out", str(tmp_path / "out"), *TINY_FLAGS, "--learning-rate", "nan"])
+    assert "not a finite number: 'nan'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_of_a_damaged_state_file_is_one_clear_error(finished_run, tmp_path):
+    out = shutil.copytree(finished_run.out, tmp_path / "out")  # the shared run stays whole
+    (out / STATE_FILE).write_bytes(b"not a state")
+    corpus = finished_run.out.parent / "play.txt"
+    with pytest.raises(LlamaChatError, match="not a training state this version can resume"):
+        main(["--data", str(corpus), "--out", str(out), "--resume"])
 
 
 def test_resume_needs_a_run(tmp_path, corpus_file):

@@ -62,3 +62,10 @@ def test_a_single_point_still_draws(tmp_path):
     write_loss_plot(path, [(0, 2.5)], [])  # below the top of the axis (3)
     pixels = read_png(path)
     assert any(BLUE in row for row in pixels[40:])
+
+
+def test_a_diverged_run_still_plots_its_finite_losses(tmp_path):
+    path = tmp_path / "loss.png"
+    write_loss_plot(path, [(0, 2.5), (10, 2.0), (20, float("nan")), (30, float("inf"))], [(10, 2.2)])
+    pixels = read_png(path)
+    assert any(BLUE in row for row in pixels[40:]) and any(ORANGE in row for row in pixels[40:])
