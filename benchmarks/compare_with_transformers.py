@@ -18,7 +18,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 import llama_chat
+from llama_chat.bench import random_prompt
 from llama_chat.bench import run as run_llama_chat
+from llama_chat.cli import positive_int
 from llama_chat.weights import require_default_model
 
 
@@ -37,8 +39,9 @@ def measure_transformers(model: LlamaForCausalLM, prompt: list[int], new_tokens:
     return len(prompt) / prefill_seconds, (new_tokens - 1) / decode_seconds
 
 
-def transformers_row(path: Path, dtype: torch.dtype, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+def transformers_row(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
     model = LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    prompt = random_prompt(model.config.vocab_size, prompt_tokens)  # the prompt llama-chat's bench gets
     measure_transformers(model, prompt, 8)  # warm-up at full size, as llama-chat's bench does
     runs = [measure_transformers(model, prompt, new_tokens) for _ in range(repeats)]
     return {
@@ -51,9 +54,8 @@ def transformers_row(path: Path, dtype: torch.dtype, prompt: list[int], new_toke
 def llama_chat_row(path: Path, prompt_tokens: int, new_tokens: int, repeats: int, **options) -> dict:
     model = llama_chat.load(path, device="cpu", **options)
     result = run_llama_chat(model, prompt_tokens, new_tokens, repeats)
-    packing = "" if model.quantization == "none" else f", {model.quantization} weights"
     return {
-        "name": f"llama-chat {result['dtype']}{packing}",
+        "name": f"llama-chat {model.describe_weights()}",
         "prefill": result["prefill_tokens_per_second"],
         "decode": result["decode_tokens_per_second"],
     }
@@ -62,21 +64,19 @@ def llama_chat_row(path: Path, prompt_tokens: int, new_tokens: int, repeats: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a GGUF file (default: the default model)")
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=512)
+    parser.add_argument("--new-tokens", type=positive_int, default=128)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=2)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     path = options.model or require_default_model()
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 49152, (options.prompt_tokens,), generator=generator).tolist()
     common = (options.prompt_tokens, options.new_tokens, options.repeats)
     rows = [
         llama_chat_row(path, *common),
         llama_chat_row(path, *common, dtype="float32"),
-        transformers_row(path, torch.float32, prompt, options.new_tokens, options.repeats),
-        transformers_row(path, torch.bfloat16, prompt, options.new_tokens, options.repeats),
+        transformers_row(path, torch.float32, *common),
+        transformers_row(path, torch.bfloat16, *common),
     ]
     best_prefill = max(r["prefill"] for r in rows[2:])
     transformers_float32 = rows[2]

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from .cli import positive_int
 from .config import ModelArgs
 from .llama import Llama
 from .loading import load
@@ -29,10 +30,15 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
+def random_prompt(vocab_size: int, length: int) -> list[int]:
+    """The benchmark prompt: the same random ids for any program given the same vocabulary."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+
+
 def measure(model: Llama, prompt_tokens: int, new_tokens: int) -> dict:
     """One run: prefill a prompt of random ids, then decode greedily, ignoring stop tokens."""
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.args.vocab_size, (prompt_tokens,), generator=generator).tolist()
+    prompt = random_prompt(model.args.vocab_size, prompt_tokens)
     cache = model.new_cache(prompt_tokens + new_tokens + 1)
     generation = model.generate(
         prompt, SamplingSettings(temperature=0, max_tokens=new_tokens), cache=cache, stop_ids=()
@@ -73,10 +79,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"))
-    parser.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's choice)")
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's choice)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=512)
+    parser.add_argument("--new-tokens", type=positive_int, default=128)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     options = parser.parse_args(argv)
     if options.threads:
@@ -101,8 +107,7 @@ def main(argv: list[str]) -> int:
     if options.json:
         print(json.dumps(result))
         return 0
-    packing = "" if result["quantization"] == "none" else f", {result['quantization']} weights"
-    print(f"{result['model']} on {result['device']} ({result['dtype']}{packing}), {result['threads']} threads, "
+    print(f"{result['model']} on {result['device']} ({model.describe_weights()}), {result['threads']} threads, "
           f"median of {result['repeats']}")
     print(f"load: {result['load_seconds']:.2f} s")
     print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")

@@ -18,6 +18,17 @@ SUBCOMMANDS = {
 }
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
 def finite_float(text: str) -> float:
     """argparse type: a real number, not nan or inf."""
     try:

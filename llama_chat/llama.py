@@ -72,6 +72,11 @@ class Llama:
     def args(self) -> ModelArgs:
         return self.transformer.args
 
+    def describe_weights(self) -> str:
+        """How the weights run, for people: "bfloat16, int4 weights" or "float32"."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return dtype if self.quantization == "none" else f"{dtype}, {self.quantization} weights"
+
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache; by default the smaller of the model's context and 4096."""
         capacity = capacity or min(self.args.max_seq_len, DEFAULT_CONTEXT)

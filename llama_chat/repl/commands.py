@@ -201,8 +201,7 @@ def usage(command: Command) -> str:
 
 
 def describe_device(model: Llama) -> str:
-    packing = "" if model.quantization == "none" else f", {model.quantization} weights"
-    return f"{model.device} ({str(model.dtype).removeprefix('torch.')}{packing})"
+    return f"{model.device} ({model.describe_weights()})"
 
 
 def exchanges(count: int) -> str:

@@ -1,0 +1,26 @@
+import pytest
+
+from llama_chat.bench import random_prompt, run
+from llama_chat.cli import main
+
+
+def test_bench_measures_a_model_and_says_how_it_ran(tiny_model):
+    result = run(tiny_model, prompt_tokens=12, new_tokens=5, repeats=2)
+    assert result["prefill_tokens_per_second"] > 0 and result["decode_tokens_per_second"] > 0
+    assert 0 < result["time_to_first_token"]
+    assert (result["device"], result["dtype"], result["quantization"]) == ("cpu", "float32", "none")
+    assert (result["prompt_tokens"], result["new_tokens"], result["repeats"]) == (12, 5, 2)
+
+
+def test_the_benchmark_prompt_depends_only_on_vocabulary_and_length():
+    prompt = random_prompt(300, 50)
+    assert prompt == random_prompt(300, 50) and len(prompt) == 50
+    assert all(0 <= token < 300 for token in prompt) and len(set(prompt)) > 30
+
+
+@pytest.mark.parametrize("flag", ["--repeats", "--prompt-tokens", "--new-tokens", "--threads"])
+def test_counts_below_one_are_refused_in_one_line(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", flag, "0"])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: must be positive, got 0" in capsys.readouterr().err
