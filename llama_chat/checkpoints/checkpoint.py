@@ -44,6 +44,25 @@ class TensorNames:
     ffn_norm: str
 
 
+def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor a Llama of these dimensions has, under a format's names
+    (the output head only when it is not the embedding table)."""
+    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    shapes = {names.embeddings: (args.vocab_size, args.dim), names.norm: (args.dim,)}
+    if not args.tie_embeddings:
+        shapes[names.output] = (args.vocab_size, args.dim)
+    per_layer = {
+        names.q: (q_rows, args.dim), names.k: (kv_rows, args.dim), names.v: (kv_rows, args.dim),
+        names.o: (args.dim, q_rows),
+        names.gate: (args.hidden_dim, args.dim), names.up: (args.hidden_dim, args.dim),
+        names.down: (args.dim, args.hidden_dim),
+        names.attention_norm: (args.dim,), names.ffn_norm: (args.dim,),
+    }
+    for i in range(args.n_layers):
+        shapes.update({name.format(i=i): shape for name, shape in per_layer.items()})
+    return shapes
+
+
 def interleaved_to_half_split(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Reorder q or k projection rows from interleaved rotary pairs to half-split.
 

@@ -25,7 +25,7 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..model import rope_inverse_frequencies
 from ..tokenizer_gguf import tokenizer_from_gguf_metadata
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, expected_shapes
 
 # Types gguf.quants can dequantise that make sense for weights.
 SUPPORTED_TYPES = frozenset(
@@ -214,31 +214,11 @@ def llama3_scaling_from_factors(
     return scaling
 
 
-def _expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
-    shapes = {
-        "token_embd.weight": (args.vocab_size, args.dim),
-        "output_norm.weight": (args.dim,),
-    }
-    if not args.tie_embeddings:
-        shapes["output.weight"] = (args.vocab_size, args.dim)
-    per_block = {
-        "attn_q": (q, args.dim), "attn_k": (kv, args.dim), "attn_v": (kv, args.dim),
-        "attn_output": (args.dim, q),
-        "ffn_gate": (args.hidden_dim, args.dim), "ffn_up": (args.hidden_dim, args.dim),
-        "ffn_down": (args.dim, args.hidden_dim),
-        "attn_norm": (args.dim,), "ffn_norm": (args.dim,),
-    }
-    for i in range(args.n_layers):
-        shapes.update({f"blk.{i}.{name}.weight": shape for name, shape in per_block.items()})
-    return shapes
-
-
 def convert_gguf_tensors(
     stored: Mapping[str, ReaderTensor], args: ModelArgs, dtype: torch.dtype, source: str = "model.gguf"
 ) -> dict[str, torch.Tensor]:
     """GGUF tensors to our names and layout, dequantised to `dtype` one at a time."""
-    shapes = _expected_shapes(args)
+    shapes = expected_shapes(args, GGUF_NAMES)
     unknown = sorted(set(stored) - set(shapes) - {ROPE_FREQS})
     if unknown:
         raise LlamaChatError(f"{source} has tensor {unknown[0]}, which a plain Llama model does not use")

@@ -20,7 +20,7 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_bpe import BPETokenizer
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, expected_shapes
 from .meta import FLOAT_DTYPES, load_tokenizer_model, load_torch_file, token_name
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
@@ -149,33 +149,6 @@ def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
     return args
 
 
-def hf_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """The shape of every Hugging Face tensor a Llama of these dimensions has."""
-    q_rows = args.n_heads * args.head_dim
-    kv_rows = args.n_kv_heads * args.head_dim
-    shapes = {
-        "model.embed_tokens.weight": (args.vocab_size, args.dim),
-        "lm_head.weight": (args.vocab_size, args.dim),
-        "model.norm.weight": (args.dim,),
-    }
-    for i in range(args.n_layers):
-        layer = f"model.layers.{i}."
-        shapes.update(
-            {
-                layer + "self_attn.q_proj.weight": (q_rows, args.dim),
-                layer + "self_attn.k_proj.weight": (kv_rows, args.dim),
-                layer + "self_attn.v_proj.weight": (kv_rows, args.dim),
-                layer + "self_attn.o_proj.weight": (args.dim, q_rows),
-                layer + "mlp.gate_proj.weight": (args.hidden_dim, args.dim),
-                layer + "mlp.up_proj.weight": (args.hidden_dim, args.dim),
-                layer + "mlp.down_proj.weight": (args.dim, args.hidden_dim),
-                layer + "input_layernorm.weight": (args.dim,),
-                layer + "post_attention_layernorm.weight": (args.dim,),
-            }
-        )
-    return shapes
-
-
 class WeightFiles(Mapping):
     """The tensors of a directory's weight files by name, each read from disk only when asked for.
 
@@ -244,15 +217,15 @@ def _weight_files(directory: Path, args: ModelArgs) -> WeightFiles:
         if not isinstance(weight_map, dict):
             raise LlamaChatError(f"{index_path}: has no weight_map")
         locations = {name: directory / file for name, file in weight_map.items()}
-        return WeightFiles(directory, locations, hf_tensor_shapes(args))
+        return WeightFiles(directory, locations, expected_shapes(args, HF_NAMES))
     safetensors_path = directory / "model.safetensors"
     if safetensors_path.is_file():
         names = _safe_open(safetensors_path).keys()
-        return WeightFiles(directory, dict.fromkeys(names, safetensors_path), hf_tensor_shapes(args))
+        return WeightFiles(directory, dict.fromkeys(names, safetensors_path), expected_shapes(args, HF_NAMES))
     bin_path = directory / "pytorch_model.bin"
     if bin_path.is_file():
         names = load_torch_file(bin_path).keys()  # memory-mapped: listing reads no weights
-        return WeightFiles(directory, dict.fromkeys(names, bin_path), hf_tensor_shapes(args))
+        return WeightFiles(directory, dict.fromkeys(names, bin_path), expected_shapes(args, HF_NAMES))
     raise LlamaChatError(
         f"{directory}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
     )

@@ -20,7 +20,7 @@ from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_spm import SentencePieceTokenizer
 from ..tokenizer_tiktoken import TiktokenTokenizer, looks_like_tiktoken
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, expected_shapes
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -135,28 +135,12 @@ def convert_meta_shards(
 ) -> dict[str, torch.Tensor]:
     """Merge Meta model-parallel shards into one state dict in this project's names and layout."""
 
+    shapes = expected_shapes(args, META_NAMES)
+
     def take(name: str) -> torch.Tensor:
-        return _merged(shards, name, _meta_shape(name, args), args.dim, source)
+        return _merged(shards, name, shapes[name], args.dim, source)
 
     return assemble_state_dict(args, META_NAMES, take, interleaved_rotary=True)
-
-
-def _meta_shape(name: str, args: ModelArgs) -> tuple[int, ...]:
-    q_rows = args.n_heads * args.head_dim
-    kv_rows = args.n_kv_heads * args.head_dim
-    kind = name.split(".")[-2]
-    shapes = {
-        "tok_embeddings": (args.vocab_size, args.dim),
-        "output": (args.vocab_size, args.dim),
-        "wq": (q_rows, args.dim),
-        "wk": (kv_rows, args.dim),
-        "wv": (kv_rows, args.dim),
-        "wo": (args.dim, q_rows),
-        "w1": (args.hidden_dim, args.dim),
-        "w3": (args.hidden_dim, args.dim),
-        "w2": (args.dim, args.hidden_dim),
-    }
-    return shapes.get(kind, (args.dim,))  # the rest are norms
 
 
 def _merged(
