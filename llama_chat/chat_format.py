@@ -47,7 +47,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import LlamaChatError
-from .tokenizer import Tokenizer
+from .tokenizer import END_OF_GENERATION_NAMES, Tokenizer
 
 Message = Mapping[str, str]
 
@@ -56,10 +56,7 @@ FORMAT_NAMES = ("llama2", "llama3", "chatml", "plain", "template")
 
 # Tokens a template writes to close a turn: when one appears in the template, the model
 # emits it to end its reply.
-END_OF_TURN_NAMES = (
-    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>",
-    "<|end|>", "<end_of_turn>", "</s>",
-)
+END_OF_TURN_NAMES = END_OF_GENERATION_NAMES | {"</s>"}
 
 _PICK_ANOTHER = "use --chat-format to pick another (" + ", ".join(FORMAT_NAMES) + ")"
 
@@ -377,8 +374,8 @@ class TemplateFormat(ChatFormat):
         except TemplateError as error:  # e.g. an unknown filter, found while compiling
             raise LlamaChatError(f"the model's chat template is invalid: {error}; {_PICK_ANOTHER}") from None
         self.tokenizer = tokenizer
-        self.bos_token = bos_token if bos_token is not None else _token_name(tokenizer, tokenizer.bos_id)
-        self.eos_token = eos_token if eos_token is not None else _token_name(tokenizer, tokenizer.eos_id)
+        self.bos_token = bos_token if bos_token is not None else (tokenizer.token_name(tokenizer.bos_id) or "")
+        self.eos_token = eos_token if eos_token is not None else (tokenizer.token_name(tokenizer.eos_id) or "")
         # bos/eos are inserted through variables, so they count even if not listed as special.
         names = {*special_tokens, self.bos_token, self.eos_token}
         self.splitter = SpecialTokenSplitter(tokenizer, names)
@@ -439,20 +436,8 @@ def _restore(content: str, match: re.Match[str]) -> str:
     return content
 
 
-def _token_name(tokenizer: Tokenizer, token: int | None) -> str:
-    return tokenizer.decode([token]) if token is not None else ""
-
-
 def _special_token_names(tokenizer: Tokenizer, special_tokens: Iterable[str] | None) -> Iterable[str]:
-    if special_tokens is not None:
-        return special_tokens
-    names = getattr(tokenizer, "special_token_names", None)
-    if names is None:
-        raise TypeError(
-            f"{type(tokenizer).__name__} has no special_token_names(); "
-            "pass special_tokens= to get_chat_format"
-        )
-    return names()
+    return special_tokens if special_tokens is not None else tokenizer.special_token_names()
 
 
 def guess_format_name(tokenizer: Tokenizer) -> str:

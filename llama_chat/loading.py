@@ -18,17 +18,15 @@ from safetensors import SafetensorError
 
 from .chat_format import get_chat_format
 from .checkpoints.checkpoint import Checkpoint
-from .checkpoints.gguf import load_gguf
+from .checkpoints.gguf import GGUF_MAGIC, load_gguf
 from .checkpoints.hf import load_hf_directory
 from .checkpoints.meta import load_meta_directory
 from .convert import write_hf_directory
-from .device import resolve_device, resolve_dtype
+from .device import DTYPES, resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
 from .model import Transformer
 from .quantize import check_quantization, choose_quantization, quantize_transformer
-
-GGUF_MAGIC = b"GGUF"
 
 
 def cache_root() -> Path | None:
@@ -133,7 +131,7 @@ def load(
     """
     resolved_device = resolve_device(device)
     dtype_name = (dtype or "auto").lower()
-    runs_in_bfloat16 = dtype_name in ("auto", "bfloat16", "bf16")
+    runs_in_bfloat16 = dtype_name == "auto" or DTYPES.get(dtype_name) is torch.bfloat16
     if quantize == "auto" and not runs_in_bfloat16:
         quantize = "none"  # an explicit float32 or float16 asks for the unpacked model
     # Whether to pack is known now; int4 or int8 only once the file says how it was stored.

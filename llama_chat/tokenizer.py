@@ -9,6 +9,13 @@ from pathlib import Path
 from .errors import LlamaChatError
 
 
+# Control tokens that end generation whatever a file's eos/eot ids say
+# (llama.cpp recognises the same names).
+END_OF_GENERATION_NAMES = frozenset(
+    {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>", "<|end|>", "<end_of_turn>"}
+)
+
+
 class Tokenizer(ABC):
     """Text to token ids and back.
 
@@ -21,6 +28,7 @@ class Tokenizer(ABC):
     bos_id: int | None = None
     eos_id: int | None = None
     add_bos_token: bool = False  # whether the model expects bos_id at the start of a text
+    end_of_turn_ids: frozenset[int] = frozenset()  # ids besides eos_id that end a reply
 
     @abstractmethod
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
@@ -41,7 +49,11 @@ class Tokenizer(ABC):
     @property
     def stop_ids(self) -> frozenset[int]:
         """Ids that end a reply (end-of-sequence and end-of-turn tokens)."""
-        return frozenset(i for i in (self.eos_id,) if i is not None)
+        return frozenset(i for i in (self.eos_id,) if i is not None) | self.end_of_turn_ids
+
+    def token_name(self, token: int | None) -> str | None:
+        """The name of a control token (they decode to their own names in every backend)."""
+        return self.decode([token]) if token is not None else None
 
     def save(self, directory: Path) -> dict:
         """Write this tokenizer's files into a Hugging Face-style directory.

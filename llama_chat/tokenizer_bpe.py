@@ -99,6 +99,3 @@ class BPETokenizer(Tokenizer):
         tokenizer.save(str(Path(directory) / "tokenizer.json"))
         return {"add_bos_token": self.add_bos_token}
 
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        return super().stop_ids | self.end_of_turn_ids

@@ -17,22 +17,15 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import LlamaChatError
+from .tokenizer import END_OF_GENERATION_NAMES
 from .tokenizer_bpe import BPETokenizer
+from .tokenizer_tiktoken import LLAMA3_PATTERN
 
 # llama.cpp's token types (SentencePiece's piece types, same numbers).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
-# Control tokens that end generation whatever the metadata's eos/eot ids say
-# (llama.cpp recognises the same names).
-END_OF_GENERATION_NAMES = frozenset(
-    {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>", "<|end|>", "<end_of_turn>"}
-)
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 # llama.cpp's "default", used for files written before the split was recorded:
 # each expression splits the pieces the previous one left.
 DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]")
@@ -56,7 +49,7 @@ def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
 
 
 def _llama3() -> pre_tokenizers.PreTokenizer:
-    return _byte_level_after(LLAMA3_SPLIT)
+    return _byte_level_after(LLAMA3_PATTERN)
 
 
 def _default() -> pre_tokenizers.PreTokenizer:
@@ -182,7 +175,7 @@ def _sentencepiece_tokenizer(
     unknown = metadata.get("tokenizer.ggml.unknown_token_id")
     model = models.BPE(
         vocab=vocab,
-        merges=merges_from_scores(tokens, scores, token_types),
+        merges=merges_from_scores(tokens, scores, token_types, vocab),
         unk_token=tokens[unknown] if unknown is not None and 0 <= unknown < len(tokens) else None,
         fuse_unk=True,
         byte_fallback=True,
@@ -200,15 +193,16 @@ def _sentencepiece_tokenizer(
 
 
 def merges_from_scores(
-    tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int]
+    tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int],
+    vocab: Mapping[str, int] | None = None,
 ) -> list[tuple[str, str]]:
     """BPE merges equivalent to SentencePiece's rule: join the adjacent pair whose union
     is the best-scoring ordinary piece.
 
     Every split of an ordinary piece into two pieces of the vocabulary is a merge,
-    ranked by the piece's score (best first).
+    ranked by the piece's score (best first). `vocab` is _first_ids(tokens), if made already.
     """
-    vocab = _first_ids(tokens)
+    vocab = vocab if vocab is not None else _first_ids(tokens)
     candidates = []
     for index, (token, kind) in enumerate(zip(tokens, token_types)):
         if kind != NORMAL or vocab[token] != index:

@@ -76,9 +76,6 @@ class SentencePieceTokenizer(Tokenizer):
             parts.append(self.processor.decode(run))
         return "".join(parts)
 
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        return super().stop_ids | self.end_of_turn_ids
 
     def token_id(self, name: str) -> int | None:
         if name in self.added_tokens:

@@ -112,9 +112,7 @@ class TiktokenTokenizer(Tokenizer):
         self.vocab_size = self.encoding.n_vocab
         self.bos_id = self.token_id(bos_token) if bos_token else None
         self.eos_id = self.token_id(eos_token) if eos_token else None
-        self._stop_ids = frozenset(
-            self.special_tokens[token] for token in (*stop_tokens, eos_token) if token in self.special_tokens
-        )
+        self.end_of_turn_ids = frozenset(self.special_tokens[t] for t in stop_tokens if t in self.special_tokens)
 
     @classmethod
     def llama3(cls, path: str | Path) -> TiktokenTokenizer:
@@ -127,10 +125,6 @@ class TiktokenTokenizer(Tokenizer):
             eos_token="<|end_of_text|>",
             stop_tokens=_STOP_TOKENS,
         )
-
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        return self._stop_ids
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
         ids = [self.bos_id] if add_bos and self.bos_id is not None else []

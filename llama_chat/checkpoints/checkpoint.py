@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ..config import ModelArgs
+from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 
 
@@ -42,6 +45,34 @@ class TensorNames:
     down: str
     attention_norm: str
     ffn_norm: str
+
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def checked_float(tensor: object, name: str, source: object) -> torch.Tensor:
+    """The stored value if it is a float tensor; else one clear error naming file and tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise LlamaChatError(f"{source}: {name!r} is a {type(tensor).__name__}, not a tensor")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise LlamaChatError(
+            f"{source}: tensor {name!r} is {tensor.dtype}; llama-chat loads float32, float16 or bfloat16 weights"
+        )
+    return tensor
+
+
+def read_json_object(path: Path) -> dict | None:
+    """A JSON object file's contents, or None when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            contents = json.load(file)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise LlamaChatError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(contents, dict):
+        raise LlamaChatError(f"{path}: expected a JSON object")
+    return contents
 
 
 def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int, ...]]:

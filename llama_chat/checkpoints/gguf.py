@@ -37,6 +37,7 @@ SUPPORTED_TYPES = frozenset(
     )
 )
 
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 ROPE_FREQS = "rope_freqs.weight"
 
 GGUF_NAMES = TensorNames(
@@ -97,7 +98,7 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, ReaderTensor]]:
     if not path.is_file():
         raise LlamaChatError(f"{path}: no such file")
     with path.open("rb") as file:
-        if file.read(4) != b"GGUF":
+        if file.read(4) != GGUF_MAGIC:
             raise LlamaChatError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
     try:
         reader = GGUFReader(path)

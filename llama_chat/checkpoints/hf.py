@@ -8,7 +8,6 @@ and optionally tokenizer_config.json, generation_config.json and a chat template
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_bpe import BPETokenizer
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, expected_shapes
-from .meta import FLOAT_DTYPES, load_tokenizer_model, load_torch_file, token_name
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, checked_float, expected_shapes, read_json_object
+from .meta import load_tokenizer_model, load_torch_file
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
 
@@ -105,13 +104,13 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
     """Load a Hugging Face model directory (Llama architecture) with its tokenizer and chat template."""
     directory = Path(path)
     config_path = directory / "config.json"
-    config = _read_json(config_path)
+    config = read_json_object(config_path)
     if config is None:
         raise LlamaChatError(f"{config_path}: no such file (a Hugging Face model directory has config.json)")
     args = _checked_args(config, config_path)
     tensors = convert_hf_state_dict(_weight_files(directory, args), args)
-    tokenizer_config = _read_json(directory / "tokenizer_config.json") or {}
-    generation_config = _read_json(directory / "generation_config.json") or {}
+    tokenizer_config = read_json_object(directory / "tokenizer_config.json") or {}
+    generation_config = read_json_object(directory / "generation_config.json") or {}
     end_ids = _id_set(generation_config.get("eos_token_id")) | _id_set(config.get("eos_token_id"))
     tokenizer = _load_tokenizer(directory, tokenizer_config, end_ids)
     return Checkpoint(
@@ -120,8 +119,8 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
         tokenizer=tokenizer,
         chat_template=_chat_template(directory, tokenizer_config),
         stop_ids=tokenizer.stop_ids | end_ids,
-        bos_token=_token_content(tokenizer_config.get("bos_token")) or token_name(tokenizer, tokenizer.bos_id),
-        eos_token=_token_content(tokenizer_config.get("eos_token")) or token_name(tokenizer, tokenizer.eos_id),
+        bos_token=_token_content(tokenizer_config.get("bos_token")) or tokenizer.token_name(tokenizer.bos_id),
+        eos_token=_token_content(tokenizer_config.get("eos_token")) or tokenizer.token_name(tokenizer.eos_id),
         source_quantization=(config.get("llama_chat") or {}).get("source_quantization"),
     )
 
@@ -158,12 +157,13 @@ class WeightFiles(Mapping):
     """
 
     def __init__(
-        self, directory: Path, locations: Mapping[str, Path], expected_shapes: Mapping[str, tuple[int, ...]]
+        self, directory: Path, locations: Mapping[str, Path], expected_shapes: Mapping[str, tuple[int, ...]],
+        opened: Mapping[Path, object] | None = None,
     ) -> None:
         self._directory = directory
         self._locations = dict(locations)
         self._expected = expected_shapes
-        self._opened: dict[Path, object] = {}
+        self._opened: dict[Path, object] = dict(opened or {})  # files already open, by path
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._locations:
@@ -171,18 +171,11 @@ class WeightFiles(Mapping):
         path = self._locations[name]
         source = self._open(path)
         if isinstance(source, dict):  # a PyTorch file, already memory-mapped
-            tensor = source[name]
-            if not isinstance(tensor, torch.Tensor):
-                raise LlamaChatError(f"{path}: {name!r} is a {type(tensor).__name__}, not a tensor")
+            tensor = checked_float(source[name], name, path)
             self._check_shape(name, tuple(tensor.shape), path)
-        else:
-            self._check_shape(name, tuple(source.get_slice(name).get_shape()), path)
-            tensor = source.get_tensor(name)
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise LlamaChatError(
-                f"{path}: tensor {name!r} is {tensor.dtype}; llama-chat loads float32, float16 or bfloat16 weights"
-            )
-        return tensor
+            return tensor
+        self._check_shape(name, tuple(source.get_slice(name).get_shape()), path)
+        return checked_float(source.get_tensor(name), name, path)
 
     def __contains__(self, name: object) -> bool:
         return name in self._locations  # without reading the tensor
@@ -210,7 +203,7 @@ def _weight_files(directory: Path, args: ModelArgs) -> WeightFiles:
     """Where each tensor of the directory lives: sharded (an index file) or in one file."""
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index_path = directory / index_name
-        index = _read_json(index_path)
+        index = read_json_object(index_path)
         if index is None:
             continue
         weight_map = index.get("weight_map")
@@ -220,12 +213,14 @@ def _weight_files(directory: Path, args: ModelArgs) -> WeightFiles:
         return WeightFiles(directory, locations, expected_shapes(args, HF_NAMES))
     safetensors_path = directory / "model.safetensors"
     if safetensors_path.is_file():
-        names = _safe_open(safetensors_path).keys()
-        return WeightFiles(directory, dict.fromkeys(names, safetensors_path), expected_shapes(args, HF_NAMES))
+        opened = _safe_open(safetensors_path)
+        return WeightFiles(directory, dict.fromkeys(opened.keys(), safetensors_path),
+                           expected_shapes(args, HF_NAMES), {safetensors_path: opened})
     bin_path = directory / "pytorch_model.bin"
     if bin_path.is_file():
-        names = load_torch_file(bin_path).keys()  # memory-mapped: listing reads no weights
-        return WeightFiles(directory, dict.fromkeys(names, bin_path), expected_shapes(args, HF_NAMES))
+        opened = load_torch_file(bin_path)  # memory-mapped where the file allows it
+        return WeightFiles(directory, dict.fromkeys(opened, bin_path), expected_shapes(args, HF_NAMES),
+                           {bin_path: opened})
     raise LlamaChatError(
         f"{directory}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
     )
@@ -297,7 +292,7 @@ def _chat_template(directory: Path, tokenizer_config: Mapping) -> str | None:
         jinja_path = directory / "chat_template.jinja"
         if jinja_path.is_file():
             return jinja_path.read_text(encoding="utf-8")
-        template = (_read_json(directory / "chat_template.json") or {}).get("chat_template")
+        template = (read_json_object(directory / "chat_template.json") or {}).get("chat_template")
     if isinstance(template, list):
         # Several named templates (e.g. "default" and "tool_use"): chat uses the default one.
         named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
@@ -319,17 +314,3 @@ def _id_set(value: object) -> set[int]:
     if isinstance(value, list):
         return {i for i in value if isinstance(i, int)}
     return set()
-
-
-def _read_json(path: Path) -> dict | None:
-    """A JSON object file's contents, or None when the file does not exist."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            contents = json.load(file)
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise LlamaChatError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(contents, dict):
-        raise LlamaChatError(f"{path}: expected a JSON object")
-    return contents

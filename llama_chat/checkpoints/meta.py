@@ -7,7 +7,6 @@ into the half-split rotary layout the model uses.
 
 from __future__ import annotations
 
-import json
 import math
 import pickle
 from collections.abc import Mapping, Sequence
@@ -20,9 +19,7 @@ from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_spm import SentencePieceTokenizer
 from ..tokenizer_tiktoken import TiktokenTokenizer, looks_like_tiktoken
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, expected_shapes
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, checked_float, expected_shapes, read_json_object
 
 # Model-parallel layout of Meta's reference: which dimension each weight is split on.
 # Column-parallel layers split their output rows, row-parallel ones their input columns;
@@ -52,8 +49,8 @@ def load_meta_directory(path: str | Path) -> Checkpoint:
         tokenizer=tokenizer,
         chat_template=None,  # Meta ships no template: a built-in chat format is used
         stop_ids=tokenizer.stop_ids,
-        bos_token=token_name(tokenizer, tokenizer.bos_id),
-        eos_token=token_name(tokenizer, tokenizer.eos_id),
+        bos_token=tokenizer.token_name(tokenizer.bos_id),
+        eos_token=tokenizer.token_name(tokenizer.eos_id),
     )
 
 
@@ -150,7 +147,7 @@ def _merged(
     for index, shard in enumerate(shards):
         if name not in shard:
             raise LlamaChatError(f"{source}: shard {index} has no tensor {name!r}")
-        pieces.append(_checked_float(shard[name], name, source))
+        pieces.append(checked_float(shard[name], name, source))
     kind = name.split(".")[-2]
     if len(pieces) == 1 or pieces[0].ndim == 1:
         merged = pieces[0]  # one rank, or a norm replicated on every rank
@@ -164,16 +161,6 @@ def _merged(
             f"{source}: tensor {name!r} has shape {tuple(merged.shape)} but params.json implies {expected}"
         )
     return merged
-
-
-def _checked_float(tensor: object, name: str, source: str) -> torch.Tensor:
-    if not isinstance(tensor, torch.Tensor):
-        raise LlamaChatError(f"{source}: {name!r} is a {type(tensor).__name__}, not a tensor")
-    if tensor.dtype not in FLOAT_DTYPES:
-        raise LlamaChatError(
-            f"{source}: tensor {name!r} is {tensor.dtype}; llama-chat loads float32, float16 or bfloat16 weights"
-        )
-    return tensor
 
 
 def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
@@ -216,21 +203,10 @@ def load_tokenizer_model(path: Path, added_tokens: Mapping[str, int] | None = No
 
 
 def _read_params(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as file:
-            params = json.load(file)
-    except FileNotFoundError:
-        raise LlamaChatError(f"{path}: no such file (a Meta checkpoint directory has params.json)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise LlamaChatError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(params, dict):
-        raise LlamaChatError(f"{path}: expected a JSON object")
+    params = read_json_object(path)
+    if params is None:
+        raise LlamaChatError(f"{path}: no such file (a Meta checkpoint directory has params.json)")
     return params
-
-
-def token_name(tokenizer: Tokenizer, token: int | None) -> str | None:
-    """The name of a control token (they decode to their own names in every backend)."""
-    return tokenizer.decode([token]) if token is not None else None
 
 
 def _describe(shard_paths: Sequence[Path]) -> str:
