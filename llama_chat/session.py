@@ -39,7 +39,7 @@ from pathlib import Path
 from .chat_format import ChatFormat, Message
 from .errors import ContextOverflowError, LlamaChatError, SettingError
 from .generate import Generation, GenerationStats, Piece, common_prefix_length
-from .llama import DEFAULT_CONTEXT, Llama
+from .llama import Llama
 from .sampling import SamplingSettings
 
 FILE_KIND = "llama-chat conversation"
@@ -233,7 +233,7 @@ class Session:
 
     def set_model(self, model: Llama, model_path: str | Path | None) -> None:
         """Continue the conversation with other weights (a new cache; ids rebuilt)."""
-        capacity = min(self.context_size or DEFAULT_CONTEXT, model.args.max_seq_len)
+        capacity = min(self.context_size, model.args.max_seq_len) if self.context_size else None
         cache = model.new_cache(capacity)  # before anything changes: it may not fit in memory
         self.model, self.cache, self.model_path = model, cache, _absolute(model_path)
         self._rebuild_ids()

@@ -213,7 +213,8 @@ class Run:
         state = {name: tensor.detach().float().cpu() for name, tensor in self.transformer.state_dict().items()}
         return Checkpoint(
             args=self.args, tensors=state, tokenizer=self.tokenizer, chat_template=None,
-            stop_ids=self.tokenizer.stop_ids, bos_token="<s>", eos_token="</s>",
+            stop_ids=self.tokenizer.stop_ids, bos_token=self.tokenizer.token_name(self.tokenizer.bos_id),
+            eos_token=self.tokenizer.token_name(self.tokenizer.eos_id),
         )
 
     def training_state(self) -> dict:
