@@ -2,9 +2,8 @@
 
 The directory holds config.json, model.safetensors (Hugging Face tensor names, so
 transformers can read it too), the tokenizer, tokenizer_config.json with the chat
-template, and generation_config.json with the end-of-turn ids. Safetensors load by
-memory-mapping, so the result loads much faster than a quantised GGUF that must be
-dequantised, or a Meta checkpoint whose shards must be merged.
+template, and generation_config.json with the end-of-turn ids: a folder that other
+tools (transformers among them) read as well, in float32, bfloat16 or float16.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from .checkpoints.hf import HF_NAMES
 from .config import ModelArgs
 from .device import resolve_dtype
 from .errors import LlamaChatError
+from .loading import read_checkpoint
 
 
 def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
@@ -65,7 +65,7 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
 
 
 def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Our tensor names to Hugging Face's, splitting the fused projections again."""
+    """Our (dense) tensor names to Hugging Face's, splitting the fused projections again."""
     q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
 
     def own(tensor: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ def write_hf_directory(checkpoint: Checkpoint, destination: Path, dtype: torch.d
             "bos_token_id": checkpoint.tokenizer.bos_id,
             "eos_token_id": sorted(checkpoint.stop_ids),
         })
-        save_file(to_hf_tensors(checkpoint.tensors, checkpoint.args, dtype), staging / "model.safetensors",
+        save_file(to_hf_tensors(checkpoint.state_dict(dtype), checkpoint.args, dtype), staging / "model.safetensors",
                   metadata={"format": "pt"})
         give_usual_permissions(staging)
         staging.rename(destination)
@@ -135,11 +135,8 @@ def main(argv: list[str]) -> int:
     destination = Path(options.destination).expanduser()
     if destination.exists():
         raise LlamaChatError(f"{destination} already exists; give a new directory to convert into")
-    from .loading import read_checkpoint  # loading writes its cache with this module
-
     dtype = resolve_dtype(options.dtype, torch.device("cpu"))
-    # Read straight into the target dtype, past the load cache: its copy would only cost disk.
-    checkpoint = read_checkpoint(options.source, dtype, use_cache=False)
+    checkpoint = read_checkpoint(options.source)
     try:
         write_hf_directory(checkpoint, destination, dtype)
     except SafetensorError as error:  # its own I/O errors, a full disk among them

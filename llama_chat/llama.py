@@ -33,11 +33,13 @@ class Llama:
         chat_format: ChatFormat | None = None,
         stop_ids: Iterable[int] | None = None,
         quantization: str = "none",
+        weights_note: str = "",
     ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
         self.name = name
-        self.quantization = quantization  # how the weights are packed: none, int8 or int4
+        self.quantization = quantization  # how the weights are packed: none, int8, int4, "int4 and int8"
+        self.weights_note = weights_note  # which cpu paths run, and why
         self.chat_format = chat_format or PlainFormat(tokenizer)
         # A reply ends at the model's end ids and at whatever ends a turn in its chat format.
         base = tokenizer.stop_ids if stop_ids is None else stop_ids
@@ -73,9 +75,10 @@ class Llama:
         return self.transformer.args
 
     def describe_weights(self) -> str:
-        """How the weights run, for people: "bfloat16, int4 weights" or "float32"."""
-        dtype = str(self.dtype).removeprefix("torch.")
-        return dtype if self.quantization == "none" else f"{dtype}, {self.quantization} weights"
+        """How the weights run, for people: "float32", or "int4 weights, bfloat16 compute ..."."""
+        if self.quantization == "none":
+            return str(self.dtype).removeprefix("torch.")
+        return f"{self.quantization} weights, {self.weights_note}"
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache; by default the smaller of the model's context and 4096."""

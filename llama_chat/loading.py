@@ -1,82 +1,58 @@
 """llama_chat.load: find out what a path holds, read it, and put the model on a device.
 
-A GGUF file is dequantised on every read, which takes seconds; the first load therefore
-also writes the checkpoint as a Hugging Face folder (safetensors in the dtype the model
-runs in, which load by memory-mapping without a conversion) into the cache folder, and
-later loads of the same unchanged file read that instead.
+Readers hand out matrices that are read only when asked for, so the model is built one
+weight at a time: on the cpu each matrix is packed (int4 or int8) as it is read, with
+no dense copy of the model at any point; elsewhere, or with --quantize none, each is
+converted to the model's dtype and moved to the device. A load that takes longer than
+a second shows its progress on a terminal.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from torch import nn
 
 from .chat_format import get_chat_format
 from .checkpoints.checkpoint import Checkpoint
 from .checkpoints.gguf import GGUF_MAGIC, load_gguf
 from .checkpoints.hf import load_hf_directory
 from .checkpoints.meta import load_meta_directory
-from .convert import write_hf_directory
+from .checkpoints.stored import GROUP, StoredMatrix
+from .cpu_paths import CpuPaths, choose_cpu_paths
 from .device import DTYPES, resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
-from .model import Transformer
-from .quantize import check_quantization, choose_quantization, quantize_transformer
+from .model import Transformer, rope_tables
+from .packed import (
+    Int8Table, PackedEmbedding, PackedHead, PackedLinear, Scratch, int4_layout, int8_kernels_available,
+    return_freed_memory,
+)
+
+MODES = ("auto", "none", "int8", "int4")
+# GGUF types whose values fit int4 groups of 32 exactly, when a converted checkpoint says
+# its float weights came from one of them.
+FOUR_BIT_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
+PROGRESS_AFTER_SECONDS = 1.0
 
 
-def cache_root() -> Path | None:
-    """$LLAMA_CHAT_CACHE ("off" for none), else $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat."""
-    configured = os.environ.get("LLAMA_CHAT_CACHE")
-    if configured == "off":
-        return None
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama-chat"
-
-
-def gguf_cache_dir(path: Path, dtype: torch.dtype) -> Path | None:
-    """Where the conversion of this GGUF file to `dtype` lives; a changed file gets a new folder."""
-    root = cache_root()
-    if root is None:
-        return None
-    stat = path.stat()
-    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
-    dtype_name = str(dtype).removeprefix("torch.")
-    return root / f"{path.stem}-{dtype_name}-{hashlib.sha256(identity).hexdigest()[:16]}"
-
-
-def read_gguf(path: Path, dtype: torch.dtype, use_cache: bool = True) -> Checkpoint:
-    cached = gguf_cache_dir(path, dtype) if use_cache else None
-    if cached is not None and (cached / "config.json").is_file():
-        return load_hf_directory(cached)
-    checkpoint = load_gguf(path, dtype=dtype)
-    if cached is not None:
-        try:
-            write_hf_directory(checkpoint, cached, dtype)
-        except (OSError, SafetensorError):
-            pass  # a cache that cannot be written (a full disk) only costs time
-    return checkpoint
-
-
-def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, *, use_cache: bool = True) -> Checkpoint:
-    """Read a GGUF file, a Hugging Face directory (config.json) or a Meta one (params.json).
-
-    GGUF weights are dequantised into `dtype` when they are not cached (`use_cache`
-    reads and writes the conversion cache); the other formats keep the dtype they were
-    stored in until build_transformer converts them.
-    """
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a GGUF file, a Hugging Face directory (config.json) or a Meta one (params.json):
+    metadata and tokenizer now, the matrices when the model is built."""
     path = Path(path).expanduser()
     if not path.exists():
         raise LlamaChatError(f"{path}: no such file or directory")
     if path.is_file():
         with open(path, "rb") as file:
             if file.read(4) == GGUF_MAGIC:
-                return read_gguf(path, dtype, use_cache)
+                return load_gguf(path)
         raise LlamaChatError(
             f"{path}: not a GGUF file; give a .gguf file or a directory with config.json or params.json"
         )
@@ -86,34 +62,187 @@ def read_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, *, use
         return load_meta_directory(path)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return read_gguf(ggufs[0], dtype, use_cache)
+        return load_gguf(ggufs[0])
     found = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no checkpoint"
     raise LlamaChatError(
         f"{path}: {found}; expected config.json (Hugging Face), params.json (Meta) or one .gguf file"
     )
 
 
-def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:
-    """The Transformer with the checkpoint's weights, converting one tensor at a time."""
-    transformer = Transformer(checkpoint.args)  # uninitialised: the weights are replaced below
-    tensors = checkpoint.tensors
-    tied = checkpoint.args.tie_embeddings
-    if tied:
-        tensors.pop("output.weight", None)  # the embedding table itself: converted once, below
-    converted = {}
-    for name in list(tensors):
-        converted[name] = tensors.pop(name).to(device=device, dtype=dtype)
-    if tied:
-        converted["output.weight"] = converted["tok_embeddings.weight"]
+def packs(quantize: str, device: torch.device, dtype: str | None) -> bool:
+    """Whether the weights are packed: on the cpu, unless asked not to. `auto` with an explicit
+    float32 or float16 asks for the exact, unpacked model."""
+    if quantize not in MODES:
+        raise LlamaChatError(f"unknown quantisation {quantize!r}: use auto, none, int8 or int4")
+    if quantize == "none":
+        return False
+    if device.type != "cpu":
+        if quantize != "auto":
+            raise LlamaChatError(f"--quantize {quantize} runs on the cpu only; on {device.type} use --quantize none")
+        return False
+    if not int8_kernels_available():
+        if quantize != "auto":
+            raise LlamaChatError(f"this PyTorch has no packed weight kernels; use --quantize none")
+        return False
+    name = (dtype or "auto").lower()
+    return quantize != "auto" or name == "auto" or DTYPES.get(name) is torch.bfloat16
+
+
+def fits_int4(source: StoredMatrix) -> bool:
+    layout = int4_layout()
+    rows, columns = source.shape
+    return layout is not None and columns % GROUP == 0 and rows % layout.block == 0
+
+
+def matrix_mode(source: StoredMatrix, quantize: str, source_quantization: str | None, name: str) -> str:
+    """int4 for weights stored as 4-bit groups (or when asked), int8 otherwise."""
+    if quantize == "int4":
+        if not fits_int4(source):
+            raise LlamaChatError(
+                f"{name} ({source.shape[0]} x {source.shape[1]}) does not split into this CPU's int4 blocks; "
+                "use --quantize int8"
+            )
+        return "int4"
+    if quantize == "int8":
+        return "int8"
+    four_bit = source.four_bit or source_quantization in FOUR_BIT_SOURCES
+    return "int4" if four_bit and fits_int4(source) else "int8"
+
+
+class LoadProgress:
+    """A rich progress bar on stderr, shown only on a terminal and only once a load has
+    taken longer than PROGRESS_AFTER_SECONDS."""
+
+    def __init__(self, description: str, total_bytes: int) -> None:
+        self.description = description
+        self.total = total_bytes
+        self.done = 0
+        self.started = time.perf_counter()
+        self._bar = None
+        self._task = None
+
+    def advance(self, what: str, nbytes: int) -> None:
+        self.done += nbytes
+        if self._bar is None:
+            if time.perf_counter() - self.started < PROGRESS_AFTER_SECONDS or not sys.stderr.isatty():
+                return
+            self._start()
+        self._bar.update(self._task, completed=self.done, what=what)
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(
+            TextColumn("{task.description} [dim]{task.fields[what]}"), BarColumn(), DownloadColumn(),
+            TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(self.description, total=self.total, completed=self.done, what="")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@contextmanager
+def reading_errors(source: Path) -> Iterator[None]:
+    """Errors met while reading the weights (a truncated file) as one line naming the file."""
     try:
-        transformer.load_state_dict(converted, strict=True, assign=True)
+        yield
+    except (SafetensorError, OSError, ValueError) as error:
+        raise LlamaChatError(f"{source}: cannot read the weights ({error})") from None
+
+
+def build_transformer(
+    checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, progress: LoadProgress | None = None
+) -> Transformer:
+    """The Transformer with the checkpoint's weights as dense `dtype` tensors on `device`,
+    converted one tensor at a time."""
+    with torch.device("meta"):
+        transformer = Transformer(checkpoint.args)
+    converted: dict[int, torch.Tensor] = {}  # by source, so a tied head is converted once
+    state = {}
+    for name, weight in checkpoint.tensors.items():
+        if id(weight) not in converted:
+            value = weight.dense() if isinstance(weight, StoredMatrix) else weight
+            converted[id(weight)] = value.to(device=device, dtype=dtype)
+            if progress is not None:
+                progress.advance(name, stored_bytes(weight))
+        state[name] = converted[id(weight)]
+    try:
+        transformer.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as error:
         # The first line only names the module; the second says which tensors are wrong.
         detail = (str(error).strip().splitlines() + [""])[1].strip()[:300]
         raise LlamaChatError(f"the checkpoint's tensors do not fit the model: {detail}") from None
-    if tied:
+    if checkpoint.args.tie_embeddings:
         transformer.output.weight = transformer.tok_embeddings.weight
-    return transformer.to(device)  # the weights are there already; this moves the rotary tables
+    set_rope_tables(transformer, device)
+    return transformer
+
+
+def layer_matrix_modes(checkpoint: Checkpoint, quantize: str) -> dict[str, str]:
+    """How each of the layers' matrices will be packed, by name (nothing is read)."""
+    return {
+        name: matrix_mode(weight, quantize, checkpoint.source_quantization, name)
+        for name, weight in checkpoint.tensors.items()
+        if isinstance(weight, StoredMatrix) and name not in ("tok_embeddings.weight", "output.weight")
+    }
+
+
+def build_packed_transformer(
+    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: LoadProgress | None = None
+) -> Transformer:
+    """The Transformer with every matrix packed as it is read (the layers' as `modes` says,
+    the embedding and output head as int8 tables)."""
+    args = checkpoint.args
+    tensors = checkpoint.tensors
+    with torch.device("meta"):
+        transformer = Transformer(args)
+    scratch = Scratch()
+
+    def advance(name: str, weight) -> None:
+        if progress is not None:
+            progress.advance(name, stored_bytes(weight))
+
+    embedding = tensors["tok_embeddings.weight"]
+    table = Int8Table(embedding)
+    advance("tok_embeddings", embedding)
+    transformer.tok_embeddings = PackedEmbedding(table, paths.compute_dtype)
+    head = tensors["output.weight"]
+    if head is not embedding:
+        head_table = Int8Table(head)
+        advance("output", head)
+    transformer.output = PackedHead(table if head is embedding else head_table)
+    for name, weight in tensors.items():
+        module_name, _, attribute = name.rpartition(".")
+        if module_name in ("tok_embeddings", "output"):
+            continue
+        if name in modes:
+            transformer.set_submodule(module_name, PackedLinear(weight, modes[name], paths.kernel_dtype, scratch))
+            return_freed_memory()
+        else:
+            vector = nn.Parameter(weight.to(paths.compute_dtype), requires_grad=False)
+            setattr(transformer.get_submodule(module_name), attribute, vector)
+        advance(module_name, weight)
+    set_rope_tables(transformer, torch.device("cpu"))
+    return transformer
+
+
+def set_rope_tables(transformer: Transformer, device: torch.device) -> None:
+    """Real rotary tables for a Transformer made on the meta device."""
+    cos, sin = rope_tables(transformer.args, transformer.args.max_seq_len)
+    transformer.rope_cos, transformer.rope_sin = cos.to(device), sin.to(device)
+
+
+def stored_bytes(weight) -> int:
+    return weight.stored_bytes if isinstance(weight, StoredMatrix) else weight.numel() * weight.element_size()
+
+
+def describe_packing(modes: dict[str, str]) -> str:
+    """'int4', 'int8', or 'int4 and int8' by what the layers' matrices are packed as."""
+    return " and ".join(sorted(set(modes.values()))) or "none"
 
 
 def load(
@@ -123,39 +252,55 @@ def load(
     dtype: str | None = None,
     chat_format: str | None = None,
     quantize: str = "auto",
+    kernel_dtype: str | None = None,
 ) -> Llama:
-    """Load a model from local files onto `device` (auto: cuda, mps, else cpu) as `dtype`.
+    """Load a model from local files onto `device` (auto: cuda, mps, else cpu).
 
-    `quantize` (none, int8, int4, auto) packs the weights for fast cpu decoding, in
-    bfloat16; auto does so on the cpu unless another dtype is asked for.
+    On the cpu the weights are packed (`quantize`: auto, int8, int4; none keeps them
+    dense in `dtype`); the compute and kernel dtypes of the packed model are measured on
+    this CPU unless `dtype` or `kernel_dtype` name them.
     """
     resolved_device = resolve_device(device)
-    dtype_name = (dtype or "auto").lower()
-    runs_in_bfloat16 = dtype_name == "auto" or DTYPES.get(dtype_name) is torch.bfloat16
-    if quantize == "auto" and not runs_in_bfloat16:
-        quantize = "none"  # an explicit float32 or float16 asks for the unpacked model
-    # Whether to pack is known now; int4 or int8 only once the file says how it was stored.
-    packed = choose_quantization(quantize, resolved_device, None) != "none"
-    if packed and not runs_in_bfloat16:
-        raise LlamaChatError(f"--quantize {quantize} runs in bfloat16; use --dtype bfloat16 or --quantize none")
-    resolved_dtype = torch.bfloat16 if packed else resolve_dtype(dtype, resolved_device)
-    checkpoint = read_checkpoint(path, resolved_dtype)
+    packed = packs(quantize, resolved_device, dtype)
+    checkpoint = read_checkpoint(path)
     args = checkpoint.args
-    # Every projection's input width: dim, the attention heads' total, the SwiGLU width.
-    input_widths = math.gcd(args.dim, args.n_heads * args.head_dim, args.hidden_dim)
-    mode = choose_quantization(quantize, resolved_device, checkpoint.source_quantization, input_widths)
-    check_quantization(mode, resolved_device, input_widths)
     chosen_format = get_chat_format(
         chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token
     )
-    transformer = build_transformer(checkpoint, resolved_device, resolved_dtype)
-    if mode != "none":
-        quantize_transformer(transformer, mode)
+    source = Path(path).expanduser()
+    total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
+    progress = LoadProgress(f"loading {source.name}", total)
+    try:
+        with reading_errors(source):
+            if packed:
+                modes = layer_matrix_modes(checkpoint, quantize)
+                most_used = Counter(modes.values()).most_common(1)[0][0]
+                paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype)
+                transformer = build_packed_transformer(checkpoint, paths, modes, progress)
+                weights_note, quantization = paths.describe(), describe_packing(modes)
+            else:
+                resolved_dtype = resolve_dtype(dtype, resolved_device)
+                transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, progress)
+                weights_note, quantization = "", "none"
+    finally:
+        progress.close()
     return Llama(
         transformer,
         checkpoint.tokenizer,
-        name=Path(path).expanduser().name,
+        name=source.name,
         chat_format=chosen_format,
         stop_ids=checkpoint.stop_ids,
-        quantization=mode,
+        quantization=quantization,
+        weights_note=weights_note,
     )
+
+
+def model_memory_bytes(model: Llama) -> int:
+    """Bytes of every tensor the model holds (packed weights, tables, norms), each counted once."""
+    seen: dict[int, int] = {}
+    for module in model.transformer.modules():
+        for value in list(vars(module).values()) + list(module._parameters.values()) + list(module._buffers.values()):
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())

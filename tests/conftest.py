@@ -19,5 +19,5 @@ def tiny_model() -> Llama:
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
-    """GGUF conversions made by tests go to a temporary cache, never the user's."""
+    """Measurements made by tests go to a temporary cache, never the user's."""
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path_factory.mktemp("cache")))

@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llama_chat import Llama
+from llama_chat.checkpoints.checkpoint import dense_state_dict
 from llama_chat.checkpoints.hf import args_from_hf_config, convert_hf_state_dict
 from llama_chat.model import Transformer
 from llama_chat.tokenizer import ByteTokenizer
@@ -34,14 +35,14 @@ def random_hf_model(seed: int = 0, **config) -> LlamaForCausalLM:
 def llama_from_hf(model: LlamaForCausalLM) -> Llama:
     args = args_from_hf_config(model.config.to_dict())
     transformer = Transformer(args)
-    transformer.load_state_dict(convert_hf_state_dict(model.state_dict(), args))
+    transformer.load_state_dict(dense_state_dict(convert_hf_state_dict(model.state_dict(), args)))
     return Llama(transformer, ByteTokenizer())
 
 
 def llama_from_checkpoint(checkpoint) -> Llama:
-    """A Llama built straight from a loader's Checkpoint (no device or dtype conversion)."""
+    """A float32 Llama built straight from a loader's Checkpoint."""
     transformer = Transformer(checkpoint.args)
-    transformer.load_state_dict(checkpoint.tensors, strict=True)
+    transformer.load_state_dict(checkpoint.state_dict(), strict=True)
     return Llama(transformer, checkpoint.tokenizer)
 
 

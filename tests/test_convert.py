@@ -74,14 +74,6 @@ def test_convert_never_overwrites(tmp_path, capsys):
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
 
 
-def test_convert_reads_past_the_load_cache(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(cache))
-    source = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=4), qtype=QType.Q8_0)
-    convert(source, tmp_path / "converted")
-    assert not cache.exists() or not any(cache.iterdir())
-
-
 def test_a_destination_that_cannot_be_made_is_one_line(tmp_path, capsys):
     source = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=4), qtype=QType.F32)
     (tmp_path / "a-file").write_text("x")

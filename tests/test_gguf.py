@@ -132,10 +132,10 @@ def write_gguf(
     return path
 
 
-def llama_from_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Llama:
-    checkpoint = load_gguf(path, dtype=dtype)
+def llama_from_gguf(path: Path) -> Llama:
+    checkpoint = load_gguf(path)
     transformer = Transformer(checkpoint.args)
-    transformer.load_state_dict(checkpoint.tensors, strict=True)
+    transformer.load_state_dict(checkpoint.state_dict(), strict=True)
     return Llama(transformer, checkpoint.tokenizer)
 
 
@@ -194,12 +194,12 @@ def test_other_types_dequantise_to_their_rounded_weights(tmp_path, qtype):
     torch.testing.assert_close(ours, hf_logits(quantized_copy(model, qtype), IDS), atol=1e-4, rtol=0)
 
 
-def test_weights_come_back_in_the_requested_dtype(tmp_path):
+def test_weights_come_back_fused_in_the_requested_dtype(tmp_path):
     path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(), qtype=QType.Q8_0)
-    checkpoint = load_gguf(path, dtype=torch.bfloat16)
-    assert {t.dtype for t in checkpoint.tensors.values()} == {torch.bfloat16}
-    assert checkpoint.tensors["layers.1.attention.wqkv.weight"].shape == (64 + 2 * 32, 64)
-    assert checkpoint.tensors["layers.1.feed_forward.w13.weight"].shape == (2 * 96, 64)
+    state = load_gguf(path).state_dict(torch.bfloat16)
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+    assert state["layers.1.attention.wqkv.weight"].shape == (64 + 2 * 32, 64)
+    assert state["layers.1.feed_forward.w13.weight"].shape == (2 * 96, 64)
 
 
 # --- rope scaling -------------------------------------------------------------------------
@@ -326,7 +326,7 @@ def test_k_quant_tensor_is_dequantised_in_place(tmp_path):
     blocks[:, 208:] = np.full((len(VOCAB), 1), 0.01, dtype=np.float16).view(np.uint8)
     source = write_gguf(tmp_path / "m.gguf", model)
     path = copy_gguf(source, tmp_path / "q6k.gguf", {"token_embd.weight": (blocks, QType.Q6_K)})
-    embedding = load_gguf(path).tensors["tok_embeddings.weight"]
+    embedding = load_gguf(path).tensors["tok_embeddings.weight"].dense()
     expected = torch.from_numpy(gguf.quants.dequantize(blocks, QType.Q6_K))
     assert embedding.shape == (len(VOCAB), 256)
     torch.testing.assert_close(embedding, expected, atol=0, rtol=0)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llama_chat.checkpoints.checkpoint import interleaved_to_half_split
+from llama_chat.checkpoints.stored import RotaryRows, TensorMatrix
 from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim
 from llama_chat.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
@@ -117,7 +117,7 @@ def test_rotary_permutation_matches_meta_interleaved_rotation():
     meta_q = torch.view_as_complex((x @ meta_weight.T).view(10, args.n_heads, -1, 2).contiguous())
     meta_rotated = torch.view_as_real(meta_q * torch.polar(torch.ones_like(angles), angles)[:, None, :])
     cos, sin = rope_tables(args, 10)
-    ours = apply_rotary((x @ interleaved_to_half_split(meta_weight, args.n_heads).T).view(1, 10, args.n_heads, -1), cos, sin)
+    ours = apply_rotary((x @ RotaryRows(TensorMatrix.of(meta_weight), args.n_heads).dense().T).view(1, 10, args.n_heads, -1), cos, sin)
     expected = meta_rotated.transpose(-1, -2).reshape(10, args.n_heads, -1)  # pairs to halves
     torch.testing.assert_close(ours[0], expected, atol=1e-5, rtol=0)
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from llama_chat import Llama
+from llama_chat.checkpoints.checkpoint import dense_state_dict
 from llama_chat.checkpoints.hf import convert_hf_state_dict
 from llama_chat.model import RMSNorm, Transformer, apply_rotary, rope_tables
 from llama_chat.tokenizer import ByteTokenizer
@@ -74,7 +75,7 @@ def test_matches_numpy_reference():
         weights[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(48)
     tensors = {k: torch.tensor(v, dtype=torch.float32) for k, v in weights.items()}
     transformer = Transformer(args)
-    transformer.load_state_dict(convert_hf_state_dict(tensors, args))
+    transformer.load_state_dict(dense_state_dict(convert_hf_state_dict(tensors, args)))
     ids = [5, 100, 42, 7, 250, 13, 13, 99, 0, 64]
     ours = Llama(transformer, ByteTokenizer()).logits(ids).numpy()
     reference = numpy_reference.forward(tensors, config, ids)

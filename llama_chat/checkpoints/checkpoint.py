@@ -11,6 +11,9 @@ import torch
 from ..config import ModelArgs
 from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
+from .stored import RotaryRows, StackedRows, StoredMatrix
+
+Weight = torch.Tensor | StoredMatrix  # vectors as tensors, matrices read a block of rows at a time
 
 
 @dataclass
@@ -18,7 +21,9 @@ class Checkpoint:
     """A model as read from disk, in this project's tensor names and rotary layout."""
 
     args: ModelArgs
-    tensors: dict[str, torch.Tensor]  # on the CPU, any float dtype
+    # Our names: norms as tensors on the CPU (any float dtype), matrices as StoredMatrix,
+    # read only when the loader packs or converts them.
+    tensors: dict[str, Weight]
     tokenizer: Tokenizer
     chat_template: str | None  # Jinja source shipped with the model, if any
     stop_ids: frozenset[int]  # every end-of-turn and end-of-sequence id
@@ -27,6 +32,22 @@ class Checkpoint:
     # The GGUF type the layers' weights were stored as (e.g. "Q4_1"), whatever form they
     # reached us in: it tells how far they can be packed again without losing anything.
     source_quantization: str | None = None
+
+    def state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Every tensor read and converted to `dtype` (a tied head is the embedding itself)."""
+        return dense_state_dict(self.tensors, dtype)
+
+
+def dense_state_dict(weights: dict[str, Weight], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Weights read into tensors of `dtype`; one weight under two names stays one tensor."""
+    dense: dict[int, torch.Tensor] = {}
+    state = {}
+    for name, weight in weights.items():
+        if id(weight) not in dense:
+            value = weight.dense() if isinstance(weight, StoredMatrix) else weight
+            dense[id(weight)] = value.to(dtype)
+        state[name] = dense[id(weight)]
+    return state
 
 
 @dataclass(frozen=True)
@@ -94,41 +115,28 @@ def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int,
     return shapes
 
 
-def interleaved_to_half_split(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder q or k projection rows from interleaved rotary pairs to half-split.
-
-    Within each head, Meta's (and GGUF's) row 2i+j is pair i's component j; the
-    half-split layout puts component j of pair i at row j*(head_dim/2)+i.
-    """
-    rows, columns = weight.shape
-    head_dim = rows // n_heads
-    return weight.reshape(n_heads, head_dim // 2, 2, columns).transpose(1, 2).reshape(rows, columns)
-
-
-def assemble_state_dict(
-    args: ModelArgs, names: TensorNames, take, *, interleaved_rotary: bool
-) -> dict[str, torch.Tensor]:
-    """Our state dict from a format's tensors: `take(name)` returns one checked tensor.
+def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleaved_rotary: bool) -> dict[str, Weight]:
+    """Our weights from a format's: `take(name)` returns one checked tensor or StoredMatrix.
 
     Fuses q/k/v and gate/up into one matrix each, and brings q/k rows stored in the
-    interleaved rotary layout into the half-split one the model uses.
+    interleaved rotary layout into the half-split one the model uses; nothing is read yet.
     """
 
-    def rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-        return interleaved_to_half_split(weight, n_heads) if interleaved_rotary else weight
+    def rotary(weight: StoredMatrix, n_heads: int) -> StoredMatrix:
+        return RotaryRows(weight, n_heads) if interleaved_rotary else weight
 
     state = {"tok_embeddings.weight": take(names.embeddings), "norm.weight": take(names.norm)}
     state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take(names.output)
     for i in range(args.n_layers):
-        def layer(template: str) -> torch.Tensor:
+        def layer(template: str) -> Weight:
             return take(template.format(i=i))
 
         ours = f"layers.{i}."
-        state[ours + "attention.wqkv.weight"] = torch.cat([
+        state[ours + "attention.wqkv.weight"] = StackedRows([
             rotary(layer(names.q), args.n_heads), rotary(layer(names.k), args.n_kv_heads), layer(names.v)
         ])
         state[ours + "attention.wo.weight"] = layer(names.o)
-        state[ours + "feed_forward.w13.weight"] = torch.cat([layer(names.gate), layer(names.up)])
+        state[ours + "feed_forward.w13.weight"] = StackedRows([layer(names.gate), layer(names.up)])
         state[ours + "feed_forward.w2.weight"] = layer(names.down)
         state[ours + "attention_norm.weight"] = layer(names.attention_norm)
         state[ours + "ffn_norm.weight"] = layer(names.ffn_norm)

@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp's single-file format): hyper-parameters, tokenizer, weights.
 
-Quantised weights are dequantised on load, one tensor at a time, into the requested
-float dtype. GGUF lists a tensor's dimensions innermost first (ggml order), so a
+Matrices are handed out as GGUFMatrix, read from the memory-mapped file a block of
+rows at a time: 4-bit blocks (Q4_0, Q4_1, Q4_K) as their levels, scales and zeros,
+every other type dequantised to float32. GGUF lists a tensor's dimensions innermost first (ggml order), so a
 PyTorch [out, in] weight is stored with shape [in, out]. llama.cpp's converter
 reorders q and k projection rows into the interleaved rotary layout; they are put
 back into the half-split layout our model uses.
@@ -25,7 +26,9 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..model import rope_inverse_frequencies
 from ..tokenizer_gguf import tokenizer_from_gguf_metadata
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, expected_shapes
+from .checkpoint import Checkpoint, TensorNames, Weight, assemble_state_dict, expected_shapes
+from .gguf_blocks import FOUR_BIT_TYPES, int4_groups
+from .stored import Rows, StoredMatrix
 
 # Types gguf.quants can dequantise that make sense for weights.
 SUPPORTED_TYPES = frozenset(
@@ -56,8 +59,9 @@ GGUF_NAMES = TensorNames(
 )
 
 
-def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Read a llama-architecture GGUF file; every weight comes back as `dtype`."""
+def load_gguf(path: str | Path) -> Checkpoint:
+    """Read a llama-architecture GGUF file's metadata and tokenizer; its weights are read
+    when the loader asks for them."""
     source = str(path)
     metadata, stored = _read(Path(path))
     architecture = metadata.get("general.architecture")
@@ -66,7 +70,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Checkp
     _check_types(stored, source)
     tokenizer = tokenizer_from_gguf_metadata(metadata, source)
     tokens = metadata["tokenizer.ggml.tokens"]
-    rope_factors = _dequantized(stored[ROPE_FREQS], torch.float64) if ROPE_FREQS in stored else None
+    rope_factors = _vector(stored[ROPE_FREQS]).double() if ROPE_FREQS in stored else None
     args = args_from_gguf_metadata(
         metadata,
         vocab_size=len(tokens),
@@ -74,7 +78,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Checkp
         rope_factors=rope_factors,
         source=source,
     )
-    tensors = convert_gguf_tensors(stored, args, dtype, source)
+    tensors = convert_gguf_tensors(stored, args, source)
     return Checkpoint(
         args=args,
         tensors=tensors,
@@ -216,33 +220,51 @@ def llama3_scaling_from_factors(
 
 
 def convert_gguf_tensors(
-    stored: Mapping[str, ReaderTensor], args: ModelArgs, dtype: torch.dtype, source: str = "model.gguf"
-) -> dict[str, torch.Tensor]:
-    """GGUF tensors to our names and layout, dequantised to `dtype` one at a time."""
+    stored: Mapping[str, ReaderTensor], args: ModelArgs, source: str = "model.gguf"
+) -> dict[str, Weight]:
+    """GGUF tensors under our names and layout: vectors read now, matrices when asked for."""
     shapes = expected_shapes(args, GGUF_NAMES)
     unknown = sorted(set(stored) - set(shapes) - {ROPE_FREQS})
     if unknown:
         raise LlamaChatError(f"{source} has tensor {unknown[0]}, which a plain Llama model does not use")
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> Weight:
         if name not in stored:
             raise LlamaChatError(f"{source} is missing tensor {name}; the file is incomplete")
         shape = tuple(int(d) for d in reversed(stored[name].shape.tolist()))
         if shape != shapes[name]:
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
-        return _dequantized(stored[name], dtype)
+        return GGUFMatrix(stored[name]) if len(shape) == 2 else _vector(stored[name])
 
     # llama.cpp's converter stores q/k rows in the interleaved rotary layout.
     return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=True)
 
 
-def _dequantized(tensor: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
-    """One stored tensor as a float tensor of PyTorch shape, copied out of the file."""
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    if tensor.tensor_type == GGMLQuantizationType.F32:
-        values = np.array(tensor.data, dtype=np.float32)  # a copy: the file stays mapped read-only
-    elif tensor.tensor_type == GGMLQuantizationType.F16:
-        values = np.array(tensor.data, dtype=np.float16)
-    else:
-        values = dequantize(tensor.data, tensor.tensor_type)
-    return torch.from_numpy(values.reshape(shape)).to(dtype)
+def _vector(tensor: ReaderTensor) -> torch.Tensor:
+    """A 1-D tensor (a norm's gains, rotary factors) as float32, copied out of the file."""
+    return torch.from_numpy(_float_rows(tensor.data, tensor.tensor_type).reshape(-1))
+
+
+def _float_rows(raw: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarray:
+    if tensor_type == GGMLQuantizationType.F32:
+        return np.array(raw, dtype=np.float32)  # a copy: the file stays mapped read-only
+    if tensor_type == GGMLQuantizationType.F16:
+        return np.array(raw, dtype=np.float16).astype(np.float32)
+    return dequantize(raw, tensor_type)
+
+
+class GGUFMatrix(StoredMatrix):
+    """A matrix of the memory-mapped file, decoded a block of rows at a time."""
+
+    def __init__(self, tensor: ReaderTensor) -> None:
+        self.tensor = tensor
+        self.shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        self.type_name = tensor.tensor_type.name
+        self.four_bit = self.type_name in FOUR_BIT_TYPES
+        self.stored_bytes = int(tensor.n_bytes)
+
+    def rows(self, start: int, stop: int) -> Rows:
+        raw = self.tensor.data[start:stop]
+        if self.four_bit:
+            return int4_groups(raw, self.type_name, self.shape[1])
+        return torch.from_numpy(_float_rows(raw, self.tensor.tensor_type).reshape(stop - start, self.shape[1]))

@@ -19,8 +19,13 @@ from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_bpe import BPETokenizer
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, checked_float, expected_shapes, read_json_object
+from .checkpoint import (
+    Checkpoint, TensorNames, Weight, assemble_state_dict, checked_float, expected_shapes, read_json_object,
+)
 from .meta import load_tokenizer_model, load_torch_file
+from .stored import TensorMatrix
+
+SAFETENSORS_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
 
@@ -88,14 +93,15 @@ HF_NAMES = TensorNames(
 )
 
 
-def convert_hf_state_dict(tensors: Mapping[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+def convert_hf_state_dict(tensors: Mapping[str, Weight], args: ModelArgs) -> dict[str, Weight]:
     """Hugging Face tensor names to this project's (q and k rows are already half-split)."""
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> Weight:
         try:
-            return tensors[name]
+            weight = tensors[name]
         except KeyError:
             raise LlamaChatError(f"checkpoint is missing tensor {name!r}") from None
+        return TensorMatrix.of(weight) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else weight
 
     return assemble_state_dict(args, HF_NAMES, take, interleaved_rotary=False)
 
@@ -149,11 +155,9 @@ def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
 
 
 class WeightFiles(Mapping):
-    """The tensors of a directory's weight files by name, each read from disk only when asked for.
-
-    Reading tensor by tensor lets the converter fuse one layer at a time, so the
-    separate q/k/v and gate/up tensors never all sit in memory next to the fused ones.
-    Every tensor's shape is checked against config.json before use.
+    """The tensors of a directory's weight files by name: vectors read when asked for,
+    matrices as TensorMatrix whose rows are read from the memory-mapped file only when
+    the loader packs or converts them. Every shape is checked against config.json.
     """
 
     def __init__(
@@ -165,7 +169,7 @@ class WeightFiles(Mapping):
         self._expected = expected_shapes
         self._opened: dict[Path, object] = dict(opened or {})  # files already open, by path
 
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def __getitem__(self, name: str) -> Weight:
         if name not in self._locations:
             raise LlamaChatError(f"{self._directory}: the weight files have no tensor {name!r}")
         path = self._locations[name]
@@ -173,9 +177,18 @@ class WeightFiles(Mapping):
         if isinstance(source, dict):  # a PyTorch file, already memory-mapped
             tensor = checked_float(source[name], name, path)
             self._check_shape(name, tuple(tensor.shape), path)
-            return tensor
-        self._check_shape(name, tuple(source.get_slice(name).get_shape()), path)
-        return checked_float(source.get_tensor(name), name, path)
+            return TensorMatrix.of(tensor) if tensor.ndim == 2 else tensor
+        stored = source.get_slice(name)
+        shape = tuple(stored.get_shape())
+        self._check_shape(name, shape, path)
+        if stored.get_dtype() not in SAFETENSORS_FLOAT_TYPES:
+            raise LlamaChatError(
+                f"{path}: tensor {name!r} is {stored.get_dtype()}; llama-chat loads float32, float16 or bfloat16 weights"
+            )
+        if len(shape) == 2:
+            itemsize = 4 if stored.get_dtype() == "F32" else 2
+            return TensorMatrix(shape, lambda start, stop: stored[start:stop], itemsize * shape[0] * shape[1])
+        return stored[:]
 
     def __contains__(self, name: object) -> bool:
         return name in self._locations  # without reading the tensor

@@ -1,8 +1,9 @@
 """Meta's original Llama checkpoints: params.json, consolidated.NN.pth shards, tokenizer.model.
 
 Meta stores each model-parallel rank's slice of the weights in its own shard and
-rotates interleaved feature pairs; loading merges the slices and permutes q/k rows
-into the half-split rotary layout the model uses.
+rotates interleaved feature pairs; loading merges the slices (as stored matrices read
+shard by shard, without a merged copy) and permutes q/k rows into the half-split
+rotary layout the model uses.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from ..errors import LlamaChatError
 from ..tokenizer import Tokenizer
 from ..tokenizer_spm import SentencePieceTokenizer
 from ..tokenizer_tiktoken import TiktokenTokenizer, looks_like_tiktoken
-from .checkpoint import Checkpoint, TensorNames, assemble_state_dict, checked_float, expected_shapes, read_json_object
+from .checkpoint import (
+    Checkpoint, TensorNames, Weight, assemble_state_dict, checked_float, expected_shapes, read_json_object,
+)
+from .stored import ColumnStacked, StackedRows, TensorMatrix
 
 # Model-parallel layout of Meta's reference: which dimension each weight is split on.
 # Column-parallel layers split their output rows, row-parallel ones their input columns;
@@ -129,12 +133,12 @@ META_NAMES = TensorNames(
 
 def convert_meta_shards(
     shards: Sequence[Mapping[str, torch.Tensor]], args: ModelArgs, *, source: str = "checkpoint"
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Weight]:
     """Merge Meta model-parallel shards into one state dict in this project's names and layout."""
 
     shapes = expected_shapes(args, META_NAMES)
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> Weight:
         return _merged(shards, name, shapes[name], args.dim, source)
 
     return assemble_state_dict(args, META_NAMES, take, interleaved_rotary=True)
@@ -142,20 +146,22 @@ def convert_meta_shards(
 
 def _merged(
     shards: Sequence[Mapping[str, torch.Tensor]], name: str, expected: tuple[int, ...], dim: int, source: str
-) -> torch.Tensor:
+) -> Weight:
     pieces = []
     for index, shard in enumerate(shards):
         if name not in shard:
             raise LlamaChatError(f"{source}: shard {index} has no tensor {name!r}")
         pieces.append(checked_float(shard[name], name, source))
     kind = name.split(".")[-2]
-    if len(pieces) == 1 or pieces[0].ndim == 1:
-        merged = pieces[0]  # one rank, or a norm replicated on every rank
-    elif kind == "tok_embeddings":
-        # Llama 1/2 split the embedding's features; Llama 3 splits its vocabulary.
-        merged = torch.cat(pieces, dim=0 if pieces[0].shape[1] == dim else 1)
+    if pieces[0].ndim == 1:
+        merged = pieces[0]  # a norm, replicated on every rank
+    elif len(pieces) == 1:
+        merged = TensorMatrix.of(pieces[0])
     else:
-        merged = torch.cat(pieces, dim=_SPLIT_DIM[kind])
+        # Llama 1/2 split the embedding's features; Llama 3 splits its vocabulary.
+        split = (0 if pieces[0].shape[1] == dim else 1) if kind == "tok_embeddings" else _SPLIT_DIM[kind]
+        parts = [TensorMatrix.of(piece) for piece in pieces]
+        merged = StackedRows(parts) if split == 0 else ColumnStacked(parts)
     if tuple(merged.shape) != expected:
         raise LlamaChatError(
             f"{source}: tensor {name!r} has shape {tuple(merged.shape)} but params.json implies {expected}"

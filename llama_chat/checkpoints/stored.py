@@ -1,0 +1,140 @@
+"""Weights as a checkpoint stores them, read a block of rows at a time.
+
+A reader hands out StoredMatrix objects instead of tensors, so that the loader can
+pack each weight as it arrives: only one matrix's rows (or a few thousand of them) are
+ever held in float form, whatever the model's size. Rows come back either as float32
+or, where the file holds exact 4-bit groups of 32 (GGUF Q4_0, Q4_1, Q4_K), as
+Int4Groups that the int4 kernel format takes without any rounding of the levels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+GROUP = 32  # weights per 4-bit group along a row, as in GGUF's 4-bit blocks
+
+
+@dataclass
+class Int4Groups:
+    """Rows of weights w = (level - 8) * scale + zero, one scale and zero per group of 32."""
+
+    levels: torch.Tensor  # uint8 [rows, columns], each 0..15
+    scales: torch.Tensor  # float32 [rows, columns / 32]
+    zeros: torch.Tensor  # float32 [rows, columns / 32]
+
+    def dequantize(self) -> torch.Tensor:
+        rows, columns = self.levels.shape
+        grouped = (self.levels.view(rows, -1, GROUP).float() - 8) * self.scales[..., None] + self.zeros[..., None]
+        return grouped.view(rows, columns)
+
+    @staticmethod
+    def cat(parts: Sequence[Int4Groups]) -> Int4Groups:
+        return Int4Groups(*(torch.cat([getattr(p, f) for p in parts]) for f in ("levels", "scales", "zeros")))
+
+
+Rows = torch.Tensor | Int4Groups
+
+
+def as_float(rows: Rows) -> torch.Tensor:
+    return rows.dequantize() if isinstance(rows, Int4Groups) else rows.float()
+
+
+class StoredMatrix:
+    """A 2-D weight [out, in] whose rows can be read a range at a time."""
+
+    shape: tuple[int, int]
+    four_bit: bool = False  # rows come as exact Int4Groups
+    row_alignment: int = 1  # reads must start and stop at multiples of this (or at the end)
+    stored_bytes: int = 0  # its size in the file, for progress
+
+    def rows(self, start: int, stop: int) -> Rows:
+        raise NotImplementedError
+
+    def dense(self) -> torch.Tensor:
+        """The whole matrix in float32."""
+        return as_float(self.rows(0, self.shape[0]))
+
+
+class TensorMatrix(StoredMatrix):
+    """A tensor already in memory or memory-mapped; `read(start, stop)` returns its rows."""
+
+    def __init__(self, shape: tuple[int, int], read: Callable[[int, int], torch.Tensor], stored_bytes: int) -> None:
+        self.shape = shape
+        self._read = read
+        self.stored_bytes = stored_bytes
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorMatrix:
+        return cls(tuple(tensor.shape), lambda start, stop: tensor[start:stop], tensor.numel() * tensor.element_size())
+
+    def rows(self, start: int, stop: int) -> Rows:
+        return self._read(start, stop)
+
+
+class RotaryRows(StoredMatrix):
+    """q or k projection rows brought from interleaved rotary pairs to the half-split layout.
+
+    Within each head, the stored row 2i+j is pair i's component j; the half-split
+    layout puts component j of pair i at row j*(head_dim/2)+i. Reads cover whole heads.
+    """
+
+    def __init__(self, source: StoredMatrix, n_heads: int) -> None:
+        self.source = source
+        self.shape = source.shape
+        self.four_bit = source.four_bit
+        self.stored_bytes = source.stored_bytes
+        self.head_dim = source.shape[0] // n_heads
+        self.row_alignment = math.lcm(self.head_dim, source.row_alignment)
+
+    def rows(self, start: int, stop: int) -> Rows:
+        stored = self.source.rows(start, stop)
+        if isinstance(stored, Int4Groups):
+            return Int4Groups(*(self._half_split(t) for t in (stored.levels, stored.scales, stored.zeros)))
+        return self._half_split(stored)
+
+    def _half_split(self, rows: torch.Tensor) -> torch.Tensor:
+        count, columns = rows.shape
+        return rows.view(-1, self.head_dim // 2, 2, columns).transpose(1, 2).reshape(count, columns)
+
+
+class StackedRows(StoredMatrix):
+    """Matrices with the same width stacked on top of each other (q, k, v: one projection)."""
+
+    def __init__(self, parts: Sequence[StoredMatrix]) -> None:
+        self.parts = list(parts)
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        self.four_bit = all(p.four_bit for p in parts)
+        self.stored_bytes = sum(p.stored_bytes for p in parts)
+        self.row_alignment = math.lcm(*(p.row_alignment for p in parts))
+        self._starts = [0]
+        for part in parts:
+            self._starts.append(self._starts[-1] + part.shape[0])
+
+    def rows(self, start: int, stop: int) -> Rows:
+        pieces = []
+        for part, offset in zip(self.parts, self._starts):
+            low, high = max(start, offset), min(stop, offset + part.shape[0])
+            if low < high:
+                pieces.append(part.rows(low - offset, high - offset))
+        if len(pieces) == 1:
+            return pieces[0]
+        if self.four_bit:
+            return Int4Groups.cat(pieces)
+        return torch.cat([as_float(piece) for piece in pieces])
+
+
+class ColumnStacked(StoredMatrix):
+    """Matrices with the same height side by side (Meta's shards of a row-parallel layer)."""
+
+    def __init__(self, parts: Sequence[StoredMatrix]) -> None:
+        self.parts = list(parts)
+        self.shape = (parts[0].shape[0], sum(p.shape[1] for p in parts))
+        self.stored_bytes = sum(p.stored_bytes for p in parts)
+        self.row_alignment = math.lcm(*(p.row_alignment for p in parts))
+
+    def rows(self, start: int, stop: int) -> Rows:
+        return torch.cat([as_float(part.rows(start, stop)) for part in self.parts], dim=1)

@@ -1,0 +1,311 @@
+"""Packed weights for the cpu: one copy of each matrix, in the format PyTorch's kernels read.
+
+Decoding one token reads every weight once, so its speed is bounded by the bytes of
+the weights: int4 (groups of 32, as GGUF's 4-bit blocks) or int8 rows. A step over
+many tokens (a prompt) is bound by arithmetic instead, and the packed kernels are slow
+at it; so a PackedLinear dequantises its matrix into a scratch buffer shared by the
+whole model and multiplies in the model's compute dtype. No second copy is kept.
+
+The int4 kernel's byte layout is PyTorch's own and differs between CPU capabilities
+(AVX-512, AVX2, plain); Int4Layout reads it off the kernel's packing function once and
+checks it, so that prompt steps can unpack the levels with plain tensor operations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoints.stored import GROUP, Int4Groups, StoredMatrix, as_float
+
+MODES = ("none", "int8", "int4")
+CHUNK_WEIGHTS = 1 << 20  # weights converted at a time: bounds the float temporaries of a load
+
+
+@dataclass(frozen=True)
+class Int4Layout:
+    """Where the int4 kernel keeps level (row, column): blocks of `block` rows, each stored
+    column by column as block/2 bytes. Byte j holds rows j and j + block/2 (low and high
+    nibble) when `pairs` is false, rows 2j and 2j + 1 when it is true."""
+
+    block: int
+    pairs: bool
+
+    def _halves(self, tensor: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows a block's low and high nibbles hold, along `axis` of a blocked tensor."""
+        if self.pairs:
+            return tensor.unflatten(axis, (-1, 2)).unbind(axis + 1)
+        return tensor.split(self.block // 2, dim=axis)
+
+    def unpack_transposed(self, packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Levels of packed [rows, columns/2] written into out [columns, rows] (any dtype)."""
+        rows, half = packed.shape
+        blocks = packed.view(rows // self.block, 2 * half, self.block // 2).transpose(0, 1)
+        low, high = self._halves(out.view(2 * half, rows // self.block, self.block), 2)
+        low.copy_(blocks & 15)
+        high.copy_(blocks >> 4)
+        return out
+
+    @classmethod
+    def read_off(cls, block: int, rows_in_block: list[int]) -> Int4Layout | None:
+        """The layout whose first column of a block holds these rows, nibble by nibble."""
+        for pairs in (False, True):
+            layout = cls(block, pairs)
+            low, high = layout._halves(torch.arange(block)[None], 1)
+            if torch.stack([low.flatten(), high.flatten()], dim=1).flatten().tolist() == rows_in_block:
+                return layout
+        return None
+
+
+def int4_kernels_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"
+    )
+
+
+@functools.cache
+def int4_layout() -> Int4Layout | None:
+    """The int4 kernel's layout on this CPU, read off its packing of coordinate patterns;
+    None when the kernel is missing or its layout is not one of the known kinds."""
+    if not int4_kernels_available():
+        return None
+    rows, columns = 128, 64
+    row, column = torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij")
+
+    def packed_nibbles(levels: torch.Tensor) -> torch.Tensor:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels.int(), 1).flatten()
+        return torch.stack([packed & 15, packed >> 4], dim=1).flatten().long()
+
+    try:
+        row_of = packed_nibbles(row % 16) + 16 * packed_nibbles(row // 16)
+        column_of = packed_nibbles(column % 16) + 16 * packed_nibbles(column // 16)
+    except RuntimeError:
+        return None
+    second_column = (column_of == 1).nonzero()
+    block = int(second_column[0]) if len(second_column) else 0
+    if block <= 0 or rows % block or block % 2:
+        return None
+    layout = Int4Layout.read_off(block, row_of[:block].tolist())
+    if layout is None:
+        return None
+    levels = torch.randint(0, 16, (rows, columns), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    expected = pack_int4(levels)
+    unpacked = layout.unpack_transposed(expected, torch.empty(columns, rows, dtype=torch.uint8))
+    return layout if torch.equal(unpacked.t(), levels) else None
+
+
+def pack_int4(levels: torch.Tensor) -> torch.Tensor:
+    """uint8 levels [rows, columns] to the kernel's packed [rows, columns/2], by the kernel's
+    own packing; the layout keeps blocks of rows together, so row ranges pack separately."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels.int(), 1)
+
+
+def int8_kernels_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm") and hasattr(torch, "_int_mm")
+
+
+class Scratch:
+    """One buffer that every PackedLinear of a model dequantises into, grown as needed."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+
+    def take(self, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+        size = math.prod(shape)
+        buffer = self._buffers.get(dtype)
+        if buffer is None or buffer.numel() < size:
+            buffer = self._buffers[dtype] = torch.empty(size, dtype=dtype)
+        return buffer[:size].view(shape)
+
+
+def bfloat16_at_least(values: torch.Tensor) -> torch.Tensor:
+    """The nearest bfloat16 not below each float32 value."""
+    rounded = values.to(torch.bfloat16)
+    too_small = rounded.float() < values
+    return torch.where(too_small, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))), rounded)
+
+
+def int8_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row, rounded against the scale as stored in `scale_dtype`, so each
+    weight is within half a step of what it was and the largest is not clamped."""
+    step = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    scale = bfloat16_at_least(step).to(scale_dtype) if scale_dtype == torch.bfloat16 else step.to(scale_dtype)
+    levels = torch.round(weight / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    return levels, scale
+
+
+def int4_from_float(weight: torch.Tensor) -> Int4Groups:
+    """Asymmetric 4-bit groups of 32 spanning each group's minimum to maximum."""
+    rows = weight.shape[0]
+    groups = weight.view(rows, -1, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-12)
+    levels = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8)
+    return Int4Groups(levels.view(rows, -1), scale, low + 8 * scale)
+
+
+def chunk_rows(source: StoredMatrix, alignment: int) -> int:
+    """Rows converted at a time: about CHUNK_WEIGHTS weights, at the alignment reads need."""
+    step = math.lcm(alignment, source.row_alignment)
+    return max(step, CHUNK_WEIGHTS // source.shape[1] // step * step)
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T with W held once, as int4 groups or int8 rows.
+
+    One row of x goes through PyTorch's packed kernel in `kernel_dtype` (which the
+    scales are kept in); more rows multiply a dequantised copy in x's dtype, made in
+    the shared scratch buffer.
+    """
+
+    def __init__(self, source: StoredMatrix, mode: str, kernel_dtype: torch.dtype, scratch: Scratch) -> None:
+        super().__init__()
+        self.mode = mode
+        self.out_features, self.in_features = source.shape
+        self.kernel_dtype = kernel_dtype
+        self.scratch = scratch
+        if mode == "int4":
+            self._pack_int4(source)
+        elif mode == "int8":
+            self._pack_int8(source)
+        else:
+            raise ValueError(f"unknown packing {mode!r}")
+
+    def _pack_int4(self, source: StoredMatrix) -> None:
+        layout = int4_layout()
+        assert layout is not None, "int4 packing asked for where the kernel's layout is unknown"
+        self.packed = torch.empty(self.out_features, self.in_features // 2, dtype=torch.uint8)
+        self.scales_and_zeros = torch.empty(self.in_features // GROUP, self.out_features, 2, dtype=self.kernel_dtype)
+        step = chunk_rows(source, layout.block)
+        for start in range(0, self.out_features, step):
+            stop = min(start + step, self.out_features)
+            rows = source.rows(start, stop)
+            groups = rows if isinstance(rows, Int4Groups) else int4_from_float(rows.float())
+            self.packed[start:stop] = pack_int4(groups.levels)
+            self.scales_and_zeros[:, start:stop, 0] = groups.scales.t()
+            self.scales_and_zeros[:, start:stop, 1] = groups.zeros.t()
+            del rows, groups
+            return_freed_memory()
+
+    def _pack_int8(self, source: StoredMatrix) -> None:
+        self.weight_int8 = torch.empty(self.out_features, self.in_features, dtype=torch.int8)
+        self.scales = torch.empty(self.out_features, dtype=self.kernel_dtype)
+        step = chunk_rows(source, 1)
+        for start in range(0, self.out_features, step):
+            stop = min(start + step, self.out_features)
+            self.weight_int8[start:stop], self.scales[start:stop] = int8_rows(
+                as_float(source.rows(start, stop)), self.kernel_dtype
+            )
+            return_freed_memory()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != x.shape[-1]:
+            flat = x.reshape(-1, self.in_features)
+            return (flat @ self.dequantize(x.dtype).t()).view(*x.shape[:-1], self.out_features)
+        flat = x.reshape(1, self.in_features).to(self.kernel_dtype)
+        if self.mode == "int4":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [out, in] in `dtype`, in the scratch buffer (the next call overwrites it).
+
+        int4 weights unpack fastest into W^T (the kernel stores blocks of rows column by
+        column), so they come back as a transposed view, which a matrix product takes as is.
+        """
+        if self.mode == "int8":
+            weight = self.scratch.take((self.out_features, self.in_features), dtype)
+            return torch.mul(self.weight_int8, self.scales.to(dtype)[:, None], out=weight)
+        transposed = self.scratch.take((self.in_features, self.out_features), dtype)
+        int4_layout().unpack_transposed(self.packed, transposed)
+        scales, zeros = self.scales_and_zeros.to(dtype).unbind(-1)  # [in/32, out] each
+        # (level - 8) * scale + zero, as level * scale + (zero - 8 * scale)
+        grouped = transposed.view(-1, GROUP, self.out_features)
+        grouped.mul_(scales[:, None]).add_((zeros - 8 * scales)[:, None])
+        return transposed.t()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.mode}, kernel {self.kernel_dtype}"
+
+
+class Int8Table(nn.Module):
+    """A [vocab, dim] table of int8 rows with float32 scales, serving as the embedding (rows
+    looked up) and as the output head (float32 logits), so a tied model keeps it once."""
+
+    def __init__(self, source: StoredMatrix) -> None:
+        super().__init__()
+        self.vocab_size, self.dim = source.shape
+        self.weight_int8 = torch.empty(source.shape, dtype=torch.int8)
+        self.scales = torch.empty(self.vocab_size, dtype=torch.float32)
+        step = chunk_rows(source, 1)
+        for start in range(0, self.vocab_size, step):
+            stop = min(start + step, self.vocab_size)
+            self.weight_int8[start:stop], self.scales[start:stop] = int8_rows(
+                as_float(source.rows(start, stop)), torch.float32
+            )
+            return_freed_memory()
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (self.weight_int8[ids].float() * self.scales[ids, None]).to(dtype)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T in float32. x is split into two int8 parts (coarse, then the remainder), each
+        multiplied exactly in int32 by torch._int_mm: about 16 bits of x, and no rounding
+        of the logits to x's dtype (bfloat16 would step by 0.125 at 16 to 32)."""
+        flat = x.reshape(-1, self.dim).float()
+        coarse_step = (flat.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-30)
+        coarse = torch.round(flat / coarse_step)
+        fine_step = coarse_step / 254
+        fine = torch.round((flat - coarse * coarse_step) / fine_step)
+        weight = self.weight_int8.t()
+        out = torch._int_mm(coarse.to(torch.int8), weight) * coarse_step
+        out += torch._int_mm(fine.to(torch.int8), weight) * fine_step
+        out *= self.scales
+        return out.view(*x.shape[:-1], self.vocab_size)
+
+
+class PackedEmbedding(nn.Module):
+    def __init__(self, table: Int8Table, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table = table
+        self.dtype = dtype
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.table.rows(tokens, self.dtype)
+
+
+class PackedHead(nn.Module):
+    def __init__(self, table: Int8Table) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table.logits(x)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+
+
+def return_freed_memory() -> None:
+    """Give the memory freed by packing back to the system.
+
+    glibc's malloc keeps freed blocks of up to 32 MB for reuse, so the temporaries of
+    packing one matrix after another would stay resident, used by nothing.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

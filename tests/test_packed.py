@@ -1,0 +1,245 @@
+"""Packed weights: GGUF's 4-bit blocks, the int4 kernel's layout, every cpu path against float32."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+
+import llama_chat
+from llama_chat import Llama
+from llama_chat.checkpoints.gguf_blocks import int4_groups
+from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
+from llama_chat.cpu_paths import choose_cpu_paths
+from llama_chat.errors import LlamaChatError
+from llama_chat.model import Transformer
+from llama_chat.packed import GROUP, Int8Table, PackedLinear, Scratch, int4_layout, int8_rows, pack_int4
+
+from .test_gguf import IDS, tiny_hf_model, write_gguf
+
+CAPABILITIES = ["default", "avx2", "avx512"]
+
+
+def random_blocks(qtype: QType, rows: int, columns: int, seed: int = 0) -> np.ndarray:
+    """Random raw blocks of a 4-bit GGUF type, with finite float16 scales."""
+    block_bytes, block_weights = {QType.Q4_0: (18, 32), QType.Q4_1: (20, 32), QType.Q4_K: (144, 256)}[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, columns // block_weights * block_bytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, block_bytes)
+    for start in (0,) if qtype == QType.Q4_0 else (0, 2):
+        scales = (rng.random(len(blocks)) * 0.1 + 0.001).astype(np.float16)
+        blocks[:, start : start + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_1, QType.Q4_K])
+def test_four_bit_blocks_become_exact_int4_groups(qtype):
+    raw = random_blocks(qtype, 6, 512)
+    groups = int4_groups(raw, qtype.name, 512)
+    expected = gguf.quants.dequantize(raw, qtype).reshape(6, 512)
+    assert groups.levels.dtype == torch.uint8 and int(groups.levels.max()) <= 15
+    assert np.array_equal(groups.dequantize().numpy(), expected)
+
+
+def exact_groups(rows: int, columns: int, seed: int = 0) -> Int4Groups:
+    generator = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 16, (rows, columns), generator=generator, dtype=torch.uint8)
+    scales = (torch.rand(rows, columns // GROUP, generator=generator) * 0.1 + 0.01).bfloat16().float()
+    zeros = (torch.randn(rows, columns // GROUP, generator=generator) * 0.1).bfloat16().float()
+    return Int4Groups(levels, scales, zeros)
+
+
+class GroupsMatrix(TensorMatrix):
+    """A stored matrix whose rows come as exact 4-bit groups, as a Q4 GGUF file's do."""
+
+    four_bit = True
+
+    def __init__(self, groups: Int4Groups) -> None:
+        super().__init__(tuple(groups.levels.shape), lambda start, stop: Int4Groups(
+            groups.levels[start:stop], groups.scales[start:stop], groups.zeros[start:stop]), 0)
+
+
+LAYOUT_CHECK = """
+import torch
+from llama_chat.packed import int4_layout, pack_int4
+layout = int4_layout()
+levels = torch.randint(0, 16, (192, 96), dtype=torch.uint8)
+unpacked = layout.unpack_transposed(pack_int4(levels), torch.empty(96, 192)).t()
+print(torch.backends.cpu.get_cpu_capability(), layout.block, layout.pairs, torch.equal(unpacked, levels.float()))
+"""
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_int4_layout_is_read_off_each_cpu_capability(capability):
+    # ATEN_CPU_CAPABILITY picks the kernels PyTorch dispatches to, so each layout the
+    # kernel has can be checked on any machine that has at least that capability.
+    result = subprocess.run([sys.executable, "-c", LAYOUT_CHECK], capture_output=True, text=True,
+                            env={**os.environ, "ATEN_CPU_CAPABILITY": capability})
+    assert result.returncode == 0, result.stderr
+    reported, block, pairs, round_trip = result.stdout.split()
+    if reported.lower() != capability:
+        assert capability == "avx512"  # this CPU lacks it; PyTorch fell back to a lesser one
+    assert round_trip == "True" and int(block) in (32, 64)
+
+
+@pytest.mark.parametrize("kernel_dtype", [torch.bfloat16, torch.float32])
+def test_int4_groups_pack_without_loss_on_both_paths(kernel_dtype):
+    groups = exact_groups(128, 96)
+    layer = PackedLinear(GroupsMatrix(groups), "int4", kernel_dtype, Scratch())
+    weight = groups.dequantize()
+    torch.testing.assert_close(layer.dequantize(torch.float32), weight, atol=0, rtol=0)
+    x = torch.randn(1, 96)
+    exact = x.double() @ weight.double().t()
+    one_row = layer(x).double()  # the packed kernel
+    tolerance = 1e-4 if kernel_dtype == torch.float32 else 2e-2
+    assert (one_row - exact).abs().max() <= tolerance * exact.abs().max()
+    many = layer(torch.cat([x, torch.randn(4, 96)])).double()[:1]  # the dequantised matrix
+    assert (many - exact).abs().max() <= 1e-5 * exact.abs().max()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_int8_rows_stay_within_half_a_step(seed):
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(seed))
+    for scale_dtype in (torch.bfloat16, torch.float32):
+        levels, scales = int8_rows(weight, scale_dtype)
+        assert scales.dtype == scale_dtype
+        step = weight.abs().amax(dim=1, keepdim=True) / 127
+        error = (levels.float() * scales.float()[:, None] - weight).abs()
+        assert (error <= 0.5 * step * (1 + 2**-7)).all()
+        assert error.mean() < 0.3 * step.mean()
+
+
+def test_head_logits_are_float32_not_rounded_to_the_activation_dtype():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 64, generator=generator)
+    table = Int8Table(TensorMatrix.of(weight))
+    x = (torch.randn(1, 64, generator=generator) * 4).bfloat16()
+    logits = table.logits(x)
+    exact = x.double() @ (table.weight_int8.double() * table.scales.double()[:, None]).t()
+    assert logits.dtype == torch.float32
+    # Two int8 parts of x give about 16 bits: far finer than bfloat16's 8.
+    assert (logits.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
+    assert not torch.equal(logits, logits.bfloat16().float())  # not on bfloat16's grid
+
+
+def dense_reference(model: Llama) -> Llama:
+    """A float32 model whose weights are exactly what the packed model multiplies by."""
+    packed = model.transformer
+    reference = Transformer(model.args)
+    state = {}
+    for name, module in packed.named_modules():
+        if isinstance(module, PackedLinear):
+            state[name + ".weight"] = module.dequantize(torch.float32).clone()
+    for name, parameter in packed.named_parameters():
+        state[name] = parameter.float()
+    table = packed.tok_embeddings.table
+    state["tok_embeddings.weight"] = table.rows(torch.arange(table.vocab_size), torch.float32)
+    state["output.weight"] = packed.output.table.rows(torch.arange(table.vocab_size), torch.float32)
+    reference.load_state_dict(state, strict=True)
+    return Llama(reference, model.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def q4_file(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("q4") / "q4.gguf", tiny_hf_model(seed=3), qtype=QType.Q4_1)
+
+
+@pytest.mark.parametrize("quantize", ["int4", "int8"])
+@pytest.mark.parametrize("compute", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kernel", ["bfloat16", "float32"])
+def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, compute, kernel):
+    model = llama_chat.load(q4_file, device="cpu", quantize=quantize, dtype=compute, kernel_dtype=kernel)
+    assert model.quantization == quantize and model.dtype == getattr(torch, compute)
+    reference = dense_reference(model).logits(IDS)
+    cache = model.new_cache(64)
+    prompt = model.feed(cache, IDS[:12])  # a prompt step: dequantised matrices
+    steps = [model.feed(cache, [token]) for token in IDS[12:]]  # single tokens: packed kernels
+    logits = torch.stack([prompt, *steps])
+    assert logits.dtype == torch.float32
+    # float32 throughout agrees to float32 rounding; bfloat16 activations to their own.
+    tolerance = 1e-4 if (compute, kernel) == ("float32", "float32") else 0.05
+    assert (logits - reference[11:]).abs().max() <= tolerance * reference.abs().max()
+    assert (logits.argmax(-1) == reference[11:].argmax(-1)).float().mean() >= 0.85
+
+
+def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
+    model = llama_chat.load(q4_file, device="cpu", dtype="bfloat16", kernel_dtype="float32")
+    exact = llama_chat.load(q4_file, device="cpu", dtype="float32", quantize="none")
+    assert model.quantization == "int4"
+    wqkv = exact.transformer.layers[0].attention.wqkv.weight
+    packed = model.transformer.layers[0].attention.wqkv.dequantize(torch.float32)
+    torch.testing.assert_close(packed, wqkv, atol=1e-6, rtol=0)
+
+
+def test_forced_paths_skip_the_probe_and_say_so(monkeypatch):
+    from llama_chat import cpu_paths
+
+    monkeypatch.setattr(cpu_paths, "measure", lambda *_: pytest.fail("measured although both were forced"))
+    monkeypatch.setenv("LLAMA_CHAT_DTYPE", "float32")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_DTYPE", "bfloat16")
+    paths = choose_cpu_paths(tiny_args_for_probe(), "int4")
+    assert (paths.compute_dtype, paths.kernel_dtype) == (torch.float32, torch.bfloat16)
+    assert "forced" in paths.describe()
+    with pytest.raises(LlamaChatError, match="float16"):
+        choose_cpu_paths(tiny_args_for_probe(), "int4", compute="float16")
+
+
+def tiny_args_for_probe():
+    from .conftest import tiny_args
+
+    return tiny_args(dim=64, n_heads=4, hidden_dim=96)
+
+
+def test_the_probe_is_measured_once_and_its_choice_follows_the_times(monkeypatch, tmp_path):
+    from llama_chat import cpu_paths
+
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_measure(args, mode):
+        calls.append(mode)
+        return {"prompt steps bfloat16": 3.0, "prompt steps float32": 1.0,
+                "kernels bfloat16": 1.0, "kernels float32": 9.0}
+
+    monkeypatch.setattr(cpu_paths, "measure", fake_measure)
+    first = choose_cpu_paths(tiny_args_for_probe(), "int4")
+    second = choose_cpu_paths(tiny_args_for_probe(), "int4")
+    assert calls == ["int4"]  # the second came from the cache file
+    assert first == second
+    assert (first.compute_dtype, first.kernel_dtype) == (torch.float32, torch.bfloat16)
+    assert "3.0x faster in float32" in first.describe() and "9.0x faster in bfloat16" in first.describe()
+    (tmp_path / "cpu-paths.json").write_text("{not json")
+    choose_cpu_paths(tiny_args_for_probe(), "int4")
+    assert calls == ["int4", "int4"]  # a damaged cache is measured again, not an error
+    assert json.loads((tmp_path / "cpu-paths.json").read_text())
+
+
+def test_real_probe_times_every_candidate():
+    from llama_chat.cpu_paths import measure
+
+    times = measure(tiny_args_for_probe(), "int4" if int4_layout() else "int8")
+    assert set(times) == {"prompt steps bfloat16", "prompt steps float32", "kernels bfloat16", "kernels float32"}
+    assert all(0 < t < 1 for t in times.values())
+
+
+def test_int4_refusals_name_the_matrix(tmp_path):
+    from .conftest import tiny_args
+
+    model = Llama.random(tiny_args(dim=48, hidden_dim=80))
+    with pytest.raises(LlamaChatError, match="int4"):
+        weight = TensorMatrix.of(model.transformer.layers[0].feed_forward.w2.weight.detach())
+        from llama_chat.loading import matrix_mode
+
+        matrix_mode(weight, "int4", None, "layers.0.feed_forward.w2.weight")
+
+
+def test_pack_int4_of_row_ranges_joins_to_the_whole():
+    levels = torch.randint(0, 16, (256, 64), dtype=torch.uint8)
+    block = int4_layout().block
+    parts = [pack_int4(levels[start : start + block]) for start in range(0, 256, block)]
+    assert torch.equal(torch.cat(parts), pack_int4(levels))
