@@ -12,8 +12,9 @@ import torch
 
 from .cli import positive_int
 from .config import ModelArgs
+from .cpu_paths import cpu_model_name
 from .llama import Llama
-from .loading import load
+from .loading import load, model_memory_bytes
 from .sampling import SamplingSettings
 from .weights import require_default_model
 
@@ -53,15 +54,33 @@ def measure(model: Llama, prompt_tokens: int, new_tokens: int) -> dict:
     }
 
 
+def chat_turn_first_token(model: Llama, cached_tokens: int = 200, turn_tokens: int = 20) -> float:
+    """Seconds to the first token of a chat turn of `turn_tokens` new tokens after
+    `cached_tokens` already in the cache: what a person waits for on every turn."""
+    cached_tokens = min(cached_tokens, model.args.max_seq_len - turn_tokens - 2)
+    prompt = random_prompt(model.args.vocab_size, cached_tokens + turn_tokens)
+    cache = model.new_cache(len(prompt) + 2)
+    model.feed(cache, prompt[:cached_tokens])
+    generation = model.generate(prompt, SamplingSettings(temperature=0, max_tokens=1), cache=cache, stop_ids=())
+    for _ in generation:
+        pass
+    return generation.stats.time_to_first_token
+
+
 def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
     # Warm-up at full size: the first calls page the weights in and pick matrix kernels.
     measure(model, prompt_tokens, 8)
     runs = [measure(model, prompt_tokens, new_tokens) for _ in range(repeats)]
     result = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    result["chat_turn_first_token"] = statistics.median(chat_turn_first_token(model) for _ in range(repeats))
     result.update(
         model=model.name,
         device=str(model.device),
         dtype=str(model.dtype).removeprefix("torch."),
+        weights=model.describe_weights(),
+        cpu=cpu_model_name(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        torch=torch.__version__,
         quantization=model.quantization,
         threads=torch.get_num_threads(),
         prompt_tokens=prompt_tokens,
@@ -79,6 +98,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"))
+    parser.add_argument("--kernel-dtype", default="auto", help="bfloat16 or float32 (default: measured)")
     parser.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's choice)")
     parser.add_argument("--prompt-tokens", type=positive_int, default=512)
     parser.add_argument("--new-tokens", type=positive_int, default=128)
@@ -94,7 +114,7 @@ def main(argv: list[str]) -> int:
         model.name = f"random weights, {options.random_shapes} shapes"
     else:
         model = load(options.model or require_default_model(), device=options.device, dtype=options.dtype,
-                     quantize=options.quantize)
+                     quantize=options.quantize, kernel_dtype=options.kernel_dtype)
     load_seconds = time.perf_counter() - started
     memory_after_load = peak_memory_mb()
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
@@ -103,15 +123,21 @@ def main(argv: list[str]) -> int:
         peak_memory_mb=peak_memory_mb(),
         memory_before_load_mb=memory_before,
         peak_memory_after_load_mb=memory_after_load,
+        model_memory_mb=model_memory_bytes(model) / 2**20,
     )
     if options.json:
         print(json.dumps(result))
         return 0
-    print(f"{result['model']} on {result['device']} ({model.describe_weights()}), {result['threads']} threads, "
+    print(f"{result['model']} on {result['device']}: {result['weights']}")
+    print(f"{result['cpu']} ({result['cpu_capability']}), torch {result['torch']}, {result['threads']} threads, "
           f"median of {result['repeats']}")
     print(f"load: {result['load_seconds']:.2f} s")
     print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
     print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
-    print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms")
-    print(f"peak memory: {result['peak_memory_mb']:.0f} MB ({result['memory_before_load_mb']:.0f} MB before loading)")
+    print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms after the "
+          f"{result['prompt_tokens']}-token prompt; {result['chat_turn_first_token'] * 1000:.0f} ms for a "
+          "20-token chat turn after 200 cached")
+    print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
+          f"{result['memory_before_load_mb']:.0f} MB before loading, "
+          f"{result['peak_memory_after_load_mb']:.0f} MB right after")
     return 0

@@ -42,7 +42,7 @@ def model_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
     """Loads weights from a path with the command line's device, dtype and chat format."""
     chat_format = "plain" if options.raw else options.chat_format
     return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format,
-                   quantize=options.quantize)
+                   quantize=options.quantize, kernel_dtype=options.kernel_dtype)
 
 
 def run_chat(options: argparse.Namespace) -> int:

@@ -54,10 +54,14 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--chat-format", help="llama3, llama2, chatml, plain, or template (the model's own)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: activations and "
+                        "cache; on the cpu, auto is measured (default: auto)")
     parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"),
-                        help="pack weights for fast cpu decoding; auto: int4 for 4-bit GGUF files, int8 "
+                        help="pack weights for the cpu; auto: int4 where the file stores 4-bit groups, int8 "
                         "otherwise, none with --dtype float32 or off the cpu (default: auto)")
+    parser.add_argument("--kernel-dtype", default="auto",
+                        help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
+                        "measured on this CPU)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():

@@ -74,40 +74,62 @@ def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
     return dtype
 
 
-def _seconds(call: Callable[[], object], budget: float = 0.05) -> float:
-    """The fastest of a few timed calls after one warm-up, within about `budget` seconds."""
-    call()
-    best, spent = float("inf"), 0.0
-    while spent < budget:
-        started = time.perf_counter()
+def fastest_of(calls: dict[str, Callable[[], object]], budget: float = 0.4) -> dict[str, float]:
+    """Each call's fastest time, taking turns between them after a warm-up of each, for
+    about `budget` seconds in all: a busy moment on the machine then slows every
+    candidate alike, and the fastest of several runs is the one it left alone."""
+    for call in calls.values():
         call()
-        elapsed = time.perf_counter() - started
-        best, spent = min(best, elapsed), spent + elapsed
+    best = dict.fromkeys(calls, float("inf"))
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < 3 or (time.perf_counter() - started < budget and rounds < 50):
+        for name, call in calls.items():
+            begin = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - begin)
+        rounds += 1
     return best
 
 
 def measure(args: ModelArgs, mode: str) -> dict[str, float]:
-    """Seconds per call of each candidate, at the model's feed-forward widths."""
+    """Seconds per call of each candidate, at the model's feed-forward widths, on one thread:
+    what separates the candidates is how each core computes them, and a single thread does
+    not wait on a second one that the machine is busy elsewhere with."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fastest_of(candidates(args, mode))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def candidates(args: ModelArgs, mode: str) -> dict[str, Callable[[], object]]:
+    """The calls the probe times: a prompt step's product and a packed single-token kernel,
+    in each candidate dtype."""
     generator = torch.Generator().manual_seed(0)
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
     weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
     levels = torch.randint(0, 16, (out_features, in_features), generator=generator, dtype=torch.uint8)
-    times = {}
+    calls = {}
     for dtype in CANDIDATES:
         rows = torch.randn(PROBE_ROWS, in_features, generator=generator).to(dtype)
         dense = weight.to(dtype)
-        times[f"prompt steps {dtype_name(dtype)}"] = _seconds(lambda: rows @ dense.t())
-        one = rows[:1]
+        calls[f"prompt steps {dtype_name(dtype)}"] = lambda rows=rows, dense=dense: rows @ dense.t()
+        one = rows[:1].clone()
         if mode == "int4":
             packed = pack_int4(levels)
             scales_and_zeros = torch.rand(in_features // GROUP, out_features, 2, generator=generator).to(dtype)
-            kernel = lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(one, packed, GROUP, scales_and_zeros)  # noqa: E731
+            calls[f"kernels {dtype_name(dtype)}"] = lambda one=one, sz=scales_and_zeros: (
+                torch.ops.aten._weight_int4pack_mm_for_cpu(one, packed, GROUP, sz)
+            )
         else:
             int8 = (levels.to(torch.int8) - 8).contiguous()
             scales = torch.rand(out_features, generator=generator).to(dtype)
-            kernel = lambda: torch.ops.aten._weight_int8pack_mm(one, int8, scales)  # noqa: E731
-        times[f"kernels {dtype_name(dtype)}"] = _seconds(kernel)
-    return times
+            calls[f"kernels {dtype_name(dtype)}"] = lambda one=one, scales=scales: (
+                torch.ops.aten._weight_int8pack_mm(one, int8, scales)
+            )
+    return calls
 
 
 def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
@@ -139,8 +161,7 @@ def choose_cpu_paths(args: ModelArgs, mode: str, compute: str | None = None, ker
 def cached_measurement(args: ModelArgs, mode: str) -> dict[str, float]:
     """measure(), remembered per CPU model, capability, PyTorch version and shape."""
     key = "|".join([
-        cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__,
-        f"threads {torch.get_num_threads()}", mode, f"{args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}",
+        cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, mode, f"{args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}",
     ])
     path = _probe_file()
     known = {}

@@ -7,7 +7,7 @@ from llama_chat.cli import main
 def test_bench_measures_a_model_and_says_how_it_ran(tiny_model):
     result = run(tiny_model, prompt_tokens=12, new_tokens=5, repeats=2)
     assert result["prefill_tokens_per_second"] > 0 and result["decode_tokens_per_second"] > 0
-    assert 0 < result["time_to_first_token"]
+    assert 0 < result["time_to_first_token"] and 0 < result["chat_turn_first_token"]
     assert (result["device"], result["dtype"], result["quantization"]) == ("cpu", "float32", "none")
     assert (result["prompt_tokens"], result["new_tokens"], result["repeats"]) == (12, 5, 2)
 

@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp's single-file format): hyper-parameters, tokenizer, weights.
 
-Matrices are handed out as GGUFMatrix, read from the memory-mapped file a block of
-rows at a time: 4-bit blocks (Q4_0, Q4_1, Q4_K) as their levels, scales and zeros,
+Matrices are handed out as GGUFMatrix, read from the file a block of rows at a time
+(by plain reads, not through the reader's memory map, whose pages would otherwise stay
+counted in the process's resident memory until the end of the load): 4-bit blocks (Q4_0, Q4_1, Q4_K) as their levels, scales and zeros,
 every other type dequantised to float32. GGUF lists a tensor's dimensions innermost first (ggml order), so a
 PyTorch [out, in] weight is stored with shape [in, out]. llama.cpp's converter
 reorders q and k projection rows into the interleaved rotary layout; they are put
@@ -234,7 +235,7 @@ def convert_gguf_tensors(
         shape = tuple(int(d) for d in reversed(stored[name].shape.tolist()))
         if shape != shapes[name]:
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
-        return GGUFMatrix(stored[name]) if len(shape) == 2 else _vector(stored[name])
+        return GGUFMatrix(stored[name], source) if len(shape) == 2 else _vector(stored[name])
 
     # llama.cpp's converter stores q/k rows in the interleaved rotary layout.
     return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=True)
@@ -254,17 +255,26 @@ def _float_rows(raw: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarra
 
 
 class GGUFMatrix(StoredMatrix):
-    """A matrix of the memory-mapped file, decoded a block of rows at a time."""
+    """A matrix of a GGUF file, read and decoded a block of rows at a time."""
 
-    def __init__(self, tensor: ReaderTensor) -> None:
+    def __init__(self, tensor: ReaderTensor, path: str) -> None:
         self.tensor = tensor
+        self.path = path
         self.shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        self.row_bytes = tensor.n_bytes // self.shape[0]
         self.type_name = tensor.tensor_type.name
         self.four_bit = self.type_name in FOUR_BIT_TYPES
         self.stored_bytes = int(tensor.n_bytes)
 
     def rows(self, start: int, stop: int) -> Rows:
-        raw = self.tensor.data[start:stop]
+        with open(self.path, "rb") as file:
+            file.seek(self.tensor.data_offset + start * self.row_bytes)
+            data = file.read((stop - start) * self.row_bytes)
+        if len(data) != (stop - start) * self.row_bytes:
+            raise LlamaChatError(f"{self.path}: the GGUF file is truncated or corrupt; download it again")
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(stop - start, self.row_bytes)
+        if self.tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raw = raw.view(np.float32 if self.tensor.tensor_type == GGMLQuantizationType.F32 else np.float16)
         if self.four_bit:
             return int4_groups(raw, self.type_name, self.shape[1])
         return torch.from_numpy(_float_rows(raw, self.tensor.tensor_type).reshape(stop - start, self.shape[1]))
