@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
 from .chat_format import get_chat_format
@@ -121,8 +120,15 @@ class LoadProgress:
         self._bar = None
         self._task = None
 
-    def advance(self, what: str, nbytes: int) -> None:
-        self.done += nbytes
+    @contextmanager
+    def item(self, what: str, weight) -> Iterator[None]:
+        """Reading and converting one weight: shown while it runs, counted when done."""
+        self._show(what)
+        yield
+        self.done += stored_bytes(weight)
+        self._show(what)
+
+    def _show(self, what: str) -> None:
         if self._bar is None:
             if time.perf_counter() - self.started < PROGRESS_AFTER_SECONDS or not sys.stderr.isatty():
                 return
@@ -150,13 +156,11 @@ def reading_errors(source: Path) -> Iterator[None]:
     """Errors met while reading the weights (a truncated file) as one line naming the file."""
     try:
         yield
-    except (SafetensorError, OSError, ValueError) as error:
+    except (OSError, ValueError) as error:
         raise LlamaChatError(f"{source}: cannot read the weights ({error})") from None
 
 
-def build_transformer(
-    checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, progress: LoadProgress | None = None
-) -> Transformer:
+def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, progress: LoadProgress) -> Transformer:
     """The Transformer with the checkpoint's weights as dense `dtype` tensors on `device`,
     converted one tensor at a time."""
     with torch.device("meta"):
@@ -165,10 +169,9 @@ def build_transformer(
     state = {}
     for name, weight in checkpoint.tensors.items():
         if id(weight) not in converted:
-            value = weight.dense() if isinstance(weight, StoredMatrix) else weight
-            converted[id(weight)] = value.to(device=device, dtype=dtype)
-            if progress is not None:
-                progress.advance(name, stored_bytes(weight))
+            with progress.item(name, weight):
+                value = weight.dense() if isinstance(weight, StoredMatrix) else weight
+                converted[id(weight)] = value.to(device=device, dtype=dtype)
         state[name] = converted[id(weight)]
     try:
         transformer.load_state_dict(state, strict=True, assign=True)
@@ -192,7 +195,7 @@ def layer_matrix_modes(checkpoint: Checkpoint, quantize: str) -> dict[str, str]:
 
 
 def build_packed_transformer(
-    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: LoadProgress | None = None
+    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: LoadProgress
 ) -> Transformer:
     """The Transformer with every matrix packed as it is read (the layers' as `modes` says,
     the embedding and output head as int8 tables)."""
@@ -201,31 +204,26 @@ def build_packed_transformer(
     with torch.device("meta"):
         transformer = Transformer(args)
     scratch = Scratch()
-
-    def advance(name: str, weight) -> None:
-        if progress is not None:
-            progress.advance(name, stored_bytes(weight))
-
-    embedding = tensors["tok_embeddings.weight"]
-    table = Int8Table(embedding)
-    advance("tok_embeddings", embedding)
+    embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
+    with progress.item("tok_embeddings", embedding):
+        table = Int8Table(embedding)
     transformer.tok_embeddings = PackedEmbedding(table, paths.compute_dtype)
-    head = tensors["output.weight"]
     if head is not embedding:
-        head_table = Int8Table(head)
-        advance("output", head)
-    transformer.output = PackedHead(table if head is embedding else head_table)
+        with progress.item("output", head):
+            table = Int8Table(head)
+    transformer.output = PackedHead(table)
     for name, weight in tensors.items():
         module_name, _, attribute = name.rpartition(".")
         if module_name in ("tok_embeddings", "output"):
             continue
-        if name in modes:
-            transformer.set_submodule(module_name, PackedLinear(weight, modes[name], paths.kernel_dtype, scratch))
-            return_freed_memory()
-        else:
-            vector = nn.Parameter(weight.to(paths.compute_dtype), requires_grad=False)
-            setattr(transformer.get_submodule(module_name), attribute, vector)
-        advance(module_name, weight)
+        with progress.item(module_name, weight):
+            if name in modes:
+                packed = PackedLinear(weight, modes[name], paths.kernel_dtype, scratch)
+                transformer.set_submodule(module_name, packed)
+                return_freed_memory()
+            else:
+                vector = nn.Parameter(weight.to(paths.compute_dtype), requires_grad=False)
+                setattr(transformer.get_submodule(module_name), attribute, vector)
     set_rope_tables(transformer, torch.device("cpu"))
     return transformer
 

@@ -48,7 +48,8 @@ def test_prompt_prints_only_the_reply_and_stats_go_to_stderr(loads, capsys):
     assert code == 0
     assert out == visible(greedy_reply("hello", max_tokens=5)) + "\n"
     assert err.count("\n") == 1 and "tokens" in err and "cached tokens" in err
-    assert loads == [("tiny.gguf", {"device": "auto", "dtype": "auto", "chat_format": None, "quantize": "auto"})]
+    assert loads == [("tiny.gguf", {"device": "auto", "dtype": "auto", "chat_format": None, "quantize": "auto",
+                               "kernel_dtype": "auto"})]
 
 
 def test_piped_stdin_is_the_prompt(loads, capsys, monkeypatch):
@@ -129,4 +130,5 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     assert "temperature = 0.1" in shown.getvalue() and "context = 256 tokens" in shown.getvalue()
     assert [e.user for e in session.exchanges] == ["hello"]
     # /load goes through the same loader, with the command line's device, dtype and format.
-    assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto"})
+    assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",
+                                       "kernel_dtype": "auto"})

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import tokenizers
 import torch
-from safetensors import SafetensorError, safe_open
 
 from ..config import ModelArgs, RopeScaling
 from ..errors import LlamaChatError
@@ -23,9 +22,9 @@ from .checkpoint import (
     Checkpoint, TensorNames, Weight, assemble_state_dict, checked_float, expected_shapes, read_json_object,
 )
 from .meta import load_tokenizer_model, load_torch_file
+from .safetensors_file import DTYPES as SAFETENSORS_FLOAT_TYPES
+from .safetensors_file import SafetensorsFile
 from .stored import TensorMatrix
-
-SAFETENSORS_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
 
@@ -178,17 +177,17 @@ class WeightFiles(Mapping):
             tensor = checked_float(source[name], name, path)
             self._check_shape(name, tuple(tensor.shape), path)
             return TensorMatrix.of(tensor) if tensor.ndim == 2 else tensor
-        stored = source.get_slice(name)
-        shape = tuple(stored.get_shape())
+        if name not in source:
+            raise LlamaChatError(f"{path}: has no tensor {name!r}, though the weight index says it does")
+        shape, dtype = source.shape(name), source.dtype_name(name)
         self._check_shape(name, shape, path)
-        if stored.get_dtype() not in SAFETENSORS_FLOAT_TYPES:
+        if dtype not in SAFETENSORS_FLOAT_TYPES:
             raise LlamaChatError(
-                f"{path}: tensor {name!r} is {stored.get_dtype()}; llama-chat loads float32, float16 or bfloat16 weights"
+                f"{path}: tensor {name!r} is {dtype}; llama-chat loads float32, float16 or bfloat16 weights"
             )
         if len(shape) == 2:
-            itemsize = 4 if stored.get_dtype() == "F32" else 2
-            return TensorMatrix(shape, lambda start, stop: stored[start:stop], itemsize * shape[0] * shape[1])
-        return stored[:]
+            return TensorMatrix(shape, lambda start, stop: source.rows(name, start, stop), source.nbytes(name))
+        return source.rows(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._locations  # without reading the tensor
@@ -208,7 +207,7 @@ class WeightFiles(Mapping):
         if path not in self._opened:
             if not path.is_file():
                 raise LlamaChatError(f"{path}: no such file, though the weight index names it")
-            self._opened[path] = load_torch_file(path) if path.suffix == ".bin" else _safe_open(path)
+            self._opened[path] = load_torch_file(path) if path.suffix == ".bin" else SafetensorsFile(path)
         return self._opened[path]
 
 
@@ -226,7 +225,7 @@ def _weight_files(directory: Path, args: ModelArgs) -> WeightFiles:
         return WeightFiles(directory, locations, expected_shapes(args, HF_NAMES))
     safetensors_path = directory / "model.safetensors"
     if safetensors_path.is_file():
-        opened = _safe_open(safetensors_path)
+        opened = SafetensorsFile(safetensors_path)
         return WeightFiles(directory, dict.fromkeys(opened.keys(), safetensors_path),
                            expected_shapes(args, HF_NAMES), {safetensors_path: opened})
     bin_path = directory / "pytorch_model.bin"
@@ -237,13 +236,6 @@ def _weight_files(directory: Path, args: ModelArgs) -> WeightFiles:
     raise LlamaChatError(
         f"{directory}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
     )
-
-
-def _safe_open(path: Path):
-    try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except (SafetensorError, OSError) as error:
-        raise LlamaChatError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def _load_tokenizer(directory: Path, tokenizer_config: Mapping, end_ids: Iterable[int]) -> Tokenizer:
