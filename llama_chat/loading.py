@@ -207,10 +207,12 @@ def build_packed_transformer(
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
     with progress.item("tok_embeddings", embedding):
         table = Int8Table(embedding)
+        return_freed_memory()
     transformer.tok_embeddings = PackedEmbedding(table, paths.compute_dtype)
     if head is not embedding:
         with progress.item("output", head):
             table = Int8Table(head)
+            return_freed_memory()
     transformer.output = PackedHead(table)
     for name, weight in tensors.items():
         module_name, _, attribute = name.rpartition(".")

@@ -191,8 +191,6 @@ class PackedLinear(nn.Module):
             self.packed[start:stop] = pack_int4(groups.levels)
             self.scales_and_zeros[:, start:stop, 0] = groups.scales.t()
             self.scales_and_zeros[:, start:stop, 1] = groups.zeros.t()
-            del rows, groups
-            return_freed_memory()
 
     def _pack_int8(self, source: StoredMatrix) -> None:
         self.weight_int8 = torch.empty(self.out_features, self.in_features, dtype=torch.int8)
@@ -203,7 +201,6 @@ class PackedLinear(nn.Module):
             self.weight_int8[start:stop], self.scales[start:stop] = int8_rows(
                 as_float(source.rows(start, stop)), self.kernel_dtype
             )
-            return_freed_memory()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() != x.shape[-1]:
@@ -252,7 +249,6 @@ class Int8Table(nn.Module):
             self.weight_int8[start:stop], self.scales[start:stop] = int8_rows(
                 as_float(source.rows(start, stop)), torch.float32
             )
-            return_freed_memory()
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return (self.weight_int8[ids].float() * self.scales[ids, None]).to(dtype)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..config import ModelArgs, RopeScaling
@@ -29,6 +29,8 @@ from ..model import rope_inverse_frequencies
 from ..tokenizer_gguf import tokenizer_from_gguf_metadata
 from .checkpoint import Checkpoint, TensorNames, Weight, assemble_state_dict, expected_shapes
 from .gguf_blocks import FOUR_BIT_TYPES, int4_groups
+from .gguf_file import MAGIC as GGUF_MAGIC
+from .gguf_file import TensorInfo, read_gguf_header
 from .stored import Rows, StoredMatrix
 
 # Types gguf.quants can dequantise that make sense for weights.
@@ -41,7 +43,6 @@ SUPPORTED_TYPES = frozenset(
     )
 )
 
-GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 ROPE_FREQS = "rope_freqs.weight"
 
 GGUF_NAMES = TensorNames(
@@ -71,7 +72,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
     _check_types(stored, source)
     tokenizer = tokenizer_from_gguf_metadata(metadata, source)
     tokens = metadata["tokenizer.ggml.tokens"]
-    rope_factors = _vector(stored[ROPE_FREQS]).double() if ROPE_FREQS in stored else None
+    rope_factors = _vector(stored[ROPE_FREQS], source).double() if ROPE_FREQS in stored else None
     args = args_from_gguf_metadata(
         metadata,
         vocab_size=len(tokens),
@@ -92,30 +93,23 @@ def load_gguf(path: str | Path) -> Checkpoint:
     )
 
 
-def _layer_weight_type(stored: Mapping[str, ReaderTensor]) -> str:
+def _layer_weight_type(stored: Mapping[str, TensorInfo]) -> str:
     """The type most of the blocks' matrices are stored as."""
     types = Counter(t.tensor_type.name for name, t in stored.items() if name.startswith("blk.") and len(t.shape) == 2)
     return types.most_common(1)[0][0] if types else "F32"
 
 
-def _read(path: Path) -> tuple[dict[str, Any], dict[str, ReaderTensor]]:
-    """The file's metadata as Python values, and its tensors (still mapped from the file)."""
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """The file's metadata as Python values, and where its tensors lie."""
     if not path.is_file():
         raise LlamaChatError(f"{path}: no such file")
     with path.open("rb") as file:
         if file.read(4) != GGUF_MAGIC:
             raise LlamaChatError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
-    try:
-        reader = GGUFReader(path)
-        fields = reader.fields.items()
-        metadata = {name: field.contents() for name, field in fields if not name.startswith("GGUF.")}
-    # A truncated or damaged file fails wherever the reader runs out of bytes or meets nonsense.
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError):
-        raise LlamaChatError(f"{path}: the GGUF file is truncated or corrupt; download it again") from None
-    return metadata, {tensor.name: tensor for tensor in reader.tensors}
+    return read_gguf_header(path)
 
 
-def _check_types(stored: Mapping[str, ReaderTensor], source: str) -> None:
+def _check_types(stored: Mapping[str, TensorInfo], source: str) -> None:
     for name, tensor in stored.items():
         if tensor.tensor_type not in SUPPORTED_TYPES:
             raise LlamaChatError(
@@ -221,7 +215,7 @@ def llama3_scaling_from_factors(
 
 
 def convert_gguf_tensors(
-    stored: Mapping[str, ReaderTensor], args: ModelArgs, source: str = "model.gguf"
+    stored: Mapping[str, TensorInfo], args: ModelArgs, source: str = "model.gguf"
 ) -> dict[str, Weight]:
     """GGUF tensors under our names and layout: vectors read now, matrices when asked for."""
     shapes = expected_shapes(args, GGUF_NAMES)
@@ -232,49 +226,55 @@ def convert_gguf_tensors(
     def take(name: str) -> Weight:
         if name not in stored:
             raise LlamaChatError(f"{source} is missing tensor {name}; the file is incomplete")
-        shape = tuple(int(d) for d in reversed(stored[name].shape.tolist()))
+        shape = stored[name].shape
         if shape != shapes[name]:
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
-        return GGUFMatrix(stored[name], source) if len(shape) == 2 else _vector(stored[name])
+        return GGUFMatrix(stored[name], source) if len(shape) == 2 else _vector(stored[name], source)
 
     # llama.cpp's converter stores q/k rows in the interleaved rotary layout.
     return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=True)
 
 
-def _vector(tensor: ReaderTensor) -> torch.Tensor:
-    """A 1-D tensor (a norm's gains, rotary factors) as float32, copied out of the file."""
-    return torch.from_numpy(_float_rows(tensor.data, tensor.tensor_type).reshape(-1))
+def _vector(tensor: TensorInfo, path: str) -> torch.Tensor:
+    """A 1-D tensor (a norm's gains, rotary factors) as float32."""
+    raw = _read_bytes(path, tensor.offset, tensor.n_bytes)[None]
+    return torch.from_numpy(_float_rows(raw, tensor.tensor_type).reshape(-1))
+
+
+def _read_bytes(path: str, offset: int, count: int) -> np.ndarray:
+    with open(path, "rb") as file:
+        file.seek(offset)
+        data = file.read(count)
+    if len(data) != count:
+        raise LlamaChatError(f"{path}: the GGUF file is truncated or corrupt; download it again")
+    return np.frombuffer(data, dtype=np.uint8)
 
 
 def _float_rows(raw: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarray:
+    """Raw bytes [rows, bytes per row] of any supported type as float32 [rows, columns]."""
     if tensor_type == GGMLQuantizationType.F32:
-        return np.array(raw, dtype=np.float32)  # a copy: the file stays mapped read-only
+        return raw.view(np.float32).copy()  # writable: torch.from_numpy would warn otherwise
     if tensor_type == GGMLQuantizationType.F16:
-        return np.array(raw, dtype=np.float16).astype(np.float32)
+        return raw.view(np.float16).astype(np.float32)
     return dequantize(raw, tensor_type)
 
 
 class GGUFMatrix(StoredMatrix):
     """A matrix of a GGUF file, read and decoded a block of rows at a time."""
 
-    def __init__(self, tensor: ReaderTensor, path: str) -> None:
+    def __init__(self, tensor: TensorInfo, path: str) -> None:
         self.tensor = tensor
         self.path = path
-        self.shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        self.shape = tensor.shape
         self.row_bytes = tensor.n_bytes // self.shape[0]
         self.type_name = tensor.tensor_type.name
         self.four_bit = self.type_name in FOUR_BIT_TYPES
         self.stored_bytes = int(tensor.n_bytes)
 
     def rows(self, start: int, stop: int) -> Rows:
-        with open(self.path, "rb") as file:
-            file.seek(self.tensor.data_offset + start * self.row_bytes)
-            data = file.read((stop - start) * self.row_bytes)
-        if len(data) != (stop - start) * self.row_bytes:
-            raise LlamaChatError(f"{self.path}: the GGUF file is truncated or corrupt; download it again")
-        raw = np.frombuffer(data, dtype=np.uint8).reshape(stop - start, self.row_bytes)
-        if self.tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            raw = raw.view(np.float32 if self.tensor.tensor_type == GGMLQuantizationType.F32 else np.float16)
+        count = stop - start
+        raw = _read_bytes(self.path, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
+        raw = raw.reshape(count, self.row_bytes)
         if self.four_bit:
             return int4_groups(raw, self.type_name, self.shape[1])
         return torch.from_numpy(_float_rows(raw, self.tensor.tensor_type).reshape(stop - start, self.shape[1]))
