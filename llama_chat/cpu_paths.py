@@ -1,13 +1,17 @@
 """Which dtypes a packed model computes in on this CPU, decided by measuring, not assuming.
 
-Two choices matter, and CPUs differ on both by up to a hundred times:
+Three choices matter, and CPUs differ on them by up to a hundred times:
 - the compute dtype: activations, the KV cache, and the matrix products of prompt steps
   (bfloat16 is several times faster than float32 with AMX or AVX-512-BF16 and about ten
   times slower where it is emulated, on AVX2);
-- the kernel dtype: what the packed int4/int8 kernels take for single-token steps.
-A short probe times both candidates of each at the model's own widths, and the choice is
-kept per CPU model, PyTorch version and shape in the cache folder. LLAMA_CHAT_DTYPE and
-LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) force either one.
+- the kernel dtype: what the packed int4/int8 kernels take (the kernels of one PyTorch
+  build can be a hundred times slower in one dtype than in the other);
+- up to how many tokens a step runs the packed kernels rather than dequantising each
+  weight and multiplying (a chat turn of 20 tokens is faster one way, a long prompt the other).
+A short probe times the candidates at the model's own widths, on one thread, and the
+result is kept per CPU model, PyTorch version and shape in the cache folder.
+LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
+LLAMA_CHAT_KERNEL_ROWS force them.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import torch
 from .config import ModelArgs
 from .device import DTYPES
 from .errors import DeviceError
-from .packed import GROUP, pack_int4
+from .checkpoints.stored import TensorMatrix
+from .packed import PackedLinear, Scratch
 from .weights import cache_root
 
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the compute dtype is timed at
 PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole layer, is wanted
+MAX_KERNEL_ROWS = 512  # a prompt step's rows at most (Llama.feed's chunk)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -41,6 +47,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 class CpuPaths:
     compute_dtype: torch.dtype
     kernel_dtype: torch.dtype
+    kernel_rows: int  # steps of up to this many tokens use the packed kernels
     reason: str  # how each was chosen, for people
 
     def describe(self) -> str:
@@ -49,7 +56,7 @@ class CpuPaths:
             dtypes = f"{dtype_name(self.compute_dtype)} compute and kernels"
         else:
             dtypes = f"{dtype_name(self.compute_dtype)} compute, {dtype_name(self.kernel_dtype)} kernels"
-        return f"{dtypes}; {self.reason}"
+        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step; {self.reason}"
 
 
 def cpu_model_name() -> str:
@@ -92,44 +99,58 @@ def fastest_of(calls: dict[str, Callable[[], object]], budget: float = 0.4) -> d
     return best
 
 
-def measure(args: ModelArgs, mode: str) -> dict[str, float]:
-    """Seconds per call of each candidate, at the model's feed-forward widths, on one thread:
-    what separates the candidates is how each core computes them, and a single thread does
-    not wait on a second one that the machine is busy elsewhere with."""
+def one_thread(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """Times taken on one thread: what separates the candidates is how each core computes
+    them, and a single thread does not wait on a second one the machine is busy elsewhere with."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return fastest_of(candidates(args, mode))
+        return measure()
     finally:
         torch.set_num_threads(threads)
 
 
-def candidates(args: ModelArgs, mode: str) -> dict[str, Callable[[], object]]:
-    """The calls the probe times: a prompt step's product and a packed single-token kernel,
-    in each candidate dtype."""
-    generator = torch.Generator().manual_seed(0)
+def probe_layer(args: ModelArgs, mode: str, kernel_dtype: torch.dtype) -> PackedLinear:
+    """A packed layer of random weights at the model's feed-forward widths."""
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
-    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
-    levels = torch.randint(0, 16, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
+    return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype, kernel_rows=PROBE_ROWS)
+
+
+def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
+    """Seconds per call of a prompt step's matrix product and of a packed single-token
+    kernel, in each candidate dtype."""
     calls = {}
     for dtype in CANDIDATES:
-        rows = torch.randn(PROBE_ROWS, in_features, generator=generator).to(dtype)
-        dense = weight.to(dtype)
+        layer = probe_layer(args, mode, dtype)
+        rows = torch.randn(PROBE_ROWS, args.dim).to(dtype)
+        dense = layer.dequantize(dtype).clone()
         calls[f"prompt steps {dtype_name(dtype)}"] = lambda rows=rows, dense=dense: rows @ dense.t()
-        one = rows[:1].clone()
-        if mode == "int4":
-            packed = pack_int4(levels)
-            scales_and_zeros = torch.rand(in_features // GROUP, out_features, 2, generator=generator).to(dtype)
-            calls[f"kernels {dtype_name(dtype)}"] = lambda one=one, sz=scales_and_zeros: (
-                torch.ops.aten._weight_int4pack_mm_for_cpu(one, packed, GROUP, sz)
-            )
-        else:
-            int8 = (levels.to(torch.int8) - 8).contiguous()
-            scales = torch.rand(out_features, generator=generator).to(dtype)
-            calls[f"kernels {dtype_name(dtype)}"] = lambda one=one, scales=scales: (
-                torch.ops.aten._weight_int8pack_mm(one, int8, scales)
-            )
-    return calls
+        calls[f"kernels {dtype_name(dtype)}"] = lambda layer=layer, one=rows[:1].clone(): layer(one)
+    return one_thread(lambda: fastest_of(calls))
+
+
+def measure_rows(args: ModelArgs, mode: str, compute: torch.dtype, kernel: torch.dtype) -> dict[str, float]:
+    """Seconds for PROBE_ROWS rows through the packed kernel, and to dequantise the weight."""
+    layer = probe_layer(args, mode, kernel)
+    rows = torch.randn(PROBE_ROWS, args.dim)
+    return one_thread(lambda: fastest_of({
+        "kernel rows": lambda: layer(rows),
+        "dequantise": lambda: layer.dequantize(compute),
+    }))
+
+
+def kernel_rows(dtype_times: dict[str, float], row_times: dict[str, float], compute: torch.dtype,
+                kernel: torch.dtype) -> int:
+    """The most rows for which the packed kernel beats dequantising and multiplying, from
+    straight lines through the times measured at one row and at PROBE_ROWS rows."""
+    one = dtype_times[f"kernels {dtype_name(kernel)}"]
+    kernel_slope = (row_times["kernel rows"] - one) / (PROBE_ROWS - 1)
+    dense_slope = dtype_times[f"prompt steps {dtype_name(compute)}"] / PROBE_ROWS
+    if kernel_slope <= dense_slope:
+        return MAX_KERNEL_ROWS
+    crossing = (row_times["dequantise"] - one + kernel_slope) / (kernel_slope - dense_slope)
+    return int(min(MAX_KERNEL_ROWS, max(1, crossing)))
 
 
 def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
@@ -139,43 +160,61 @@ def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
     return winner, f"{kind} {ratio:.1f}x faster in {dtype_name(winner)} than {dtype_name(loser)}"
 
 
+def choose_cpu_paths(args: ModelArgs, mode: str, compute: str | None = None, kernel: str | None = None) -> CpuPaths:
+    """The compute and kernel dtypes, and the kernel's row limit, for a packed model of
+    these shapes on this CPU."""
+    forced_compute = forced_dtype(compute or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
+    forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
+    forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
+    if forced_compute and forced_kernel and forced_rows:
+        return CpuPaths(forced_compute, forced_kernel, forced_rows, "forced")
+    shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
+    dtype_times = remembered(shape, lambda: measure_dtypes(args, mode))
+    compute_dtype, compute_reason = (
+        (forced_compute, "compute dtype forced") if forced_compute else _faster(dtype_times, "prompt steps")
+    )
+    kernel_dtype, kernel_reason = (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels")
+    if forced_rows:
+        rows = forced_rows
+    else:
+        row_times = remembered(f"{shape} {dtype_name(compute_dtype)} {dtype_name(kernel_dtype)}",
+                               lambda: measure_rows(args, mode, compute_dtype, kernel_dtype))
+        rows = kernel_rows(dtype_times, row_times, compute_dtype, kernel_dtype)
+    return CpuPaths(compute_dtype, kernel_dtype, rows, f"measured here: {compute_reason}, {kernel_reason}")
+
+
+def forced_row_limit(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise DeviceError(f"LLAMA_CHAT_KERNEL_ROWS={value!r}: give a whole number of tokens, 1 or more")
+    return rows
+
+
 def _probe_file() -> Path | None:
     root = cache_root()
     return None if root is None else root / "cpu-paths.json"
 
 
-def choose_cpu_paths(args: ModelArgs, mode: str, compute: str | None = None, kernel: str | None = None) -> CpuPaths:
-    """The compute and kernel dtypes for a packed model of these shapes on this CPU."""
-    forced_compute = forced_dtype(compute or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
-    forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
-    if forced_compute and forced_kernel:
-        return CpuPaths(forced_compute, forced_kernel, "both forced")
-    times = cached_measurement(args, mode)
-    compute_dtype, compute_reason = (
-        (forced_compute, "compute dtype forced") if forced_compute else _faster(times, "prompt steps")
-    )
-    kernel_dtype, kernel_reason = (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(times, "kernels")
-    return CpuPaths(compute_dtype, kernel_dtype, f"measured here: {compute_reason}, {kernel_reason}")
-
-
-def cached_measurement(args: ModelArgs, mode: str) -> dict[str, float]:
-    """measure(), remembered per CPU model, capability, PyTorch version and shape."""
-    key = "|".join([
-        cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, mode, f"{args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}",
-    ])
+def remembered(what: str, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """measure(), kept in the cache folder per CPU model, capability, PyTorch version and `what`."""
+    key = " | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, what])
     path = _probe_file()
-    known = {}
+    known: dict = {}
     if path is not None:
         try:
             known = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             known = {}
-    expected = {f"{kind} {dtype_name(dtype)}" for kind in ("prompt steps", "kernels") for dtype in CANDIDATES}
-    entry = known.get(key) if isinstance(known, dict) else None
-    if isinstance(entry, dict) and set(entry) == expected and all(isinstance(v, float) for v in entry.values()):
-        return entry
     known = known if isinstance(known, dict) else {}
-    times = measure(args, mode)
+    entry = known.get(key)
+    if isinstance(entry, dict) and entry and all(isinstance(v, float) for v in entry.values()):
+        return entry
+    times = measure()
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from .cpu_paths import CpuPaths, choose_cpu_paths
 from .device import DTYPES, resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
-from .model import Transformer, rope_tables
+from .model import Transformer
 from .packed import (
     Int8Table, PackedEmbedding, PackedHead, PackedLinear, Scratch, int4_layout, int8_kernels_available,
     return_freed_memory,
@@ -181,8 +181,7 @@ def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch
         raise LlamaChatError(f"the checkpoint's tensors do not fit the model: {detail}") from None
     if checkpoint.args.tie_embeddings:
         transformer.output.weight = transformer.tok_embeddings.weight
-    set_rope_tables(transformer, device)
-    return transformer
+    return transformer.to(device)  # the weights are there already; this moves the rotary tables
 
 
 def layer_matrix_modes(checkpoint: Checkpoint, quantize: str) -> dict[str, str]:
@@ -220,20 +219,13 @@ def build_packed_transformer(
             continue
         with progress.item(module_name, weight):
             if name in modes:
-                packed = PackedLinear(weight, modes[name], paths.kernel_dtype, scratch)
+                packed = PackedLinear(weight, modes[name], scratch, paths.kernel_dtype, paths.kernel_rows)
                 transformer.set_submodule(module_name, packed)
                 return_freed_memory()
             else:
                 vector = nn.Parameter(weight.to(paths.compute_dtype), requires_grad=False)
                 setattr(transformer.get_submodule(module_name), attribute, vector)
-    set_rope_tables(transformer, torch.device("cpu"))
     return transformer
-
-
-def set_rope_tables(transformer: Transformer, device: torch.device) -> None:
-    """Real rotary tables for a Transformer made on the meta device."""
-    cos, sin = rope_tables(transformer.args, transformer.args.max_seq_len)
-    transformer.rope_cos, transformer.rope_sin = cos.to(device), sin.to(device)
 
 
 def stored_bytes(weight) -> int:

@@ -51,7 +51,8 @@ class RMSNorm(nn.Module):
 
 def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
     """The rotation speed of each pair of features, after any rope scaling (float64)."""
-    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim
+    # On the cpu even while a model is laid out on the meta device (loading does that).
+    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.float64, device="cpu") / args.head_dim
     inv_freq = 1.0 / (args.rope_theta**exponents)
     scaling = args.rope_scaling
     if scaling.kind == "linear":
@@ -77,7 +78,7 @@ def rope_tables(args: ModelArgs, length: int) -> tuple[torch.Tensor, torch.Tenso
     The middle axis broadcasts over heads. The sin table's first half is negated, so that
     rotating is x*cos + swap_halves(x)*sin: (x1, x2) becomes (x1*cos - x2*sin, x2*cos + x1*sin).
     """
-    positions = torch.arange(length, dtype=torch.float64)
+    positions = torch.arange(length, dtype=torch.float64, device="cpu")
     angles = torch.outer(positions, rope_inverse_frequencies(args))
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([cos, cos], dim=-1).float()[:, None], torch.cat([-sin, sin], dim=-1).float()[:, None]

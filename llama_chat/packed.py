@@ -44,11 +44,13 @@ class Int4Layout:
             return tensor.unflatten(axis, (-1, 2)).unbind(axis + 1)
         return tensor.split(self.block // 2, dim=axis)
 
-    def unpack_transposed(self, packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Levels of packed [rows, columns/2] written into out [columns, rows] (any dtype)."""
+    def unpack_transposed(self, packed: torch.Tensor, out: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Levels of packed [rows, columns/2], columns start.. (as many as out holds), written
+        into out [those columns, rows] (any dtype)."""
         rows, half = packed.shape
-        blocks = packed.view(rows // self.block, 2 * half, self.block // 2).transpose(0, 1)
-        low, high = self._halves(out.view(2 * half, rows // self.block, self.block), 2)
+        count = out.shape[0]
+        blocks = packed.view(rows // self.block, 2 * half, self.block // 2).transpose(0, 1)[start : start + count]
+        low, high = self._halves(out.view(count, rows // self.block, self.block), 2)
         low.copy_(blocks & 15)
         high.copy_(blocks >> 4)
         return out
@@ -112,16 +114,17 @@ def int8_kernels_available() -> bool:
 
 
 class Scratch:
-    """One buffer that every PackedLinear of a model dequantises into, grown as needed."""
+    """The buffers every PackedLinear of a model dequantises into, each grown as needed:
+    one for whole weights (per dtype) and a small float32 one for a chunk of a weight."""
 
     def __init__(self) -> None:
-        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
-    def take(self, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    def take(self, shape: tuple[int, int], dtype: torch.dtype, purpose: str = "weight") -> torch.Tensor:
         size = math.prod(shape)
-        buffer = self._buffers.get(dtype)
+        buffer = self._buffers.get((purpose, dtype))
         if buffer is None or buffer.numel() < size:
-            buffer = self._buffers[dtype] = torch.empty(size, dtype=dtype)
+            buffer = self._buffers[purpose, dtype] = torch.empty(size, dtype=dtype)
         return buffer[:size].view(shape)
 
 
@@ -160,16 +163,19 @@ def chunk_rows(source: StoredMatrix, alignment: int) -> int:
 class PackedLinear(nn.Module):
     """y = x W^T with W held once, as int4 groups or int8 rows.
 
-    One row of x goes through PyTorch's packed kernel in `kernel_dtype` (which the
-    scales are kept in); more rows multiply a dequantised copy in x's dtype, made in
-    the shared scratch buffer.
+    Up to `kernel_rows` rows of x go through PyTorch's packed kernel in `kernel_dtype`
+    (which the scales are kept in); more rows multiply a dequantised copy in x's dtype,
+    made in the shared scratch buffer. Where one beats the other is measured (cpu_paths).
     """
 
-    def __init__(self, source: StoredMatrix, mode: str, kernel_dtype: torch.dtype, scratch: Scratch) -> None:
+    def __init__(
+        self, source: StoredMatrix, mode: str, scratch: Scratch, kernel_dtype: torch.dtype, kernel_rows: int = 1
+    ) -> None:
         super().__init__()
         self.mode = mode
         self.out_features, self.in_features = source.shape
         self.kernel_dtype = kernel_dtype
+        self.kernel_rows = kernel_rows
         self.scratch = scratch
         if mode == "int4":
             self._pack_int4(source)
@@ -203,14 +209,15 @@ class PackedLinear(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != x.shape[-1]:
-            flat = x.reshape(-1, self.in_features)
-            return (flat @ self.dequantize(x.dtype).t()).view(*x.shape[:-1], self.out_features)
-        flat = x.reshape(1, self.in_features).to(self.kernel_dtype)
-        if self.mode == "int4":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] > self.kernel_rows:
+            out = flat @ self.dequantize(x.dtype).t()
+        elif self.mode == "int4":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat.to(self.kernel_dtype), self.packed, GROUP, self.scales_and_zeros
+            )
         else:
-            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+            out = torch.ops.aten._weight_int8pack_mm(flat.to(self.kernel_dtype), self.weight_int8, self.scales)
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
@@ -218,17 +225,36 @@ class PackedLinear(nn.Module):
 
         int4 weights unpack fastest into W^T (the kernel stores blocks of rows column by
         column), so they come back as a transposed view, which a matrix product takes as is.
+        The arithmetic runs in float32 a chunk at a time: bfloat16 arithmetic that
+        broadcasts the scales is many times slower on CPUs.
         """
         if self.mode == "int8":
-            weight = self.scratch.take((self.out_features, self.in_features), dtype)
-            return torch.mul(self.weight_int8, self.scales.to(dtype)[:, None], out=weight)
-        transposed = self.scratch.take((self.in_features, self.out_features), dtype)
-        int4_layout().unpack_transposed(self.packed, transposed)
-        scales, zeros = self.scales_and_zeros.to(dtype).unbind(-1)  # [in/32, out] each
+            shape = (self.out_features, self.in_features)
+        else:
+            shape = (self.in_features, self.out_features)
+        weight = self.scratch.take(shape, dtype)
+        step = max(GROUP, CHUNK_WEIGHTS // shape[1] // GROUP * GROUP)
+        for start in range(0, shape[0], step):
+            stop = min(start + step, shape[0])
+            chunk = weight[start:stop] if dtype == torch.float32 else self.scratch.take(
+                (stop - start, shape[1]), torch.float32, "chunk"
+            )
+            self._dequantize_rows(start, chunk)
+            if chunk.data_ptr() != weight[start:stop].data_ptr():
+                weight[start:stop].copy_(chunk)
+        return weight if self.mode == "int8" else weight.t()
+
+    def _dequantize_rows(self, start: int, out: torch.Tensor) -> None:
+        """Rows start.. of the int8 weight, or of the int4 weight's transpose, into float32 out."""
+        stop = start + out.shape[0]
+        if self.mode == "int8":
+            torch.mul(self.weight_int8[start:stop], self.scales[start:stop, None].float(), out=out)
+            return
+        int4_layout().unpack_transposed(self.packed, out, start)
+        scales, zeros = self.scales_and_zeros[start // GROUP : stop // GROUP].float().unbind(-1)
         # (level - 8) * scale + zero, as level * scale + (zero - 8 * scale)
-        grouped = transposed.view(-1, GROUP, self.out_features)
-        grouped.mul_(scales[:, None]).add_((zeros - 8 * scales)[:, None])
-        return transposed.t()
+        grouped = out.view(-1, GROUP, self.out_features)
+        torch.addcmul((zeros - 8 * scales)[:, None], grouped, scales[:, None], out=grouped)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.mode}, kernel {self.kernel_dtype}"

@@ -90,7 +90,7 @@ def test_int4_layout_is_read_off_each_cpu_capability(capability):
 @pytest.mark.parametrize("kernel_dtype", [torch.bfloat16, torch.float32])
 def test_int4_groups_pack_without_loss_on_both_paths(kernel_dtype):
     groups = exact_groups(128, 96)
-    layer = PackedLinear(GroupsMatrix(groups), "int4", kernel_dtype, Scratch())
+    layer = PackedLinear(GroupsMatrix(groups), "int4", Scratch(), kernel_dtype)
     weight = groups.dequantize()
     torch.testing.assert_close(layer.dequantize(torch.float32), weight, atol=0, rtol=0)
     x = torch.randn(1, 96)
@@ -152,12 +152,15 @@ def q4_file(tmp_path_factory):
 @pytest.mark.parametrize("quantize", ["int4", "int8"])
 @pytest.mark.parametrize("compute", ["bfloat16", "float32"])
 @pytest.mark.parametrize("kernel", ["bfloat16", "float32"])
-def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, compute, kernel):
+@pytest.mark.parametrize("kernel_rows", ["1", "512"])
+def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, compute, kernel, kernel_rows,
+                                                           monkeypatch):
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", kernel_rows)  # the prompt step dequantises, or not
     model = llama_chat.load(q4_file, device="cpu", quantize=quantize, dtype=compute, kernel_dtype=kernel)
     assert model.quantization == quantize and model.dtype == getattr(torch, compute)
     reference = dense_reference(model).logits(IDS)
     cache = model.new_cache(64)
-    prompt = model.feed(cache, IDS[:12])  # a prompt step: dequantised matrices
+    prompt = model.feed(cache, IDS[:12])  # a prompt step: dequantised matrices or the kernels
     steps = [model.feed(cache, [token]) for token in IDS[12:]]  # single tokens: packed kernels
     logits = torch.stack([prompt, *steps])
     assert logits.dtype == torch.float32
@@ -179,14 +182,22 @@ def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
 def test_forced_paths_skip_the_probe_and_say_so(monkeypatch):
     from llama_chat import cpu_paths
 
-    monkeypatch.setattr(cpu_paths, "measure", lambda *_: pytest.fail("measured although both were forced"))
+    def no_measuring(*_):
+        raise AssertionError("measured although every choice was forced")
+
+    monkeypatch.setattr(cpu_paths, "measure_dtypes", no_measuring)
+    monkeypatch.setattr(cpu_paths, "measure_rows", no_measuring)
     monkeypatch.setenv("LLAMA_CHAT_DTYPE", "float32")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_DTYPE", "bfloat16")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "7")
     paths = choose_cpu_paths(tiny_args_for_probe(), "int4")
-    assert (paths.compute_dtype, paths.kernel_dtype) == (torch.float32, torch.bfloat16)
+    assert (paths.compute_dtype, paths.kernel_dtype, paths.kernel_rows) == (torch.float32, torch.bfloat16, 7)
     assert "forced" in paths.describe()
     with pytest.raises(LlamaChatError, match="float16"):
         choose_cpu_paths(tiny_args_for_probe(), "int4", compute="float16")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "0")
+    with pytest.raises(LlamaChatError, match="LLAMA_CHAT_KERNEL_ROWS"):
+        choose_cpu_paths(tiny_args_for_probe(), "int4")
 
 
 def tiny_args_for_probe():
@@ -195,35 +206,46 @@ def tiny_args_for_probe():
     return tiny_args(dim=64, n_heads=4, hidden_dim=96)
 
 
-def test_the_probe_is_measured_once_and_its_choice_follows_the_times(monkeypatch, tmp_path):
+def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch, tmp_path):
     from llama_chat import cpu_paths
 
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
     calls = []
 
-    def fake_measure(args, mode):
+    def fake_dtypes(args, mode):
         calls.append(mode)
+        # Per call: a 64-row prompt step, and one row through the packed kernel.
         return {"prompt steps bfloat16": 3.0, "prompt steps float32": 1.0,
-                "kernels bfloat16": 1.0, "kernels float32": 9.0}
+                "kernels bfloat16": 0.1, "kernels float32": 0.9}
 
-    monkeypatch.setattr(cpu_paths, "measure", fake_measure)
+    def fake_rows(args, mode, compute, kernel):
+        calls.append((compute, kernel))
+        return {"kernel rows": 0.1 + 63 * 0.1, "dequantise": 2.0}
+
+    monkeypatch.setattr(cpu_paths, "measure_dtypes", fake_dtypes)
+    monkeypatch.setattr(cpu_paths, "measure_rows", fake_rows)
     first = choose_cpu_paths(tiny_args_for_probe(), "int4")
     second = choose_cpu_paths(tiny_args_for_probe(), "int4")
-    assert calls == ["int4"]  # the second came from the cache file
+    assert calls == ["int4", (torch.float32, torch.bfloat16)]  # the second came from the cache file
     assert first == second
     assert (first.compute_dtype, first.kernel_dtype) == (torch.float32, torch.bfloat16)
+    # kernel: 0.1 s a row; dequantise and multiply: 2.0 + rows / 64 s; they cross at 23.7 rows.
+    assert first.kernel_rows == 23
     assert "3.0x faster in float32" in first.describe() and "9.0x faster in bfloat16" in first.describe()
     (tmp_path / "cpu-paths.json").write_text("{not json")
     choose_cpu_paths(tiny_args_for_probe(), "int4")
-    assert calls == ["int4", "int4"]  # a damaged cache is measured again, not an error
+    assert len(calls) == 4  # a damaged cache is measured again, not an error
     assert json.loads((tmp_path / "cpu-paths.json").read_text())
 
 
 def test_real_probe_times_every_candidate():
-    from llama_chat.cpu_paths import measure
+    from llama_chat.cpu_paths import measure_dtypes, measure_rows
 
-    times = measure(tiny_args_for_probe(), "int4" if int4_layout() else "int8")
-    assert set(times) == {"prompt steps bfloat16", "prompt steps float32", "kernels bfloat16", "kernels float32"}
+    mode = "int4" if int4_layout() else "int8"
+    times = measure_dtypes(tiny_args_for_probe(), mode)
+    times.update(measure_rows(tiny_args_for_probe(), mode, torch.float32, torch.bfloat16))
+    assert set(times) == {"prompt steps bfloat16", "prompt steps float32", "kernels bfloat16", "kernels float32",
+                          "kernel rows", "dequantise"}
     assert all(0 < t < 1 for t in times.values())
 
 
