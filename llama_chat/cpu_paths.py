@@ -37,6 +37,9 @@ CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the compute dtype is timed at
 PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole layer, is wanted
 MAX_KERNEL_ROWS = 512  # a prompt step's rows at most (Llama.feed's chunk)
+STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
+DTYPE_TIMES = frozenset(f"{kind} {dtype}" for kind in ("prompt steps", "kernels") for dtype in ("bfloat16", "float32"))
+ROW_TIMES = frozenset(f"{kind} {rows}" for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -114,7 +117,7 @@ def probe_layer(args: ModelArgs, mode: str, kernel_dtype: torch.dtype) -> Packed
     """A packed layer of random weights at the model's feed-forward widths."""
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
-    return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype, kernel_rows=PROBE_ROWS)
+    return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype)
 
 
 def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
@@ -131,26 +134,37 @@ def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
 
 
 def measure_rows(args: ModelArgs, mode: str, compute: torch.dtype, kernel: torch.dtype) -> dict[str, float]:
-    """Seconds for PROBE_ROWS rows through the packed kernel, and to dequantise the weight."""
+    """Seconds for a short and a long step through the packed kernel, and through
+    dequantising and multiplying."""
     layer = probe_layer(args, mode, kernel)
-    rows = torch.randn(PROBE_ROWS, args.dim)
-    return one_thread(lambda: fastest_of({
-        "kernel rows": lambda: layer(rows),
-        "dequantise": lambda: layer.dequantize(compute),
-    }))
+
+    def forward(rows: torch.Tensor, kernel_rows: int) -> torch.Tensor:
+        layer.kernel_rows = kernel_rows
+        return layer(rows)
+
+    calls = {}
+    for count in STEP_ROWS:
+        rows = torch.randn(count, args.dim).to(compute)
+        calls[f"kernel {count}"] = lambda rows=rows: forward(rows, MAX_KERNEL_ROWS)
+        calls[f"dequantise {count}"] = lambda rows=rows: forward(rows, 0)
+    return one_thread(lambda: fastest_of(calls))
 
 
-def kernel_rows(dtype_times: dict[str, float], row_times: dict[str, float], compute: torch.dtype,
-                kernel: torch.dtype) -> int:
-    """The most rows for which the packed kernel beats dequantising and multiplying, from
-    straight lines through the times measured at one row and at PROBE_ROWS rows."""
-    one = dtype_times[f"kernels {dtype_name(kernel)}"]
-    kernel_slope = (row_times["kernel rows"] - one) / (PROBE_ROWS - 1)
-    dense_slope = dtype_times[f"prompt steps {dtype_name(compute)}"] / PROBE_ROWS
+def kernel_rows(row_times: dict[str, float]) -> int:
+    """The most rows a step may have for the packed kernel to beat dequantising and
+    multiplying, from straight lines through each one's times at the two step sizes."""
+    short, long = STEP_ROWS
+
+    def line(kind: str) -> tuple[float, float]:
+        slope = (row_times[f"{kind} {long}"] - row_times[f"{kind} {short}"]) / (long - short)
+        return row_times[f"{kind} {short}"] - slope * short, slope
+
+    kernel_start, kernel_slope = line("kernel")
+    dense_start, dense_slope = line("dequantise")
     if kernel_slope <= dense_slope:
-        return MAX_KERNEL_ROWS
-    crossing = (row_times["dequantise"] - one + kernel_slope) / (kernel_slope - dense_slope)
-    return int(min(MAX_KERNEL_ROWS, max(1, crossing)))
+        return MAX_KERNEL_ROWS if kernel_start <= dense_start else 1
+    crossing = (dense_start - kernel_start) / (kernel_slope - dense_slope)
+    return int(min(MAX_KERNEL_ROWS, max(1, round(crossing, 6))))
 
 
 def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
@@ -169,7 +183,7 @@ def choose_cpu_paths(args: ModelArgs, mode: str, compute: str | None = None, ker
     if forced_compute and forced_kernel and forced_rows:
         return CpuPaths(forced_compute, forced_kernel, forced_rows, "forced")
     shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
-    dtype_times = remembered(shape, lambda: measure_dtypes(args, mode))
+    dtype_times = remembered(shape, lambda: measure_dtypes(args, mode), DTYPE_TIMES)
     compute_dtype, compute_reason = (
         (forced_compute, "compute dtype forced") if forced_compute else _faster(dtype_times, "prompt steps")
     )
@@ -178,8 +192,8 @@ def choose_cpu_paths(args: ModelArgs, mode: str, compute: str | None = None, ker
         rows = forced_rows
     else:
         row_times = remembered(f"{shape} {dtype_name(compute_dtype)} {dtype_name(kernel_dtype)}",
-                               lambda: measure_rows(args, mode, compute_dtype, kernel_dtype))
-        rows = kernel_rows(dtype_times, row_times, compute_dtype, kernel_dtype)
+                               lambda: measure_rows(args, mode, compute_dtype, kernel_dtype), ROW_TIMES)
+        rows = kernel_rows(row_times)
     return CpuPaths(compute_dtype, kernel_dtype, rows, f"measured here: {compute_reason}, {kernel_reason}")
 
 
@@ -200,8 +214,9 @@ def _probe_file() -> Path | None:
     return None if root is None else root / "cpu-paths.json"
 
 
-def remembered(what: str, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """measure(), kept in the cache folder per CPU model, capability, PyTorch version and `what`."""
+def remembered(what: str, measure: Callable[[], dict[str, float]], names: frozenset[str]) -> dict[str, float]:
+    """measure() (times under these names), kept in the cache folder per CPU model,
+    capability, PyTorch version and `what`."""
     key = " | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, what])
     path = _probe_file()
     known: dict = {}
@@ -212,7 +227,7 @@ def remembered(what: str, measure: Callable[[], dict[str, float]]) -> dict[str, 
             known = {}
     known = known if isinstance(known, dict) else {}
     entry = known.get(key)
-    if isinstance(entry, dict) and entry and all(isinstance(v, float) for v in entry.values()):
+    if isinstance(entry, dict) and set(entry) == names and all(isinstance(v, float) for v in entry.values()):
         return entry
     times = measure()
     if path is not None:

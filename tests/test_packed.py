@@ -220,7 +220,8 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
 
     def fake_rows(args, mode, compute, kernel):
         calls.append((compute, kernel))
-        return {"kernel rows": 0.1 + 63 * 0.1, "dequantise": 2.0}
+        # kernel: 0.1 s a row; dequantise and multiply: 2.0 s and 0.02 s a row.
+        return {"kernel 16": 1.6, "kernel 256": 25.6, "dequantise 16": 2.32, "dequantise 256": 7.12}
 
     monkeypatch.setattr(cpu_paths, "measure_dtypes", fake_dtypes)
     monkeypatch.setattr(cpu_paths, "measure_rows", fake_rows)
@@ -229,8 +230,7 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
     assert calls == ["int4", (torch.float32, torch.bfloat16)]  # the second came from the cache file
     assert first == second
     assert (first.compute_dtype, first.kernel_dtype) == (torch.float32, torch.bfloat16)
-    # kernel: 0.1 s a row; dequantise and multiply: 2.0 + rows / 64 s; they cross at 23.7 rows.
-    assert first.kernel_rows == 23
+    assert first.kernel_rows == 25  # the lines cross at 2.0 / (0.1 - 0.02) rows
     assert "3.0x faster in float32" in first.describe() and "9.0x faster in bfloat16" in first.describe()
     (tmp_path / "cpu-paths.json").write_text("{not json")
     choose_cpu_paths(tiny_args_for_probe(), "int4")
@@ -245,7 +245,7 @@ def test_real_probe_times_every_candidate():
     times = measure_dtypes(tiny_args_for_probe(), mode)
     times.update(measure_rows(tiny_args_for_probe(), mode, torch.float32, torch.bfloat16))
     assert set(times) == {"prompt steps bfloat16", "prompt steps float32", "kernels bfloat16", "kernels float32",
-                          "kernel rows", "dequantise"}
+                          "kernel 16", "kernel 256", "dequantise 16", "dequantise 256"}
     assert all(0 < t < 1 for t in times.values())
 
 

@@ -28,7 +28,10 @@ def _float16(raw: np.ndarray, start: int) -> np.ndarray:
 
 def _low_then_high(packed: np.ndarray) -> np.ndarray:
     """[blocks, 16] bytes to [blocks, 32] levels: the 16 low nibbles, then the 16 high ones."""
-    return np.concatenate([packed & 15, packed >> 4], axis=1)
+    levels = np.empty((packed.shape[0], 32), dtype=np.uint8)
+    np.bitwise_and(packed, 15, out=levels[:, :16])
+    np.right_shift(packed, 4, out=levels[:, 16:])
+    return levels
 
 
 def _q4_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
