@@ -54,8 +54,8 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--chat-format", help="llama3, llama2, chatml, plain, or template (the model's own)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: activations and "
-                        "cache; on the cpu, auto is measured (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: the model's dtype; "
+                        "with packed cpu weights, what prompt steps multiply in, auto measured (default: auto)")
     parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"),
                         help="pack weights for the cpu; auto: int4 where the file stores 4-bit groups, int8 "
                         "otherwise, none with --dtype float32 or off the cpu (default: auto)")

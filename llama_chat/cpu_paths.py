@@ -1,9 +1,12 @@
-"""Which dtypes a packed model computes in on this CPU, decided by measuring, not assuming.
+"""How a packed model multiplies on this CPU, decided by measuring, not assuming.
 
-Three choices matter, and CPUs differ on them by up to a hundred times:
-- the compute dtype: activations, the KV cache, and the matrix products of prompt steps
-  (bfloat16 is several times faster than float32 with AMX or AVX-512-BF16 and about ten
-  times slower where it is emulated, on AVX2);
+Activations, the KV cache and the logits stay float32 (bfloat16 activations were
+measured to flip near-tied greedy tokens of the default model against float32); only
+what goes into a matrix product is rounded to the dtype measured fastest for it. Three
+choices matter, and CPUs differ on them by up to a hundred times:
+- the matmul dtype of prompt steps' dequantised products (bfloat16 is several times
+  faster than float32 with AMX or AVX-512-BF16 and tens of times slower where it is
+  emulated, on AVX2);
 - the kernel dtype: what the packed int4/int8 kernels take (the kernels of one PyTorch
   build can be a hundred times slower in one dtype than in the other);
 - up to how many tokens a step runs the packed kernels rather than dequantising each
@@ -34,7 +37,7 @@ from .packed import PackedLinear, Scratch
 from .weights import cache_root
 
 CANDIDATES = (torch.bfloat16, torch.float32)
-PROBE_ROWS = 64  # prompt-step rows the compute dtype is timed at
+PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
 PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole layer, is wanted
 MAX_KERNEL_ROWS = 512  # a prompt step's rows at most (Llama.feed's chunk)
 STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
@@ -48,17 +51,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class CpuPaths:
-    compute_dtype: torch.dtype
+    matmul_dtype: torch.dtype  # prompt steps' products of dequantised weights
     kernel_dtype: torch.dtype
     kernel_rows: int  # steps of up to this many tokens use the packed kernels
     reason: str  # how each was chosen, for people
 
     def describe(self) -> str:
-        """"bfloat16 compute and kernels; measured here: ..." and the like."""
-        if self.compute_dtype == self.kernel_dtype:
-            dtypes = f"{dtype_name(self.compute_dtype)} compute and kernels"
+        """"bfloat16 products and kernels ...; measured here: ..." and the like."""
+        if self.matmul_dtype == self.kernel_dtype:
+            dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
         else:
-            dtypes = f"{dtype_name(self.compute_dtype)} compute, {dtype_name(self.kernel_dtype)} kernels"
+            dtypes = f"{dtype_name(self.matmul_dtype)} products, {dtype_name(self.kernel_dtype)} kernels"
         return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step; {self.reason}"
 
 
@@ -113,11 +116,13 @@ def one_thread(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
         torch.set_num_threads(threads)
 
 
-def probe_layer(args: ModelArgs, mode: str, kernel_dtype: torch.dtype) -> PackedLinear:
+def probe_layer(
+    args: ModelArgs, mode: str, kernel_dtype: torch.dtype, matmul_dtype: torch.dtype = torch.float32
+) -> PackedLinear:
     """A packed layer of random weights at the model's feed-forward widths."""
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
-    return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype)
+    return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype, matmul_dtype=matmul_dtype)
 
 
 def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
@@ -133,10 +138,10 @@ def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
     return one_thread(lambda: fastest_of(calls))
 
 
-def measure_rows(args: ModelArgs, mode: str, compute: torch.dtype, kernel: torch.dtype) -> dict[str, float]:
+def measure_rows(args: ModelArgs, mode: str, matmul: torch.dtype, kernel: torch.dtype) -> dict[str, float]:
     """Seconds for a short and a long step through the packed kernel, and through
     dequantising and multiplying."""
-    layer = probe_layer(args, mode, kernel)
+    layer = probe_layer(args, mode, kernel, matmul)
 
     def forward(rows: torch.Tensor, kernel_rows: int) -> torch.Tensor:
         layer.kernel_rows = kernel_rows
@@ -144,7 +149,7 @@ def measure_rows(args: ModelArgs, mode: str, compute: torch.dtype, kernel: torch
 
     calls = {}
     for count in STEP_ROWS:
-        rows = torch.randn(count, args.dim).to(compute)
+        rows = torch.randn(count, args.dim)
         calls[f"kernel {count}"] = lambda rows=rows: forward(rows, MAX_KERNEL_ROWS)
         calls[f"dequantise {count}"] = lambda rows=rows: forward(rows, 0)
     return one_thread(lambda: fastest_of(calls))
@@ -174,27 +179,27 @@ def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
     return winner, f"{kind} {ratio:.1f}x faster in {dtype_name(winner)} than {dtype_name(loser)}"
 
 
-def choose_cpu_paths(args: ModelArgs, mode: str, compute: str | None = None, kernel: str | None = None) -> CpuPaths:
-    """The compute and kernel dtypes, and the kernel's row limit, for a packed model of
+def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None) -> CpuPaths:
+    """The matmul and kernel dtypes, and the kernel's row limit, for a packed model of
     these shapes on this CPU."""
-    forced_compute = forced_dtype(compute or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
+    forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
     forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
     forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
-    if forced_compute and forced_kernel and forced_rows:
-        return CpuPaths(forced_compute, forced_kernel, forced_rows, "forced")
+    if forced_matmul and forced_kernel and forced_rows:
+        return CpuPaths(forced_matmul, forced_kernel, forced_rows, "forced")
     shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
     dtype_times = remembered(shape, lambda: measure_dtypes(args, mode), DTYPE_TIMES)
-    compute_dtype, compute_reason = (
-        (forced_compute, "compute dtype forced") if forced_compute else _faster(dtype_times, "prompt steps")
+    matmul_dtype, matmul_reason = (
+        (forced_matmul, "matmul dtype forced") if forced_matmul else _faster(dtype_times, "prompt steps")
     )
     kernel_dtype, kernel_reason = (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels")
     if forced_rows:
         rows = forced_rows
     else:
-        row_times = remembered(f"{shape} {dtype_name(compute_dtype)} {dtype_name(kernel_dtype)}",
-                               lambda: measure_rows(args, mode, compute_dtype, kernel_dtype), ROW_TIMES)
+        row_times = remembered(f"{shape} {dtype_name(matmul_dtype)} {dtype_name(kernel_dtype)}",
+                               lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
         rows = kernel_rows(row_times)
-    return CpuPaths(compute_dtype, kernel_dtype, rows, f"measured here: {compute_reason}, {kernel_reason}")
+    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
 
 
 def forced_row_limit(value: str | None) -> int | None:

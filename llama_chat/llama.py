@@ -75,7 +75,7 @@ class Llama:
         return self.transformer.args
 
     def describe_weights(self) -> str:
-        """How the weights run, for people: "float32", or "int4 weights, bfloat16 compute ..."."""
+        """How the weights run, for people: "float32", or "int4 weights, bfloat16 products ..."."""
         if self.quantization == "none":
             return str(self.dtype).removeprefix("torch.")
         return f"{self.quantization} weights, {self.weights_note}"

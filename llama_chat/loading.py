@@ -207,7 +207,7 @@ def build_packed_transformer(
     with progress.item("tok_embeddings", embedding):
         table = Int8Table(embedding)
         return_freed_memory()
-    transformer.tok_embeddings = PackedEmbedding(table, paths.compute_dtype)
+    transformer.tok_embeddings = PackedEmbedding(table, torch.float32)
     if head is not embedding:
         with progress.item("output", head):
             table = Int8Table(head)
@@ -219,11 +219,13 @@ def build_packed_transformer(
             continue
         with progress.item(module_name, weight):
             if name in modes:
-                packed = PackedLinear(weight, modes[name], scratch, paths.kernel_dtype, paths.kernel_rows)
+                packed = PackedLinear(
+                    weight, modes[name], scratch, paths.kernel_dtype, paths.kernel_rows, paths.matmul_dtype
+                )
                 transformer.set_submodule(module_name, packed)
                 return_freed_memory()
             else:
-                vector = nn.Parameter(weight.to(paths.compute_dtype), requires_grad=False)
+                vector = nn.Parameter(weight.float(), requires_grad=False)
                 setattr(transformer.get_submodule(module_name), attribute, vector)
     return transformer
 
@@ -249,8 +251,9 @@ def load(
     """Load a model from local files onto `device` (auto: cuda, mps, else cpu).
 
     On the cpu the weights are packed (`quantize`: auto, int8, int4; none keeps them
-    dense in `dtype`); the compute and kernel dtypes of the packed model are measured on
-    this CPU unless `dtype` or `kernel_dtype` name them.
+    dense in `dtype`); a packed model keeps float32 activations, and the dtypes its
+    matrix products and kernels take are measured on this CPU unless `dtype` or
+    `kernel_dtype` name them.
     """
     resolved_device = resolve_device(device)
     packed = packs(quantize, resolved_device, dtype)

@@ -4,7 +4,7 @@ Decoding one token reads every weight once, so its speed is bounded by the bytes
 the weights: int4 (groups of 32, as GGUF's 4-bit blocks) or int8 rows. A step over
 many tokens (a prompt) is bound by arithmetic instead, and the packed kernels are slow
 at it; so a PackedLinear dequantises its matrix into a scratch buffer shared by the
-whole model and multiplies in the model's compute dtype. No second copy is kept.
+whole model and multiplies in the dtype measured fastest. No second copy is kept.
 
 The int4 kernel's byte layout is PyTorch's own and differs between CPU capabilities
 (AVX-512, AVX2, plain); Int4Layout reads it off the kernel's packing function once and
@@ -164,18 +164,21 @@ class PackedLinear(nn.Module):
     """y = x W^T with W held once, as int4 groups or int8 rows.
 
     Up to `kernel_rows` rows of x go through PyTorch's packed kernel in `kernel_dtype`
-    (which the scales are kept in); more rows multiply a dequantised copy in x's dtype,
-    made in the shared scratch buffer. Where one beats the other is measured (cpu_paths).
+    (which the scales are kept in); more rows multiply a copy dequantised to `matmul_dtype`
+    in the shared scratch buffer. Either way x is rounded to that dtype on the way in and
+    the result comes back in x's dtype. Which is faster where is measured (cpu_paths).
     """
 
     def __init__(
-        self, source: StoredMatrix, mode: str, scratch: Scratch, kernel_dtype: torch.dtype, kernel_rows: int = 1
+        self, source: StoredMatrix, mode: str, scratch: Scratch, kernel_dtype: torch.dtype, kernel_rows: int = 1,
+        matmul_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.mode = mode
         self.out_features, self.in_features = source.shape
         self.kernel_dtype = kernel_dtype
         self.kernel_rows = kernel_rows
+        self.matmul_dtype = matmul_dtype
         self.scratch = scratch
         if mode == "int4":
             self._pack_int4(source)
@@ -211,7 +214,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] > self.kernel_rows:
-            out = flat @ self.dequantize(x.dtype).t()
+            out = flat.to(self.matmul_dtype) @ self.dequantize(self.matmul_dtype).t()
         elif self.mode == "int4":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 flat.to(self.kernel_dtype), self.packed, GROUP, self.scales_and_zeros
@@ -260,37 +263,53 @@ class PackedLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {self.mode}, kernel {self.kernel_dtype}"
 
 
+def split_int8(values: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """values ~ coarse * step + fine * step / 254, both int8: about 16 bits in two bytes."""
+    coarse = torch.round(values / step).clamp_(-127, 127)
+    fine = torch.round((values - coarse * step) / (step / 254)).clamp_(-127, 127)
+    return coarse.to(torch.int8), fine.to(torch.int8)
+
+
 class Int8Table(nn.Module):
-    """A [vocab, dim] table of int8 rows with float32 scales, serving as the embedding (rows
-    looked up) and as the output head (float32 logits), so a tied model keeps it once."""
+    """A [vocab, dim] table serving as the embedding (rows looked up) and as the output head
+    (float32 logits), so a tied model keeps it once.
+
+    Each row is two int8 parts with one float32 scale: w = (coarse + fine / 254) * scale,
+    within 1/508 of a coarse step of the stored weight. One int8 part alone (half a step)
+    was measured to change greedy answers of the default model against float32 (its
+    Q8_0 head has a scale per 32 weights, which one scale per row cannot follow).
+    """
 
     def __init__(self, source: StoredMatrix) -> None:
         super().__init__()
         self.vocab_size, self.dim = source.shape
-        self.weight_int8 = torch.empty(source.shape, dtype=torch.int8)
+        self.coarse = torch.empty(source.shape, dtype=torch.int8)
+        self.fine = torch.empty(source.shape, dtype=torch.int8)
         self.scales = torch.empty(self.vocab_size, dtype=torch.float32)
         step = chunk_rows(source, 1)
         for start in range(0, self.vocab_size, step):
             stop = min(start + step, self.vocab_size)
-            self.weight_int8[start:stop], self.scales[start:stop] = int8_rows(
-                as_float(source.rows(start, stop)), torch.float32
-            )
+            rows = as_float(source.rows(start, stop))
+            scales = (rows.abs().amax(dim=1) / 127).clamp_min(1e-12)
+            self.coarse[start:stop], self.fine[start:stop] = split_int8(rows, scales[:, None])
+            self.scales[start:stop] = scales
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return (self.weight_int8[ids].float() * self.scales[ids, None]).to(dtype)
+        values = self.coarse[ids].float() + self.fine[ids].float() / 254
+        return (values * self.scales[ids, None]).to(dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T in float32. x is split into two int8 parts (coarse, then the remainder), each
-        multiplied exactly in int32 by torch._int_mm: about 16 bits of x, and no rounding
-        of the logits to x's dtype (bfloat16 would step by 0.125 at 16 to 32)."""
+        """x W^T in float32, from three products multiplied exactly in int32 by torch._int_mm:
+        x's two int8 parts by the coarse weights, x's coarse part by the fine ones (the
+        fourth product is below both parts' precision). Nothing is rounded to x's dtype
+        (bfloat16 logits would step by 0.125 between 16 and 32 and tie near-equal tokens)."""
         flat = x.reshape(-1, self.dim).float()
-        coarse_step = (flat.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-30)
-        coarse = torch.round(flat / coarse_step)
-        fine_step = coarse_step / 254
-        fine = torch.round((flat - coarse * coarse_step) / fine_step)
-        weight = self.weight_int8.t()
-        out = torch._int_mm(coarse.to(torch.int8), weight) * coarse_step
-        out += torch._int_mm(fine.to(torch.int8), weight) * fine_step
+        step = (flat.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-30)
+        coarse, fine = split_int8(flat, step)
+        coarse_weights = self.coarse.t()
+        out = torch._int_mm(coarse, coarse_weights) * step
+        out += torch._int_mm(fine, coarse_weights) * (step / 254)
+        out += torch._int_mm(coarse, self.fine.t()) * (step / 254)
         out *= self.scales
         return out.view(*x.shape[:-1], self.vocab_size)
 
