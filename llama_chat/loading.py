@@ -205,12 +205,12 @@ def build_packed_transformer(
     scratch = Scratch()
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
     with progress.item("tok_embeddings", embedding):
-        table = Int8Table(embedding)
+        table = Int8Table(embedding, head=head is embedding)
         return_freed_memory()
     transformer.tok_embeddings = PackedEmbedding(table, torch.float32)
     if head is not embedding:
         with progress.item("output", head):
-            table = Int8Table(head)
+            table = Int8Table(head, head=True)
             return_freed_memory()
     transformer.output = PackedHead(table)
     for name, weight in tensors.items():

@@ -274,28 +274,34 @@ class Int8Table(nn.Module):
     """A [vocab, dim] table serving as the embedding (rows looked up) and as the output head
     (float32 logits), so a tied model keeps it once.
 
-    Each row is two int8 parts with one float32 scale: w = (coarse + fine / 254) * scale,
-    within 1/508 of a coarse step of the stored weight. One int8 part alone (half a step)
-    was measured to change greedy answers of the default model against float32 (its
-    Q8_0 head has a scale per 32 weights, which one scale per row cannot follow).
+    Each row is an int8 part with one float32 scale, and for a head a second, finer int8
+    part: w = (coarse + fine / 254) * scale, within 1/508 of a coarse step of the stored
+    weight. The coarse part alone (half a step) was measured to change greedy answers of
+    the default model against float32 (its Q8_0 head has a scale per 32 weights, which
+    one scale per row cannot follow); looking up embeddings does not need the fine part.
     """
 
-    def __init__(self, source: StoredMatrix) -> None:
+    def __init__(self, source: StoredMatrix, head: bool) -> None:
         super().__init__()
         self.vocab_size, self.dim = source.shape
         self.coarse = torch.empty(source.shape, dtype=torch.int8)
-        self.fine = torch.empty(source.shape, dtype=torch.int8)
+        self.fine = torch.empty(source.shape, dtype=torch.int8) if head else None
         self.scales = torch.empty(self.vocab_size, dtype=torch.float32)
         step = chunk_rows(source, 1)
         for start in range(0, self.vocab_size, step):
             stop = min(start + step, self.vocab_size)
             rows = as_float(source.rows(start, stop))
             scales = (rows.abs().amax(dim=1) / 127).clamp_min(1e-12)
-            self.coarse[start:stop], self.fine[start:stop] = split_int8(rows, scales[:, None])
+            coarse, fine = split_int8(rows, scales[:, None])
+            self.coarse[start:stop] = coarse
+            if self.fine is not None:
+                self.fine[start:stop] = fine
             self.scales[start:stop] = scales
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        values = self.coarse[ids].float() + self.fine[ids].float() / 254
+        values = self.coarse[ids].float()
+        if self.fine is not None:
+            values += self.fine[ids].float() / 254
         return (values * self.scales[ids, None]).to(dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

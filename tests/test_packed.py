@@ -117,7 +117,7 @@ def test_int8_rows_stay_within_half_a_step(seed):
 def test_head_logits_are_float32_not_rounded_to_the_activation_dtype():
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(300, 64, generator=generator)
-    table = Int8Table(TensorMatrix.of(weight))
+    table = Int8Table(TensorMatrix.of(weight), head=True)
     x = (torch.randn(1, 64, generator=generator) * 4).bfloat16()
     logits = table.logits(x)
     exact = x.double() @ table.rows(torch.arange(300), torch.float64).t()
