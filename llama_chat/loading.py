@@ -81,7 +81,7 @@ def packs(quantize: str, device: torch.device, dtype: str | None) -> bool:
         return False
     if not int8_kernels_available():
         if quantize != "auto":
-            raise LlamaChatError(f"this PyTorch has no packed weight kernels; use --quantize none")
+            raise LlamaChatError("this PyTorch has no packed weight kernels; use --quantize none")
         return False
     name = (dtype or "auto").lower()
     return quantize != "auto" or name == "auto" or DTYPES.get(name) is torch.bfloat16
@@ -294,7 +294,8 @@ def model_memory_bytes(model: Llama) -> int:
     """Bytes of every tensor the model holds (packed weights, tables, norms), each counted once."""
     seen: dict[int, int] = {}
     for module in model.transformer.modules():
-        for value in list(vars(module).values()) + list(module._parameters.values()) + list(module._buffers.values()):
+        owned = [*vars(module).values(), *module.parameters(recurse=False), *module.buffers(recurse=False)]
+        for value in owned:
             if isinstance(value, torch.Tensor):
                 storage = value.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()

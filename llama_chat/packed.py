@@ -20,12 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .checkpoints.stored import GROUP, Int4Groups, StoredMatrix, as_float
 
-MODES = ("none", "int8", "int4")
 CHUNK_WEIGHTS = 1 << 20  # weights converted at a time: bounds the float temporaries of a load
 
 

@@ -1,5 +1,8 @@
 """Finding the checkpoint a path holds, loading it where asked, and the one-line errors."""
 
+import io
+import sys
+
 import pytest
 import torch
 
@@ -80,3 +83,23 @@ def test_one_prompt_prints_only_the_reply(gguf_file, capsys):
     list(expected)
     assert captured.out == visible(expected.text) + "\n"
     assert captured.err == ""
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_slow_load_shows_progress_on_a_terminal_only(gguf_file, monkeypatch):
+    from llama_chat import loading
+
+    monkeypatch.setattr(loading, "PROGRESS_AFTER_SECONDS", 0.0)  # every load counts as slow
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    llama_chat.load(gguf_file, device="cpu")
+    shown = terminal.getvalue()
+    assert "loading tiny.gguf" in shown and "kB" in shown  # what is loaded, and how much of it
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    llama_chat.load(gguf_file, device="cpu")
+    assert piped.getvalue() == ""
