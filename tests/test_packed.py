@@ -268,3 +268,29 @@ def test_pack_int4_of_row_ranges_joins_to_the_whole():
     block = int4_layout().block
     parts = [pack_int4(levels[start : start + block]) for start in range(0, 256, block)]
     assert torch.equal(torch.cat(parts), pack_int4(levels))
+
+
+def test_a_load_reads_each_matrix_once_a_bounded_block_of_rows_at_a_time(q4_file, monkeypatch):
+    from llama_chat import packed
+    from llama_chat.checkpoints.gguf import GGUFMatrix
+
+    monkeypatch.setattr(packed, "CHUNK_WEIGHTS", 4096)
+    reads = []
+    original = GGUFMatrix.rows
+
+    def recording(self, start, stop):
+        reads.append((self.tensor.name, start, stop, self.shape[1]))
+        return original(self, start, stop)
+
+    monkeypatch.setattr(GGUFMatrix, "rows", recording)
+    model = llama_chat.load(q4_file, device="cpu")
+    # No read holds more than one block of rows: never a dense copy of a matrix, let alone the model.
+    alignment = max(int4_layout().block, model.args.head_dim)  # the fewest rows a read may take
+    assert all(stop - start <= max(alignment, 4096 // columns) for _, start, stop, columns in reads)
+    covered = {}
+    for name, start, stop, _ in reads:
+        covered.setdefault(name, []).append((start, stop))
+    for name, spans in covered.items():
+        spans.sort()
+        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])), name  # once, in order
+    assert len(covered) == 2 + 7 * model.args.n_layers  # embedding, head and every layer matrix
