@@ -192,7 +192,9 @@ def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kern
     matmul_dtype, matmul_reason = (
         (forced_matmul, "matmul dtype forced") if forced_matmul else _faster(dtype_times, "prompt steps")
     )
-    kernel_dtype, kernel_reason = (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels")
+    kernel_dtype, kernel_reason = (
+        (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels")
+    )
     if forced_rows:
         rows = forced_rows
     else:

@@ -160,7 +160,9 @@ def reading_errors(source: Path) -> Iterator[None]:
         raise LlamaChatError(f"{source}: cannot read the weights ({error})") from None
 
 
-def build_transformer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, progress: LoadProgress) -> Transformer:
+def build_transformer(
+    checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, progress: LoadProgress
+) -> Transformer:
     """The Transformer with the checkpoint's weights as dense `dtype` tensors on `device`,
     converted one tensor at a time."""
     with torch.device("meta"):

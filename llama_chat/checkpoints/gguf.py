@@ -1,10 +1,11 @@
 """GGUF checkpoints (llama.cpp's single-file format): hyper-parameters, tokenizer, weights.
 
-Matrices are handed out as GGUFMatrix, read from the file a block of rows at a time
-(by plain reads, not through the reader's memory map, whose pages would otherwise stay
-counted in the process's resident memory until the end of the load): 4-bit blocks (Q4_0, Q4_1, Q4_K) as their levels, scales and zeros,
-every other type dequantised to float32. GGUF lists a tensor's dimensions innermost first (ggml order), so a
-PyTorch [out, in] weight is stored with shape [in, out]. llama.cpp's converter
+Matrices are handed out as GGUFMatrix, read from the file a block of rows at a time by
+plain reads (a memory map's touched pages would stay counted in the process's resident
+memory until the load ends): 4-bit blocks (Q4_0, Q4_1, Q4_K) as their levels, scales and
+zeros, every other type dequantised to float32. The header is read by gguf_file. GGUF
+lists a tensor's dimensions innermost first (ggml order), so a PyTorch [out, in] weight
+is stored with shape [in, out]. llama.cpp's converter
 reorders q and k projection rows into the interleaved rotary layout; they are put
 back into the half-split layout our model uses.
 """
