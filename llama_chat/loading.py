@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -206,30 +207,38 @@ def build_packed_transformer(
         transformer = Transformer(args)
     scratch = Scratch()
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
-    with progress.item("tok_embeddings", embedding):
-        table = Int8Table(embedding, head=head is embedding)
-        return_freed_memory()
-    transformer.tok_embeddings = PackedEmbedding(table, torch.float32)
-    if head is not embedding:
-        with progress.item("output", head):
-            table = Int8Table(head, head=True)
-            return_freed_memory()
-    transformer.output = PackedHead(table)
-    for name, weight in tensors.items():
-        module_name, _, attribute = name.rpartition(".")
-        if module_name in ("tok_embeddings", "output"):
-            continue
-        with progress.item(module_name, weight):
-            if name in modes:
-                packed = PackedLinear(
-                    weight, modes[name], scratch, paths.kernel_dtype, paths.kernel_rows, paths.matmul_dtype
-                )
-                transformer.set_submodule(module_name, packed)
-                return_freed_memory()
-            else:
-                vector = nn.Parameter(weight.float(), requires_grad=False)
-                setattr(transformer.get_submodule(module_name), attribute, vector)
+    # Matrices pack on as many threads as PyTorch uses (reading, decoding and packing
+    # release the GIL); each holds one block of rows at a time, so memory stays bounded.
+    with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+        packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, head=head is embedding)}
+        if head is not embedding:
+            packing["output.weight"] = pool.submit(Int8Table, head, head=True)
+        for name, mode in modes.items():
+            packing[name] = pool.submit(
+                PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows, paths.matmul_dtype
+            )
+        for name, weight in tensors.items():
+            if name == "output.weight" and head is embedding:
+                continue  # the embedding's table, placed with it
+            module_name, _, attribute = name.rpartition(".")
+            with progress.item(module_name, weight):
+                if name in packing:
+                    place_packed(transformer, module_name, packing.pop(name).result())
+                    return_freed_memory()
+                else:
+                    vector = nn.Parameter(weight.float(), requires_grad=False)
+                    setattr(transformer.get_submodule(module_name), attribute, vector)
     return transformer
+
+
+def place_packed(transformer: Transformer, module_name: str, packed: PackedLinear | Int8Table) -> None:
+    if module_name == "tok_embeddings":
+        transformer.tok_embeddings = PackedEmbedding(packed, torch.float32)
+        transformer.output = PackedHead(packed)  # replaced when the head has a table of its own
+    elif module_name == "output":
+        transformer.output = PackedHead(packed)
+    else:
+        transformer.set_submodule(module_name, packed)
 
 
 def stored_bytes(weight) -> int:
