@@ -24,7 +24,8 @@ from torch import nn
 
 from .checkpoints.stored import GROUP, Int4Groups, StoredMatrix, as_float
 
-CHUNK_WEIGHTS = 1 << 20  # weights converted at a time: bounds the float temporaries of a load
+CHUNK_WEIGHTS = 1 << 18  # weights converted at a time: bounds the float temporaries of a load
+SCRATCH_CHUNK_WEIGHTS = 1 << 20  # weights dequantised at a time through the float32 scratch
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ class PackedLinear(nn.Module):
         else:
             shape = (self.in_features, self.out_features)
         weight = self.scratch.take(shape, dtype)
-        step = max(GROUP, CHUNK_WEIGHTS // shape[1] // GROUP * GROUP)
+        step = max(GROUP, SCRATCH_CHUNK_WEIGHTS // shape[1] // GROUP * GROUP)
         for start in range(0, shape[0], step):
             stop = min(start + step, shape[0])
             chunk = weight[start:stop] if dtype == torch.float32 else self.scratch.take(
