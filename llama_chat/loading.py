@@ -209,7 +209,8 @@ def build_packed_transformer(
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
     # Matrices pack on as many threads as PyTorch uses (reading, decoding and packing
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
-    with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+    pool = ThreadPoolExecutor(max_workers=torch.get_num_threads())
+    try:
         packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, head=head is embedding)}
         if head is not embedding:
             packing["output.weight"] = pool.submit(Int8Table, head, head=True)
@@ -228,6 +229,9 @@ def build_packed_transformer(
                 else:
                     vector = nn.Parameter(weight.float(), requires_grad=False)
                     setattr(transformer.get_submodule(module_name), attribute, vector)
+    finally:
+        # An interrupted load (Ctrl-C at /load) stops after the matrices being packed now.
+        pool.shutdown(cancel_futures=True)
     return transformer
 
 
