@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
+from .checkpoints.stored import TensorMatrix
 from .config import ModelArgs
 from .device import DTYPES
 from .errors import DeviceError
-from .checkpoints.stored import TensorMatrix
 from .packed import PackedLinear, Scratch
 from .weights import cache_root
 
@@ -41,12 +41,15 @@ PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
 PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole layer, is wanted
 MAX_KERNEL_ROWS = 512  # a prompt step's rows at most (Llama.feed's chunk)
 STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
-DTYPE_TIMES = frozenset(f"{kind} {dtype}" for kind in ("prompt steps", "kernels") for dtype in ("bfloat16", "float32"))
-ROW_TIMES = frozenset(f"{kind} {rows}" for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+# The names measure_dtypes and measure_rows time under; a cached entry must have them all.
+DTYPE_TIMES = frozenset(f"{kind} {dtype_name(d)}" for kind in ("prompt steps", "kernels") for d in CANDIDATES)
+ROW_TIMES = frozenset(f"{kind} {rows}" for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
 
 
 @dataclass(frozen=True)

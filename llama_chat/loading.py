@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,7 +38,8 @@ from .packed import (
 
 MODES = ("auto", "none", "int8", "int4")
 # GGUF types whose values fit int4 groups of 32 exactly, when a converted checkpoint says
-# its float weights came from one of them.
+# its float weights came from one of them (it says so for the whole file, so only weights
+# still stored as floats take the hint).
 FOUR_BIT_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
 PROGRESS_AFTER_SECONDS = 1.0
 
@@ -105,7 +106,7 @@ def matrix_mode(source: StoredMatrix, quantize: str, source_quantization: str | 
         return "int4"
     if quantize == "int8":
         return "int8"
-    four_bit = source.four_bit or source_quantization in FOUR_BIT_SOURCES
+    four_bit = source.four_bit or (source.float_storage and source_quantization in FOUR_BIT_SOURCES)
     return "int4" if four_bit and fits_int4(source) else "int8"
 
 

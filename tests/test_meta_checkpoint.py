@@ -199,6 +199,15 @@ def test_missing_tensor_is_named(tmp_path):
         load_meta_directory(directory)
 
 
+def test_shards_that_do_not_fit_together_are_one_line(tmp_path):
+    _, directory = llama2_style(tmp_path)
+    shard = torch.load(directory / "consolidated.01.pth", weights_only=True)
+    shard["layers.0.attention.wo.weight"] = shard["layers.0.attention.wo.weight"][:-1]  # a row short
+    torch.save(shard, directory / "consolidated.01.pth")
+    with pytest.raises(LlamaChatError, match="the shards of tensor 'layers.0.attention.wo.weight' do not fit"):
+        load_meta_directory(directory)
+
+
 @pytest.mark.parametrize(("missing", "message"), [
     ("params.json", "params.json: no such file"),
     ("tokenizer.model", "tokenizer.model: no such file"),

@@ -294,3 +294,19 @@ def test_a_load_reads_each_matrix_once_a_bounded_block_of_rows_at_a_time(q4_file
         spans.sort()
         assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])), name  # once, in order
     assert len(covered) == 2 + 7 * model.args.n_layers  # embedding, head and every layer matrix
+
+
+def test_a_file_wide_four_bit_hint_never_packs_another_type_to_int4(q4_file, tmp_path):
+    # A Q4_1 file (the layers' most common type) with one Q8_0 matrix: that one keeps
+    # its 8 bits; only float weights take the file's 4-bit hint.
+    from .test_gguf import copy_gguf
+
+    stored = next(t for t in gguf.GGUFReader(q4_file).tensors if t.name == "blk.0.ffn_down.weight")
+    values = gguf.quants.dequantize(stored.data, stored.tensor_type)
+    replacement = (gguf.quants.quantize(values, QType.Q8_0), QType.Q8_0)
+    mixed = copy_gguf(q4_file, tmp_path / "mixed.gguf", {"blk.0.ffn_down.weight": replacement})
+    model = llama_chat.load(mixed, device="cpu")
+    assert model.quantization == "int4 and int8"
+    assert model.transformer.layers[0].feed_forward.w2.mode == "int8"
+    assert model.transformer.layers[0].feed_forward.w13.mode == "int4"
+    assert model.transformer.layers[1].feed_forward.w2.mode == "int4"

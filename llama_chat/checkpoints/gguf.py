@@ -32,7 +32,7 @@ from .checkpoint import Checkpoint, TensorNames, Weight, assemble_state_dict, ex
 from .gguf_blocks import FOUR_BIT_TYPES, int4_groups
 from .gguf_file import MAGIC as GGUF_MAGIC
 from .gguf_file import TensorInfo, read_gguf_header
-from .stored import Rows, StoredMatrix
+from .stored import Rows, StoredMatrix, read_range
 
 # Types gguf.quants can dequantise that make sense for weights.
 SUPPORTED_TYPES = frozenset(
@@ -238,17 +238,8 @@ def convert_gguf_tensors(
 
 def _vector(tensor: TensorInfo, path: str) -> torch.Tensor:
     """A 1-D tensor (a norm's gains, rotary factors) as float32."""
-    raw = _read_bytes(path, tensor.offset, tensor.n_bytes)[None]
+    raw = np.frombuffer(read_range(path, tensor.offset, tensor.n_bytes), dtype=np.uint8)[None]
     return torch.from_numpy(_float_rows(raw, tensor.tensor_type).reshape(-1))
-
-
-def _read_bytes(path: str, offset: int, count: int) -> np.ndarray:
-    with open(path, "rb") as file:
-        file.seek(offset)
-        data = file.read(count)
-    if len(data) != count:
-        raise LlamaChatError(f"{path}: the GGUF file is truncated or corrupt; download it again")
-    return np.frombuffer(data, dtype=np.uint8)
 
 
 def _float_rows(raw: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarray:
@@ -270,12 +261,13 @@ class GGUFMatrix(StoredMatrix):
         self.row_bytes = tensor.n_bytes // self.shape[0]
         self.type_name = tensor.tensor_type.name
         self.four_bit = self.type_name in FOUR_BIT_TYPES
+        self.float_storage = self.type_name in ("F32", "F16", "BF16")
         self.stored_bytes = int(tensor.n_bytes)
 
     def rows(self, start: int, stop: int) -> Rows:
         count = stop - start
-        raw = _read_bytes(self.path, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
-        raw = raw.reshape(count, self.row_bytes)
+        data = read_range(self.path, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(count, self.row_bytes)
         if self.four_bit:
             return int4_groups(raw, self.type_name, self.shape[1])
-        return torch.from_numpy(_float_rows(raw, self.tensor.tensor_type).reshape(stop - start, self.shape[1]))
+        return torch.from_numpy(_float_rows(raw, self.tensor.tensor_type).reshape(count, self.shape[1]))

@@ -155,8 +155,9 @@ def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
 
 class WeightFiles(Mapping):
     """The tensors of a directory's weight files by name: vectors read when asked for,
-    matrices as TensorMatrix whose rows are read from the memory-mapped file only when
-    the loader packs or converts them. Every shape is checked against config.json.
+    matrices as TensorMatrix whose rows are read (by plain reads from a safetensors file,
+    from the memory map of a .bin one) only when the loader packs or converts them. Every
+    shape is checked against config.json.
     """
 
     def __init__(

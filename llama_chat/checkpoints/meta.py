@@ -160,6 +160,10 @@ def _merged(
     else:
         # Llama 1/2 split the embedding's features; Llama 3 splits its vocabulary.
         split = (0 if pieces[0].shape[1] == dim else 1) if kind == "tok_embeddings" else _SPLIT_DIM[kind]
+        kept = 1 - split  # the dimension every shard has whole
+        if any(piece.shape[kept] != pieces[0].shape[kept] for piece in pieces):
+            shapes = ", ".join(str(tuple(piece.shape)) for piece in pieces)
+            raise LlamaChatError(f"{source}: the shards of tensor {name!r} do not fit together ({shapes})")
         parts = [TensorMatrix.of(piece) for piece in pieces]
         merged = StackedRows(parts) if split == 0 else ColumnStacked(parts)
     if tuple(merged.shape) != expected:

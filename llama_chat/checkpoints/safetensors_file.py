@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import LlamaChatError
+from .stored import read_range
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 MAX_HEADER_BYTES = 100 * 2**20
@@ -73,9 +74,6 @@ class SafetensorsFile:
         dtype = DTYPES[self.dtype_name(name)]
         stop = shape[0] if stop is None else stop
         row_bytes = math.prod(shape[1:]) * torch.empty(0, dtype=dtype).element_size()
-        with open(self.path, "rb") as file:
-            file.seek(self._data_start + self._entries[name]["data_offsets"][0] + start * row_bytes)
-            data = bytearray(file.read((stop - start) * row_bytes))
-        if len(data) != (stop - start) * row_bytes:
-            raise LlamaChatError(f"{self.path}: the safetensors file is truncated (tensor {name!r})")
+        offset = self._data_start + self._entries[name]["data_offsets"][0] + start * row_bytes
+        data = read_range(self.path, offset, (stop - start) * row_bytes)
         return torch.frombuffer(data, dtype=dtype).view(stop - start, *shape[1:])

@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from ..errors import LlamaChatError
 
 GROUP = 32  # weights per 4-bit group along a row, as in GGUF's 4-bit blocks
 
@@ -39,6 +42,17 @@ class Int4Groups:
 Rows = torch.Tensor | Int4Groups
 
 
+def read_range(path: str | Path, offset: int, count: int) -> bytearray:
+    """`count` bytes of a file from `offset`, by a plain read (a memory map's touched pages
+    would stay counted in the process's resident memory until the load ends)."""
+    with open(path, "rb") as file:
+        file.seek(offset)
+        data = bytearray(file.read(count))
+    if len(data) != count:
+        raise LlamaChatError(f"{path}: the file ends before the weights it lists; it is truncated or corrupt")
+    return data
+
+
 def as_float(rows: Rows) -> torch.Tensor:
     return rows.dequantize() if isinstance(rows, Int4Groups) else rows.float()
 
@@ -48,6 +62,7 @@ class StoredMatrix:
 
     shape: tuple[int, int]
     four_bit: bool = False  # rows come as exact Int4Groups
+    float_storage: bool = True  # stored as floats (not as some other quantised type)
     row_alignment: int = 1  # reads must start and stop at multiples of this (or at the end)
     stored_bytes: int = 0  # its size in the file, for progress
 
@@ -86,6 +101,7 @@ class RotaryRows(StoredMatrix):
         self.source = source
         self.shape = source.shape
         self.four_bit = source.four_bit
+        self.float_storage = source.float_storage
         self.stored_bytes = source.stored_bytes
         self.head_dim = source.shape[0] // n_heads
         self.row_alignment = math.lcm(self.head_dim, source.row_alignment)
@@ -108,6 +124,7 @@ class StackedRows(StoredMatrix):
         self.parts = list(parts)
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
         self.four_bit = all(p.four_bit for p in parts)
+        self.float_storage = all(p.float_storage for p in parts)
         self.stored_bytes = sum(p.stored_bytes for p in parts)
         self.row_alignment = math.lcm(*(p.row_alignment for p in parts))
         self._starts = [0]
@@ -133,6 +150,7 @@ class ColumnStacked(StoredMatrix):
     def __init__(self, parts: Sequence[StoredMatrix]) -> None:
         self.parts = list(parts)
         self.shape = (parts[0].shape[0], sum(p.shape[1] for p in parts))
+        self.float_storage = all(p.float_storage for p in parts)
         self.stored_bytes = sum(p.stored_bytes for p in parts)
         self.row_alignment = math.lcm(*(p.row_alignment for p in parts))
 
