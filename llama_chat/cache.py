@@ -33,6 +33,7 @@ class KVCache:
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         # Each layer's views, made once rather than on every forward pass.
         self._layers = list(zip(self.keys.unbind(0), self.values.unbind(0)))
+        self._zeros = torch.zeros(capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.tokens: list[int] = []
 
@@ -42,6 +43,20 @@ class KVCache:
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value buffers of one layer: [1, kv_heads, capacity, head_dim]."""
         return self._layers[index]
+
+    def past_bias(self) -> torch.Tensor:
+        """The attention bias of the positions held (zeros: every one visible to a new token);
+        its length tells a decode step its position."""
+        return self._zeros[: len(self.tokens)]
+
+    def append(self, token: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write one token's keys and values [n_layers, kv_heads, head_dim] at the next position."""
+        position = len(self.tokens)
+        if position >= self.capacity:
+            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
+        self.keys[:, 0, :, position] = keys
+        self.values[:, 0, :, position] = values
+        self.tokens.append(token)
 
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on, without copying anything."""

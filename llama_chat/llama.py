@@ -10,6 +10,7 @@ import torch
 from .cache import KVCache
 from .chat_format import ChatFormat, PlainFormat
 from .config import ModelArgs
+from .decode_step import DecodeStep
 from .device import resolve_device, resolve_dtype
 from .errors import ContextOverflowError
 from .generate import Generation
@@ -47,6 +48,7 @@ class Llama:
         first = next(transformer.parameters())
         self.device = first.device
         self.dtype = first.dtype
+        self.decode_step = DecodeStep(self.transformer, self.dtype)
         if self.device.type == "cpu":
             # Real weights drive exp() inside silu and softmax into subnormal floats, which
             # the CPU handles several times slower; flushing them to zero changes no logit
@@ -98,6 +100,8 @@ class Llama:
             raise ContextOverflowError(
                 f"{len(ids)} more tokens do not fit: the context holds {cache.capacity} and {len(cache)} are used"
             )
+        if len(ids) == 1:
+            return self.decode_step(cache, ids[0])
         logits = None
         for start in range(0, len(ids), chunk_size):
             chunk = list(ids[start : start + chunk_size])

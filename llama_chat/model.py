@@ -130,6 +130,35 @@ class Attention(nn.Module):
         out = out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim)
         return self.wo(out.permute(0, 3, 1, 2, 4).reshape(batch, time, -1))
 
+    def decode(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_bias: torch.Tensor,
+        past_keys: torch.Tensor,
+        past_values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One new token x [1, 1, dim] after the len(past_bias) positions held in past_keys and
+        past_values [1, kv_heads, capacity, head_dim]; returns the output and the token's key
+        and value [kv_heads, head_dim], which the caller writes to the cache.
+
+        Nothing here depends on the position except through past_bias's length, so the
+        step's shapes are the same at every position and it compiles once. The new key is
+        scored on its own rather than written first, which keeps the step free of mutation.
+        """
+        position = past_bias.shape[0]
+        rotated_heads = self.n_heads + self.n_kv_heads
+        qkv = self.wqkv(x).view(rotated_heads + self.n_kv_heads, self.head_dim)
+        qk = apply_rotary(qkv[:rotated_heads], cos, sin)
+        q = qk[: self.n_heads].view(self.n_kv_heads, self.n_rep, self.head_dim) * self.head_dim**-0.5
+        k, v = qk[self.n_heads :], qkv[rotated_heads:]
+        past_scores = torch.matmul(q, past_keys[0, :, :position].transpose(1, 2)) + past_bias
+        new_scores = (q * k[:, None]).sum(-1, keepdim=True)
+        weights = torch.softmax(torch.cat([past_scores, new_scores], dim=-1), dim=-1)
+        out = torch.matmul(weights[..., :position], past_values[0, :, :position]) + weights[..., position:] * v[:, None]
+        return self.wo(out.reshape(1, 1, -1)), k, v
+
 
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(gate(x)) * up(x)), with gate and up in one matrix."""
@@ -157,6 +186,11 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, mask, layer_cache, start_pos):
         x = x + self.attention(self.attention_norm(x), cos, sin, mask, layer_cache, start_pos)
         return x + self.feed_forward(self.ffn_norm(x))
+
+    def decode(self, x, cos, sin, past_bias, past_keys, past_values):
+        attended, k, v = self.attention.decode(self.attention_norm(x), cos, sin, past_bias, past_keys, past_values)
+        x = x + attended
+        return x + self.feed_forward(self.ffn_norm(x)), k, v
 
 
 class Transformer(nn.Module):
@@ -207,6 +241,28 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.output(self.norm(x)).float()
+
+    def decode(
+        self, token: torch.Tensor, past_bias: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step: the float32 logits [vocab] for token [1, 1] standing at position
+        len(past_bias), and its keys and values for every layer [n_layers, kv_heads, head_dim].
+
+        keys and values are a KVCache's whole buffers, read up to that position and not
+        written; past_bias [position] is added to the attention scores of the cached
+        positions (zeros: all visible). Every shape is fixed but that length, so one
+        compiled graph serves every step (see compiled_step).
+        """
+        position = past_bias.shape[0]
+        x = self.tok_embeddings(token)
+        cos, sin = self.rope_cos[position].to(x.dtype), self.rope_sin[position].to(x.dtype)
+        new_keys, new_values = [], []
+        for layer, past_keys, past_values in zip(self.layers, keys.unbind(0), values.unbind(0)):
+            x, k, v = layer.decode(x, cos, sin, past_bias, past_keys, past_values)
+            new_keys.append(k)
+            new_values.append(v)
+        logits = self.output(self.norm(x)).float()
+        return logits[0, 0], torch.stack(new_keys), torch.stack(new_values)
 
 
 def causal_mask(

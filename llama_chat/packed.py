@@ -119,6 +119,9 @@ class Scratch:
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
+    def __deepcopy__(self, memo: dict) -> Scratch:
+        return Scratch()  # a copy of a model (compiled_step's structure) needs none of these
+
     def take(self, shape: tuple[int, int], dtype: torch.dtype, purpose: str = "weight") -> torch.Tensor:
         size = math.prod(shape)
         buffer = self._buffers.get((purpose, dtype))
@@ -189,8 +192,11 @@ class PackedLinear(nn.Module):
     def _pack_int4(self, source: StoredMatrix) -> None:
         layout = int4_layout()
         assert layout is not None, "int4 packing asked for where the kernel's layout is unknown"
-        self.packed = torch.empty(self.out_features, self.in_features // 2, dtype=torch.uint8)
-        self.scales_and_zeros = torch.empty(self.in_features // GROUP, self.out_features, 2, dtype=self.kernel_dtype)
+        # Buffers, not plain attributes: a compiled decode step takes every buffer as an input.
+        self.register_buffer("packed", torch.empty(self.out_features, self.in_features // 2, dtype=torch.uint8))
+        self.register_buffer(
+            "scales_and_zeros", torch.empty(self.in_features // GROUP, self.out_features, 2, dtype=self.kernel_dtype)
+        )
         step = chunk_rows(source, layout.block)
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
@@ -201,8 +207,8 @@ class PackedLinear(nn.Module):
             self.scales_and_zeros[:, start:stop, 1] = groups.zeros.t()
 
     def _pack_int8(self, source: StoredMatrix) -> None:
-        self.weight_int8 = torch.empty(self.out_features, self.in_features, dtype=torch.int8)
-        self.scales = torch.empty(self.out_features, dtype=self.kernel_dtype)
+        self.register_buffer("weight_int8", torch.empty(self.out_features, self.in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.empty(self.out_features, dtype=self.kernel_dtype))
         step = chunk_rows(source, 1)
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
@@ -214,13 +220,23 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] > self.kernel_rows:
             out = flat.to(self.matmul_dtype) @ self.dequantize(self.matmul_dtype).t()
-        elif self.mode == "int4":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat.to(self.kernel_dtype), self.packed, GROUP, self.scales_and_zeros
-            )
+        elif flat.shape[0] == 1 and self.kernel_dtype.itemsize < x.dtype.itemsize:
+            # A decode step's token goes in as two rows, its value in the kernel dtype and the
+            # remainder (about 16 bits in all), for little more time than one row. With one
+            # bfloat16 row, float32 noise flips roundings that move logits by tenths, and
+            # greedy replies then hang on the order of the step's arithmetic (eager or compiled).
+            high = flat.to(self.kernel_dtype)
+            low = (flat - high.to(flat.dtype)).to(self.kernel_dtype)
+            parts = self._kernel(torch.cat([high, low]))
+            out = parts[:1].to(x.dtype) + parts[1:].to(x.dtype)
         else:
-            out = torch.ops.aten._weight_int8pack_mm(flat.to(self.kernel_dtype), self.weight_int8, self.scales)
+            out = self._kernel(flat.to(self.kernel_dtype))
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.mode == "int4":
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [out, in] in `dtype`, in the scratch buffer (the next call overwrites it).
@@ -283,9 +299,9 @@ class Int8Table(nn.Module):
     def __init__(self, source: StoredMatrix, head: bool) -> None:
         super().__init__()
         self.vocab_size, self.dim = source.shape
-        self.coarse = torch.empty(source.shape, dtype=torch.int8)
-        self.fine = torch.empty(source.shape, dtype=torch.int8) if head else None
-        self.scales = torch.empty(self.vocab_size, dtype=torch.float32)
+        self.register_buffer("coarse", torch.empty(source.shape, dtype=torch.int8))
+        self.register_buffer("fine", torch.empty(source.shape, dtype=torch.int8) if head else None)
+        self.register_buffer("scales", torch.empty(self.vocab_size, dtype=torch.float32))
         step = chunk_rows(source, 1)
         for start in range(0, self.vocab_size, step):
             stop = min(start + step, self.vocab_size)

@@ -1,0 +1,130 @@
+import time
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+
+import llama_chat
+from llama_chat import Llama, compiled_step
+from llama_chat.sampling import SamplingSettings
+
+from .conftest import tiny_args
+from .test_gguf import IDS, tiny_hf_model, write_gguf
+
+
+def greedy(model: Llama, prompt: list[int], tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy ids and the logits they were chosen from, through Llama.feed's decode step."""
+    cache = model.new_cache(64)
+    logits = model.feed(cache, prompt)
+    ids, steps = [], []
+    for _ in range(tokens):
+        ids.append(int(logits.argmax()))
+        logits = model.feed(cache, [ids[-1]])
+        steps.append(logits)
+    return ids, steps
+
+
+@pytest.mark.parametrize("n_kv_heads", [6, 2, 1])
+def test_a_decode_step_matches_the_forward_pass_and_writes_the_same_keys_and_values(n_kv_heads):
+    model = Llama.random(tiny_args(n_kv_heads=n_kv_heads), seed=1)
+    ids = [(37 * i) % 250 + 3 for i in range(20)]
+    reference = model.logits(ids)
+    cache = model.new_cache(32)
+    model.feed(cache, ids[:5])
+    steps = [model.feed(cache, [token]) for token in ids[5:]]
+    assert model.decode_step.compiled is None
+    assert cache.tokens == ids
+    assert torch.allclose(torch.stack(steps), reference[5:], atol=1e-5, rtol=1e-5)
+    # The keys and values the step wrote are those a prompt pass writes.
+    other = model.new_cache(32)
+    model.feed(other, ids)
+    assert torch.allclose(cache.keys[:, :, :, :20], other.keys[:, :, :, :20], atol=1e-5)
+    assert torch.allclose(cache.values[:, :, :, :20], other.values[:, :, :, :20], atol=1e-5)
+
+
+def test_a_full_cache_refuses_another_token():
+    model = Llama.random(tiny_args(), seed=1)
+    cache = model.new_cache(4)
+    model.feed(cache, [5, 6, 7, 8])
+    with pytest.raises(llama_chat.errors.ContextOverflowError):
+        model.decode_step(cache, 5)
+    assert len(cache) == 4
+
+
+@pytest.fixture(scope="module")
+def packed_model(tmp_path_factory):
+    path = write_gguf(tmp_path_factory.mktemp("q4") / "q4.gguf", tiny_hf_model(seed=3), qtype=QType.Q4_1)
+    return llama_chat.load(path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def compiled_package(packed_model, tmp_path_factory):
+    """The packed tiny model's decode step, compiled in a child process as the chat does it."""
+    destination = tmp_path_factory.mktemp("compiled") / "decode.pt2"
+    background = compiled_step.BackgroundCompile(packed_model.transformer, torch.float32, destination)
+    background.wait()
+    assert background.error == ""
+    return destination, background
+
+
+def test_the_compiled_step_is_built_in_the_background_and_picked_up(packed_model, compiled_package):
+    destination, background = compiled_package
+    assert destination.exists() and background.step is not None
+    # The package holds code, not the weights: those stay the model's own.
+    weight_bytes = sum(t.numel() * t.element_size() for t in compiled_step.step_weights(packed_model.transformer).values())
+    assert destination.stat().st_size < 50 * 2**20 and background.step.weights[0] is next(
+        iter(compiled_step.step_weights(packed_model.transformer).values())
+    )
+    assert weight_bytes > 0
+
+
+def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compiled_package):
+    destination, _ = compiled_package
+    eager_ids, eager_logits = greedy(packed_model, IDS[:10], 30)
+    packed_model.decode_step.compiled = compiled_step.CompiledStep(destination, packed_model.transformer)
+    try:
+        compiled_ids, compiled_logits = greedy(packed_model, IDS[:10], 30)
+    finally:
+        packed_model.decode_step.compiled = None
+    assert compiled_ids == eager_ids
+    difference = (torch.stack(compiled_logits) - torch.stack(eager_logits)).abs().max()
+    assert difference <= 5e-3 * torch.stack(eager_logits).abs().max()
+    # Different cache sizes and positions run through the same package.
+    cache = packed_model.new_cache(50)
+    packed_model.feed(cache, (IDS * 4)[:40])
+    step = compiled_step.CompiledStep(destination, packed_model.transformer)
+    tokens = torch.tensor([[IDS[0]]])
+    compiled = step(tokens, cache.past_bias(), cache.keys, cache.values)[0]
+    eager = packed_model.transformer.decode(tokens, cache.past_bias(), cache.keys, cache.values)[0]
+    assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
+
+
+def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, monkeypatch, tmp_path):
+    destination, _ = compiled_package
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
+    path = compiled_step.package_path(packed_model.transformer, torch.float32)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(destination.read_bytes())
+    step = llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+    started = time.perf_counter()
+    assert step.compile() == "compiled"
+    assert time.perf_counter() - started < 10
+    assert step.compiled is not None and step.background is None
+
+
+def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monkeypatch, tmp_path):
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
+
+    # The child process cannot be patched, so it is handed a structure file it cannot read.
+    monkeypatch.setattr(compiled_step, "structure_copy", lambda transformer: "not a model")
+    step = llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+    step.compile(wait=True)
+    assert step.compiled is None
+    assert step.note.startswith("eager (compiling the decode step failed")
+    assert "\n" not in step.note
+    reply = packed_model.generate(IDS[:5], SamplingSettings(temperature=0, max_tokens=5), stop_ids=())
+    assert len(list(reply)) == 5  # the eager step still runs
+    monkeypatch.setattr(compiled_step, "available", lambda: False)
+    assert llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32).compile() == (
+        "eager (this PyTorch cannot compile ahead of time)"
+    )
