@@ -67,6 +67,16 @@ def chat_turn_first_token(model: Llama, cached_tokens: int = 200, turn_tokens: i
     return generation.stats.time_to_first_token
 
 
+def operator_calls_per_token(model: Llama) -> int:
+    """PyTorch operators one decode step calls (top level only; what runs inside a fused
+    compiled kernel calls none): the fixed cost per token that compiling removes."""
+    cache = model.new_cache(16)
+    model.feed(cache, random_prompt(model.args.vocab_size, 8))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        model.feed(cache, [1])
+    return sum(1 for event in profile.events() if event.cpu_parent is None and event.name.startswith("aten::"))
+
+
 def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
     # Warm-up at full size: the first calls page the weights in and pick matrix kernels.
     measure(model, prompt_tokens, 8)
@@ -78,6 +88,8 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
         device=str(model.device),
         dtype=str(model.dtype).removeprefix("torch."),
         weights=model.describe_weights(),
+        decode_step=model.decode_step.describe(),
+        operator_calls_per_token=operator_calls_per_token(model),
         cpu=cpu_model_name(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         torch=torch.__version__,
@@ -103,6 +115,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt-tokens", type=positive_int, default=512)
     parser.add_argument("--new-tokens", type=positive_int, default=128)
     parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--compile", default="wait", choices=("wait", "off"),
+                        help="measure the compiled decode step, built first if need be (default), or the eager one")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     options = parser.parse_args(argv)
     if options.threads:
@@ -117,9 +131,14 @@ def main(argv: list[str]) -> int:
                      quantize=options.quantize, kernel_dtype=options.kernel_dtype)
     load_seconds = time.perf_counter() - started
     memory_after_load = peak_memory_mb()
+    started = time.perf_counter()
+    if options.compile == "wait":
+        model.decode_step.compile(wait=True)
+    compile_seconds = time.perf_counter() - started
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
     result.update(
         load_seconds=load_seconds,
+        compile_seconds=compile_seconds,
         peak_memory_mb=peak_memory_mb(),
         memory_before_load_mb=memory_before,
         peak_memory_after_load_mb=memory_after_load,
@@ -131,7 +150,9 @@ def main(argv: list[str]) -> int:
     print(f"{result['model']} on {result['device']}: {result['weights']}")
     print(f"{result['cpu']} ({result['cpu_capability']}), torch {result['torch']}, {result['threads']} threads, "
           f"median of {result['repeats']}")
-    print(f"load: {result['load_seconds']:.2f} s")
+    print(f"load: {result['load_seconds']:.2f} s; decode step {result['decode_step']}, ready "
+          f"{result['compile_seconds']:.1f} s after loading; {result['operator_calls_per_token']} operator calls "
+          "a token")
     print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
     print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
     print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms after the "

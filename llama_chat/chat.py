@@ -45,20 +45,49 @@ def model_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
                    quantize=options.quantize, kernel_dtype=options.kernel_dtype)
 
 
+class CompilingLoader:
+    """Loads models and sets each one's decode step compiling as --compile says; `stop()`
+    ends compiles still running (at exit: the next run starts them again)."""
+
+    def __init__(self, load_model: Callable[[str], Llama], mode: str, background: bool) -> None:
+        self.load_model = load_model
+        self.mode = mode
+        self.background = background
+        self.loaded: list[Llama] = []
+
+    def __call__(self, path: str) -> Llama:
+        model = self.load_model(path)
+        if self.mode != "off":
+            for earlier in self.loaded:
+                earlier.decode_step.cancel()
+            self.loaded.append(model)
+            model.decode_step.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")
+        return model
+
+    def stop(self) -> None:
+        for model in self.loaded:
+            model.decode_step.cancel()
+
+
 def run_chat(options: argparse.Namespace) -> int:
     settings = settings_from(options)
     if options.ctx_size is not None and options.ctx_size <= 0:
         raise UsageError(f"--ctx-size must be a positive number of tokens, got {options.ctx_size}")
     prompt = read_prompt(options)
     model_path = options.model or require_default_model()
-    load_model = model_loader(options)
-    session = Session(load_model(model_path), settings, system=options.system, context_size=options.ctx_size,
-                      model_path=model_path)
-    if prompt is not None:
-        return answer_once(session, prompt, options.stats)
-    from .repl.app import run_repl
+    # A one-shot reply ends long before a first compile would: it uses a compiled step only
+    # if one is on disk already (or --compile wait).
+    load_model = CompilingLoader(model_loader(options), options.compile, background=prompt is None)
+    try:
+        session = Session(load_model(model_path), settings, system=options.system, context_size=options.ctx_size,
+                          model_path=model_path)
+        if prompt is not None:
+            return answer_once(session, prompt, options.stats)
+        from .repl.app import run_repl
 
-    return run_repl(session, load_model)
+        return run_repl(session, load_model)
+    finally:
+        load_model.stop()
 
 
 def answer_once(session: Session, prompt: str, show_stats: bool) -> int:

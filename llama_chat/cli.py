@@ -18,6 +18,9 @@ SUBCOMMANDS = {
 }
 
 
+COMPILE_CHOICES = ("auto", "wait", "off")
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number above 0."""
     try:
@@ -63,6 +66,10 @@ def chat_parser() -> argparse.ArgumentParser:
                         help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
                         "measured on this CPU)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
+    parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
+                        help="the compiled decode step on the cpu: auto (built in the background the first time, "
+                        "eager meanwhile; a one-shot reply only uses one already built), wait (build it first), "
+                        "off (eager)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)

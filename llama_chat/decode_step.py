@@ -66,6 +66,11 @@ class DecodeStep:
             self._take_finished_compile()
         return self.note
 
+    def describe(self) -> str:
+        """What runs now: "compiled", "eager", "compiling ..." or why not."""
+        self._take_finished_compile()
+        return self.note
+
     def _take_finished_compile(self) -> None:
         background = self.background
         if background is None or not background.done():

@@ -128,3 +128,18 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
     assert llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32).compile() == (
         "eager (this PyTorch cannot compile ahead of time)"
     )
+
+
+def test_the_chat_compiles_in_the_background_but_a_one_shot_reply_does_not(packed_model):
+    from llama_chat.chat import CompilingLoader
+
+    started = []
+    packed_model.decode_step.compile = lambda wait=False, background=True: started.append((wait, background))
+    try:
+        CompilingLoader(lambda path: packed_model, "auto", background=True)("m")
+        CompilingLoader(lambda path: packed_model, "auto", background=False)("m")
+        CompilingLoader(lambda path: packed_model, "wait", background=False)("m")
+        CompilingLoader(lambda path: packed_model, "off", background=True)("m")
+    finally:
+        del packed_model.decode_step.compile
+    assert started == [(False, True), (False, False), (True, True)]

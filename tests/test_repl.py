@@ -262,7 +262,7 @@ def test_load_switches_weights_and_keeps_the_conversation():
     session = Session(chat_model(), GREEDY)
     other = chat_model(seed=2, name="other")
     code, output = chat(session, "one", "/load other.gguf", "two", "/device", "/quit", load_model=lambda path: other)
-    assert session.model is other and "loaded other on cpu (float32)" in output
+    assert session.model is other and "loaded other on cpu (float32; decode step eager)" in output
     assert [e.user for e in session.exchanges] == ["one", "two"]
     assert_consistent(session)
 

@@ -201,7 +201,7 @@ def usage(command: Command) -> str:
 
 
 def describe_device(model: Llama) -> str:
-    return f"{model.device} ({model.describe_weights()})"
+    return f"{model.device} ({model.describe_weights()}; decode step {model.decode_step.describe()})"
 
 
 def exchanges(count: int) -> str:
