@@ -7,6 +7,8 @@ and benchmarked. It runs `Transformer.decode` eagerly until a compiled step is t
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from . import compiled_step
@@ -23,6 +25,9 @@ class DecodeStep:
         self.compiled: compiled_step.CompiledStep | None = None
         self.background: compiled_step.BackgroundCompile | None = None
         self.note = "eager"  # what runs, for people: eager, compiling, compiled, or why not
+        self._loading: threading.Thread | None = None
+        self._loaded: compiled_step.CompiledStep | None = None
+        self._load_error = ""
 
     def __call__(self, cache: KVCache, token: int) -> torch.Tensor:
         """Feed `token` at the cache's next position; return the float32 logits after it."""
@@ -38,7 +43,7 @@ class DecodeStep:
     def compile(self, *, wait: bool = False, background: bool = True) -> str:
         """Use the compiled step: load it if it is on disk, else build it in the background
         (or, with background false, not at all). Returns a line saying what happens."""
-        if self.compiled is not None or self.background is not None:
+        if self.compiled is not None or self.background is not None or self._loading is not None:
             return self.note
         device = next(self.transformer.parameters()).device
         if device.type != "cpu" or not compiled_step.available():
@@ -51,11 +56,14 @@ class DecodeStep:
             self.note = "eager (compiled steps are kept in the cache, which is off)"
             return self.note
         if path.exists():
-            try:
-                self.compiled = compiled_step.CompiledStep(path, self.transformer)
-                self.note = "compiled"
-            except Exception as error:  # noqa: BLE001 (a bad package falls back to the eager step)
-                self.note = f"eager (the compiled step on disk did not load: {error}; delete {path})"
+            # Loading takes a second or two (PyTorch's compiler modules are imported), so a
+            # chat loads it beside the first turn instead of before the prompt.
+            self._loading = threading.Thread(target=self._load, args=(path,), daemon=True)
+            self._loading.start()
+            self.note = "loading the compiled step (eager meanwhile)"
+            if wait or not background:
+                self._loading.join()
+                self._take_finished_compile()
             return self.note
         if not background:
             return self.note
@@ -71,7 +79,16 @@ class DecodeStep:
         self._take_finished_compile()
         return self.note
 
+    def _load(self, path) -> None:
+        try:
+            self._loaded = compiled_step.CompiledStep(path, self.transformer)
+        except Exception as error:  # noqa: BLE001 (a bad package falls back to the eager step)
+            self._load_error = f"eager (the compiled step on disk did not load: {error}; delete {path})"
+
     def _take_finished_compile(self) -> None:
+        if self._loading is not None and not self._loading.is_alive():
+            self._loading = None
+            self.compiled, self.note = self._loaded, "compiled" if self._loaded is not None else self._load_error
         background = self.background
         if background is None or not background.done():
             return
