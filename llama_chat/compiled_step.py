@@ -136,8 +136,10 @@ def structure_copy(transformer: nn.Module) -> nn.Module:
 
 
 class BackgroundCompile:
-    """Compiles a model's decode step in a child process, then loads it; `step` is the
-    CompiledStep once ready, `error` one line if it failed, `seconds` how long it took."""
+    """Makes a model's compiled step ready without holding up the chat: loads the package at
+    `destination`, after building it in a child process if it is not there yet. `step` is
+    the CompiledStep once ready, `error` one line if it failed, `built` whether a build ran,
+    `seconds` how long it all took."""
 
     def __init__(self, transformer: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
         self.transformer = transformer
@@ -145,35 +147,39 @@ class BackgroundCompile:
         self.step: CompiledStep | None = None
         self.error = ""
         self.seconds = 0.0
+        self.built = not destination.exists()
         self.process: subprocess.Popen | None = None
         self._started = time.perf_counter()
-        self._workdir = tempfile.TemporaryDirectory(prefix="llama-chat-compile-")
-        structure = Path(self._workdir.name) / "structure.pt"
-        torch.save(structure_copy(transformer), structure)
-        self._log = open(Path(self._workdir.name) / "log.txt", "w+b")  # noqa: SIM115 (closed by the thread)
-        dtype_name = str(cache_dtype).removeprefix("torch.")
-        command = [sys.executable, "-m", "llama_chat.compiled_step", str(structure), dtype_name, str(destination)]
-        # One thread: the chat keeps the other cores while this compiles.
-        environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
-        self.thread = threading.Thread(target=self._finish, name="compile decode step", daemon=True)
+        self.thread = threading.Thread(target=self._finish, args=(cache_dtype,), name="decode step", daemon=True)
         self.thread.start()
 
-    def _finish(self) -> None:
+    def _finish(self, cache_dtype: torch.dtype) -> None:
         try:
-            code = self.process.wait()
-            if code != 0:
-                self._log.seek(0)
-                lines = self._log.read().decode(errors="replace").strip().splitlines()
-                self.error = f"compiling the decode step failed ({lines[-1][:200] if lines else f'exit {code}'})"
-                return
-            self.step = CompiledStep(self.destination, self.transformer)
+            if self.built:
+                self._build(cache_dtype)
+            if not self.error:
+                self.step = CompiledStep(self.destination, self.transformer)
         except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
-            self.error = f"loading the compiled decode step failed ({error})"
+            self.error = f"the compiled decode step did not load ({error}; delete {self.destination})"
         finally:
             self.seconds = time.perf_counter() - self._started
-            self._log.close()
-            self._workdir.cleanup()
+
+    def _build(self, cache_dtype: torch.dtype) -> None:
+        with tempfile.TemporaryDirectory(prefix="llama-chat-compile-") as workdir:
+            structure = Path(workdir) / "structure.pt"
+            torch.save(structure_copy(self.transformer), structure)
+            dtype_name = str(cache_dtype).removeprefix("torch.")
+            command = [sys.executable, "-m", "llama_chat.compiled_step", str(structure), dtype_name,
+                       str(self.destination)]
+            # One thread: the chat keeps the other cores while this compiles.
+            environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+            with open(Path(workdir) / "log.txt", "w+b") as log:
+                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+                code = self.process.wait()
+                if code != 0:
+                    log.seek(0)
+                    lines = log.read().decode(errors="replace").strip().splitlines()
+                    self.error = f"compiling the decode step failed ({lines[-1][:200] if lines else f'exit {code}'})"
 
     def done(self) -> bool:
         return not self.thread.is_alive()

@@ -109,12 +109,12 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
     started = time.perf_counter()
     assert step.compile(wait=True) == "compiled"
     assert time.perf_counter() - started < 10
-    assert step.compiled is not None and step.background is None
+    assert step.compiled is not None and step.pending is None
     # A chat loads it beside its first turn: eager until then, never a compile.
     beside = llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32)
     assert beside.compile().startswith("loading the compiled step")
-    beside._loading.join()
-    assert beside.describe() == "compiled" and beside.background is None
+    beside.pending.wait()
+    assert beside.describe() == "compiled" and beside.pending is None
 
 
 def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monkeypatch, tmp_path):
