@@ -9,10 +9,10 @@ and uses the model's own tensors in place.
 
 Compiling takes a minute or so, in a child process that works from a copy of the model
 with no data (`structure_copy`), so the chat runs on the eager step meanwhile and a
-failure there cannot take the chat down. Packages are kept per model shape, CPU and
-PyTorch version (`step_key`); later runs load theirs in about a second.
+failure there cannot take the chat down. Packages are kept per model shape, CPU, thread
+count and PyTorch version (`step_key`); later runs load theirs in about a second.
 
-    python -m llama_chat.compiled_step STRUCTURE_FILE CACHE_DTYPE PACKAGE_FILE
+    python -m llama_chat.compiled_step STRUCTURE_FILE CACHE_DTYPE PACKAGE_FILE THREADS
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ class _Decode(nn.Module):
 
 def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
     """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
-    this CPU, PyTorch and the traced code."""
+    this CPU and the threads it runs on, PyTorch and the traced code."""
     here = Path(__file__).parent
     spec = {
         "weights": [[name, list(t.shape), str(t.dtype)] for name, t in step_weights(transformer).items()],
         "cache": str(cache_dtype),
-        "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability()],
+        "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
         "torch": torch.__version__,
         "code": [hashlib.sha256((here / name).read_bytes()).hexdigest() for name in TRACED_SOURCES],
     }
@@ -83,9 +83,9 @@ def available() -> bool:
     return hasattr(torch, "export") and hasattr(torch._inductor, "aoti_compile_and_package")
 
 
-def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
+def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
     """Export and compile the decode step of `structure` (a model, or a copy without data)
-    into a package at destination, written whole or not at all."""
+    into a package at destination, written whole or not at all, for `threads` threads."""
     # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched.
     weights = [
         torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in step_weights(structure).values()
@@ -107,11 +107,17 @@ def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: P
     destination.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=destination.parent) as staging:
         staged = Path(staging) / destination.name
-        # Keep every rounding the code asks for: fused kernels otherwise skip a float32 ->
-        # bfloat16 -> float32 round trip, which the decode step's two-row split relies on.
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(staged), inductor_configs={"emulate_precision_casts": True}
-        )
+        settings = {
+            # Keep every rounding the code asks for (to bfloat16 before a kernel and back).
+            "emulate_precision_casts": True,
+            # The kernels' thread count is fixed when they are generated: the chat's, not the
+            # one thread this compiles on. (Thread counts read at run time were measured slower.)
+            "cpp.threads": threads,
+            # Keep small element-wise results (the final norm) in memory: inlined into the
+            # output head's loop, they were computed again for every row of the vocabulary.
+            "realize_cpu_opcount_threshold": 4,
+        }
+        torch._inductor.aoti_compile_and_package(program, package_path=str(staged), inductor_configs=settings)
         os.replace(staged, destination)
 
 
@@ -170,7 +176,7 @@ class BackgroundCompile:
             torch.save(structure_copy(self.transformer), structure)
             dtype_name = str(cache_dtype).removeprefix("torch.")
             command = [sys.executable, "-m", "llama_chat.compiled_step", str(structure), dtype_name,
-                       str(self.destination)]
+                       str(self.destination), str(torch.get_num_threads())]
             # One thread: the chat keeps the other cores while this compiles.
             environment = {**os.environ, "OMP_NUM_THREADS": "1"}
             with open(Path(workdir) / "log.txt", "w+b") as log:
@@ -193,10 +199,10 @@ class BackgroundCompile:
 
 
 def main(argv: list[str]) -> int:
-    structure_file, cache_dtype, destination = argv
+    structure_file, cache_dtype, destination, threads = argv
     torch.set_num_threads(1)
     structure = torch.load(structure_file, weights_only=False)  # our own copy, written just now
-    build_package(structure, getattr(torch, cache_dtype), Path(destination))
+    build_package(structure, getattr(torch, cache_dtype), Path(destination), int(threads))
     return 0
 
 

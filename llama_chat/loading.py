@@ -212,9 +212,9 @@ def build_packed_transformer(
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
     pool = ThreadPoolExecutor(max_workers=torch.get_num_threads())
     try:
-        packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, head=head is embedding)}
+        packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, scratch)}
         if head is not embedding:
-            packing["output.weight"] = pool.submit(Int8Table, head, head=True)
+            packing["output.weight"] = pool.submit(Int8Table, head, scratch)
         for name, mode in modes.items():
             packing[name] = pool.submit(
                 PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows, paths.matmul_dtype

@@ -126,7 +126,10 @@ class Scratch:
         size = math.prod(shape)
         buffer = self._buffers.get((purpose, dtype))
         if buffer is None or buffer.numel() < size:
-            buffer = self._buffers[purpose, dtype] = torch.empty(size, dtype=dtype)
+            # A plain tensor even when first taken under inference mode, so that a step run
+            # outside it (with grad mode merely off) may write to it too.
+            with torch.inference_mode(False):
+                buffer = self._buffers[purpose, dtype] = torch.empty(size, dtype=dtype)
         return buffer[:size].view(shape)
 
 
@@ -220,15 +223,6 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] > self.kernel_rows:
             out = flat.to(self.matmul_dtype) @ self.dequantize(self.matmul_dtype).t()
-        elif flat.shape[0] == 1 and self.kernel_dtype.itemsize < x.dtype.itemsize:
-            # A decode step's token goes in as two rows, its value in the kernel dtype and the
-            # remainder (about 16 bits in all), for little more time than one row. With one
-            # bfloat16 row, float32 noise flips roundings that move logits by tenths, and
-            # greedy replies then hang on the order of the step's arithmetic (eager or compiled).
-            high = flat.to(self.kernel_dtype)
-            low = (flat - high.to(flat.dtype)).to(self.kernel_dtype)
-            parts = self._kernel(torch.cat([high, low]))
-            out = parts[:1].to(x.dtype) + parts[1:].to(x.dtype)
         else:
             out = self._kernel(flat.to(self.kernel_dtype))
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -278,60 +272,67 @@ class PackedLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {self.mode}, kernel {self.kernel_dtype}"
 
 
-def split_int8(values: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """values ~ coarse * step + fine * step / 254, both int8: about 16 bits in two bytes."""
-    coarse = torch.round(values / step).clamp_(-127, 127)
-    fine = torch.round((values - coarse * step) / (step / 254)).clamp_(-127, 127)
-    return coarse.to(torch.int8), fine.to(torch.int8)
+def int8_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 levels with a float32 scale per group of 32 along each row, the
+    group's largest magnitude / 127. A GGUF Q8_0 matrix comes back exactly: its largest
+    level is +-127, so the scale found is the stored one and every level divides out."""
+    rows, columns = weight.shape
+    groups = weight.view(rows, -1, GROUP)
+    scales = groups.abs().amax(dim=-1) / 127
+    levels = torch.round(groups / scales.clamp_min(1e-30)[..., None]).clamp_(-127, 127)
+    return levels.to(torch.int8).view(rows, columns), scales
 
 
 class Int8Table(nn.Module):
     """A [vocab, dim] table serving as the embedding (rows looked up) and as the output head
     (float32 logits), so a tied model keeps it once.
 
-    Each row is an int8 part with one float32 scale, and for a head a second, finer int8
-    part: w = (coarse + fine / 254) * scale, within 1/508 of a coarse step of the stored
-    weight. The coarse part alone (half a step) was measured to change greedy answers of
-    the default model against float32 (its Q8_0 head has a scale per 32 weights, which
-    one scale per row cannot follow); looking up embeddings does not need the fine part.
+    Each group of 32 weights along a row is int8 levels times a float32 scale: GGUF's Q8_0
+    held exactly (1.125 bytes a weight), and other sources within half a step. One scale per
+    row instead was measured to change greedy answers of the default model.
     """
 
-    def __init__(self, source: StoredMatrix, head: bool) -> None:
+    def __init__(self, source: StoredMatrix, scratch: Scratch) -> None:
         super().__init__()
         self.vocab_size, self.dim = source.shape
-        self.register_buffer("coarse", torch.empty(source.shape, dtype=torch.int8))
-        self.register_buffer("fine", torch.empty(source.shape, dtype=torch.int8) if head else None)
-        self.register_buffer("scales", torch.empty(self.vocab_size, dtype=torch.float32))
+        self.scratch = scratch
+        self.register_buffer("levels", torch.empty(source.shape, dtype=torch.int8))
+        self.register_buffer("scales", torch.empty(self.vocab_size, self.dim // GROUP, dtype=torch.float32))
         step = chunk_rows(source, 1)
         for start in range(0, self.vocab_size, step):
             stop = min(start + step, self.vocab_size)
-            rows = as_float(source.rows(start, stop))
-            scales = (rows.abs().amax(dim=1) / 127).clamp_min(1e-12)
-            coarse, fine = split_int8(rows, scales[:, None])
-            self.coarse[start:stop] = coarse
-            if self.fine is not None:
-                self.fine[start:stop] = fine
-            self.scales[start:stop] = scales
+            self.levels[start:stop], self.scales[start:stop] = int8_groups(as_float(source.rows(start, stop)))
+
+    def _dequantize(self, levels: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out.copy_(levels)
+        out.view(len(out), -1, GROUP).mul_(scales[..., None])
+        return out
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        values = self.coarse[ids].float()
-        if self.fine is not None:
-            values += self.fine[ids].float() / 254
-        return (values * self.scales[ids, None]).to(dtype)
+        flat = ids.reshape(-1)
+        out = torch.empty(len(flat), self.dim)
+        return self._dequantize(self.levels[flat], self.scales[flat], out).view(*ids.shape, self.dim).to(dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T in float32, from three products multiplied exactly in int32 by torch._int_mm:
-        x's two int8 parts by the coarse weights, x's coarse part by the fine ones (the
-        fourth product is below both parts' precision). Nothing is rounded to x's dtype
-        (bfloat16 logits would step by 0.125 between 16 and 32 and tie near-equal tokens)."""
+        """x W^T in float32 (bfloat16 logits would step by 0.125 between 16 and 32 and tie
+        near-equal tokens).
+
+        Compiled, this is one fused pass over the int8 levels, so a decode step reads the
+        table once at 1.125 bytes a weight. Eager, the table is dequantised a chunk of rows
+        at a time into a scratch buffer that stays in cache, and multiplied from there.
+        """
         flat = x.reshape(-1, self.dim).float()
-        step = (flat.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-30)
-        coarse, fine = split_int8(flat, step)
-        coarse_weights = self.coarse.t()
-        out = torch._int_mm(coarse, coarse_weights) * step
-        out += torch._int_mm(fine, coarse_weights) * (step / 254)
-        out += torch._int_mm(coarse, self.fine.t()) * (step / 254)
-        out *= self.scales
+        if torch.compiler.is_compiling():
+            grouped = self.levels.view(1, self.vocab_size, -1, GROUP).float() * flat.view(-1, 1, self.dim // GROUP, GROUP)
+            out = (grouped.sum(-1) * self.scales).sum(-1)
+        else:
+            out = torch.empty(len(flat), self.vocab_size)
+            step = max(1, SCRATCH_CHUNK_WEIGHTS // self.dim)
+            for start in range(0, self.vocab_size, step):
+                stop = min(start + step, self.vocab_size)
+                weights = self.scratch.take((stop - start, self.dim), torch.float32, "chunk")
+                self._dequantize(self.levels[start:stop], self.scales[start:stop], weights)
+                out[:, start:stop] = flat @ weights.t()
         return out.view(*x.shape[:-1], self.vocab_size)
 
 

@@ -117,16 +117,29 @@ def test_int8_rows_stay_within_half_a_step(seed):
 def test_head_logits_are_float32_not_rounded_to_the_activation_dtype():
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(300, 64, generator=generator)
-    table = Int8Table(TensorMatrix.of(weight), head=True)
+    table = Int8Table(TensorMatrix.of(weight), Scratch())
     x = (torch.randn(1, 64, generator=generator) * 4).bfloat16()
     logits = table.logits(x)
     exact = x.double() @ table.rows(torch.arange(300), torch.float64).t()
     assert logits.dtype == torch.float32
-    # Two int8 parts of x and of each row give about 16 bits: far finer than bfloat16's 8.
-    assert (logits.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
-    stored = (table.rows(torch.arange(300), torch.float64) - weight.double()).abs()
-    assert (stored <= weight.abs().amax(dim=1, keepdim=True) / 127 / 500).all()
+    assert (logits.double() - exact).abs().max() <= 1e-5 * exact.abs().max()
     assert not torch.equal(logits, logits.bfloat16().float())  # not on bfloat16's grid
+    # Each weight within half a step of its group of 32.
+    step = weight.view(300, -1, GROUP).abs().amax(-1, keepdim=True) / 127
+    stored = table.rows(torch.arange(300), torch.float32).view(300, -1, GROUP)
+    assert ((stored - weight.view(300, -1, GROUP)).abs() <= 0.5 * step * (1 + 1e-6)).all()
+
+
+def test_a_q8_0_table_is_held_exactly():
+    """GGUF Q8_0: levels -127..127 (the largest magnitude of a group at 127) times a float16 scale."""
+    generator = torch.Generator().manual_seed(1)
+    levels = torch.randint(-126, 127, (40, 96), generator=generator)
+    levels[:, ::GROUP] = 127 * torch.randint(0, 2, (40, 3), generator=generator) * 2 - 127
+    scales = (torch.rand(40, 3, generator=generator) * 0.01).half().float()
+    weight = (levels.view(40, 3, GROUP) * scales[..., None]).view(40, 96)
+    table = Int8Table(TensorMatrix.of(weight), Scratch())
+    assert torch.equal(table.rows(torch.arange(40), torch.float32), weight)
+    assert torch.equal(table.levels.long(), levels)
 
 
 def dense_reference(model: Llama) -> Llama:
