@@ -10,7 +10,7 @@ and uses the model's own tensors in place.
 Compiling takes a minute or so, in a child process that works from a copy of the model
 with no data (`structure_copy`), so the chat runs on the eager step meanwhile and a
 failure there cannot take the chat down. Packages are kept per model shape, CPU, thread
-count and PyTorch version (`step_key`); later runs load theirs in about a second.
+count and PyTorch version (`step_key`); later runs load theirs in milliseconds.
 
     python -m llama_chat.compiled_step STRUCTURE_FILE CACHE_DTYPE PACKAGE_FILE THREADS
 """
@@ -79,8 +79,9 @@ def package_path(transformer: nn.Module, cache_dtype: torch.dtype) -> Path | Non
 
 
 def available() -> bool:
-    """Whether this PyTorch can compile ahead of time, for the cpu."""
-    return hasattr(torch, "export") and hasattr(torch._inductor, "aoti_compile_and_package")
+    """Whether this PyTorch can run a package compiled ahead of time (whether it can also
+    build one shows in the child process that tries)."""
+    return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")
 
 
 def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
@@ -122,14 +123,20 @@ def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: P
 
 
 class CompiledStep:
-    """A loaded package, called like Transformer.decode with the model's own weights."""
+    """A loaded package, called like Transformer.decode with the model's own weights.
+
+    It is opened with PyTorch's C++ loader itself: `torch._inductor.aoti_load_package`
+    would first import the compiler's Python modules, over a second, for nothing a
+    package needs to run. The inputs go in flat, as export flattened them.
+    """
 
     def __init__(self, path: Path, transformer: nn.Module) -> None:
-        self.runner = torch._inductor.aoti_load_package(str(path))
+        self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         self.weights = list(step_weights(transformer).values())
 
     def __call__(self, token, past_bias, keys, values):
-        return self.runner(token, past_bias, keys, values, self.weights)
+        logits, new_keys, new_values = self.runner.boxed_run([token, past_bias, keys, values, *self.weights])
+        return logits, new_keys, new_values
 
 
 def structure_copy(transformer: nn.Module) -> nn.Module:
@@ -142,9 +149,8 @@ def structure_copy(transformer: nn.Module) -> nn.Module:
 
 
 class BackgroundCompile:
-    """Makes a model's compiled step ready without holding up the chat: loads the package at
-    `destination`, after building it in a child process if it is not there yet. `step` is
-    the CompiledStep once ready, `error` one line if it failed, `built` whether a build ran,
+    """Builds a model's compiled step in a child process without holding up the chat, then
+    loads it. `step` is the CompiledStep once ready, `error` one line if it failed,
     `seconds` how long it all took."""
 
     def __init__(self, transformer: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
@@ -153,7 +159,6 @@ class BackgroundCompile:
         self.step: CompiledStep | None = None
         self.error = ""
         self.seconds = 0.0
-        self.built = not destination.exists()
         self.process: subprocess.Popen | None = None
         self._started = time.perf_counter()
         self.thread = threading.Thread(target=self._finish, args=(cache_dtype,), name="decode step", daemon=True)
@@ -161,8 +166,7 @@ class BackgroundCompile:
 
     def _finish(self, cache_dtype: torch.dtype) -> None:
         try:
-            if self.built:
-                self._build(cache_dtype)
+            self._build(cache_dtype)
             if not self.error:
                 self.step = CompiledStep(self.destination, self.transformer)
         except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)

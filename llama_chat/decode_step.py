@@ -21,7 +21,7 @@ class DecodeStep:
         self.transformer = transformer
         self.cache_dtype = cache_dtype
         self.compiled: compiled_step.CompiledStep | None = None
-        self.pending: compiled_step.BackgroundCompile | None = None  # being built or loaded
+        self.pending: compiled_step.BackgroundCompile | None = None  # being built
         self.note = "eager"  # what runs, for people: eager, compiling, compiled, or why not
 
     def __call__(self, cache: KVCache, token: int) -> torch.Tensor:
@@ -37,11 +37,9 @@ class DecodeStep:
         return logits
 
     def compile(self, *, wait: bool = False, background: bool = True) -> str:
-        """Use the compiled step: load it if it is on disk, else build it in the background
-        (or, with background false, not at all). Returns a line saying what happens.
-
-        Loading takes a second or two (PyTorch's compiler modules are imported), so a chat
-        does that beside its first turn too, not before the prompt."""
+        """Use the compiled step: load it if it is on disk (a few milliseconds), else build it
+        in the background (or, with background false, not at all). Returns a line saying
+        what happens."""
         if self.compiled is not None or self.pending is not None:
             return self.note
         device = next(self.transformer.parameters()).device
@@ -49,19 +47,25 @@ class DecodeStep:
             self.note = f"eager (a compiled step is built for the cpu only, not {device.type})"
             return self.note
         if not compiled_step.available():
-            self.note = "eager (this PyTorch cannot compile ahead of time)"
+            self.note = "eager (this PyTorch cannot run a step compiled ahead of time)"
             return self.note
         path = compiled_step.package_path(self.transformer, self.cache_dtype)
         if path is None:
             self.note = "eager (compiled steps are kept in the cache, which is off)"
             return self.note
-        on_disk = path.exists()
-        if not on_disk and not background:
+        if path.exists():
+            try:
+                self.compiled = compiled_step.CompiledStep(path, self.transformer)
+                self.note = "compiled"
+            except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                self.note = f"eager (the compiled decode step did not load: {reason}; delete {path})"
+            return self.note
+        if not background:
             return self.note
         self.pending = compiled_step.BackgroundCompile(self.transformer, self.cache_dtype, path)
-        self.note = ("loading the compiled step" if on_disk else
-                     "compiling in the background (once for this model and CPU)") + " (eager meanwhile)"
-        if wait or not background:
+        self.note = "compiling in the background (once for this model and CPU; eager meanwhile)"
+        if wait:
             self.pending.wait()
             self._take_pending()
         return self.note
@@ -81,7 +85,7 @@ class DecodeStep:
             self.note = f"eager ({pending.error})"
             return
         self.compiled = pending.step
-        self.note = f"compiled (built in {pending.seconds:.0f} s)" if pending.built else "compiled"
+        self.note = f"compiled (built in {pending.seconds:.0f} s)"
 
     def cancel(self) -> None:
         if self.pending is not None:

@@ -28,6 +28,7 @@ MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 STRING, ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,21 @@ class _Cursor:
         self.position = end
         return text
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a vocabulary, its merges): one tight loop, as a load
+        spends a tenth of a second here for 50,000 tokens."""
+        buffer, position, unpack_length = self.buffer, self.position, _LENGTH.unpack_from
+        texts = []
+        for _ in range(count):
+            (length,) = unpack_length(buffer, position)
+            position += 8
+            texts.append(str(buffer[position : position + length], "utf-8"))
+            position += length
+        if position > len(buffer):
+            raise ValueError("a string runs past the end of the file")
+        self.position = position
+        return texts
+
     def value(self, value_type: int) -> Any:
         if value_type == STRING:
             return self.string()
@@ -67,6 +83,8 @@ class _Cursor:
                 items = np.frombuffer(self.buffer, dtype=_NUMPY[element_type], count=count, offset=self.position)
                 self.position += items.nbytes
                 return items.tolist()
+            if element_type == STRING:
+                return self.strings(count)
             return [self.value(element_type) for _ in range(count)]
         return self.take(_SCALARS[value_type])
 
