@@ -54,7 +54,8 @@ class _Decode(nn.Module):
 
     def forward(self, token, past_bias, keys, values, weights):
         state = dict(zip(self.names, weights))
-        with torch.nn.utils.stateless._reparametrize_module(self.structure, state):
+        # tie_weights: a tied head is one tensor, named once among the inputs.
+        with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
             return self.structure.decode(token, past_bias, keys, values)
 
 

@@ -99,6 +99,22 @@ def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compi
     assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
 
 
+def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
+    """Float32 weights as parameters, the output head the embedding's own (named once)."""
+    model = Llama.random(tiny_args(tie_embeddings=True), seed=4)
+    assert model.transformer.output.weight is model.transformer.tok_embeddings.weight
+    destination = tmp_path / "dense.pt2"
+    background = compiled_step.BackgroundCompile(model.transformer, torch.float32, destination)
+    background.wait()
+    assert background.error == "" and background.step is not None
+    prompt = [(37 * i) % 250 + 3 for i in range(10)]
+    eager_ids, eager_logits = greedy(model, prompt, 12)
+    model.decode_step.compiled = background.step
+    compiled_ids, compiled_logits = greedy(model, prompt, 12)
+    assert compiled_ids == eager_ids
+    assert torch.allclose(torch.stack(compiled_logits), torch.stack(eager_logits), atol=1e-4, rtol=1e-4)
+
+
 def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, monkeypatch, tmp_path):
     destination, _ = compiled_package
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
