@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from .errors import SettingError, UsageError
@@ -12,7 +12,9 @@ from .llama import Llama
 from .loading import load
 from .repl.render import stats_line, visible
 from .sampling import SETTING_HELP, SamplingSettings
+from .ranks import Peers, follow, join, shard_from_environment, start_ranks
 from .session import Session
+from .tensor_parallel import Shard
 from .weights import require_default_model
 
 
@@ -38,11 +40,25 @@ def read_prompt(options: argparse.Namespace) -> str | None:
     return None
 
 
-def model_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
-    """Loads weights from a path with the command line's device, dtype and chat format."""
+def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Callable[[str], Llama]:
+    """Loads weights from a path with the command line's device, dtype and chat format
+    (with a shard: that rank's share of them)."""
     chat_format = "plain" if options.raw else options.chat_format
     return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format,
-                   quantize=options.quantize, kernel_dtype=options.kernel_dtype)
+                   quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard)
+
+
+class ParallelLoader:
+    """Rank 0's loader in a tensor-parallel group: every rank loads its shard, or none does."""
+
+    def __init__(self, load_shard: Callable[[str], Llama], peers: Peers) -> None:
+        self.load_shard = load_shard
+        self.peers = peers
+
+    def __call__(self, path: str) -> Llama:
+        model = self.peers.load(self.load_shard, path)
+        model.peers = self.peers
+        return model
 
 
 class CompilingLoader:
@@ -69,25 +85,45 @@ class CompilingLoader:
             model.decode_step.cancel()
 
 
-def run_chat(options: argparse.Namespace) -> int:
+def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = settings_from(options)
     if options.ctx_size is not None and options.ctx_size <= 0:
         raise UsageError(f"--ctx-size must be a positive number of tokens, got {options.ctx_size}")
+    shard = shard_from_environment()
+    if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
+        return follow(join(shard), model_loader(options, shard))
     prompt = read_prompt(options)
     model_path = options.model or require_default_model()
-    # A one-shot reply ends long before a first compile would: it uses a compiled step only
-    # if one is on disk already (or --compile wait).
-    load_model = CompilingLoader(model_loader(options), options.compile, background=prompt is None)
+    peers = None
+    if shard is None and options.tp > 1:
+        shard = Shard(0, options.tp)
+        peers = Peers(None, start_ranks(options.tp, argv))
+    if shard is not None:
+        if options.device not in ("auto", "cpu"):
+            raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
+        options.device, options.compile = "cpu", "off"  # the compiled step has no all-reduce
+        peers = peers or Peers(None)
     try:
-        session = Session(load_model(model_path), settings, system=options.system, context_size=options.ctx_size,
-                          model_path=model_path)
-        if prompt is not None:
-            return answer_once(session, prompt, options.stats)
-        from .repl.app import run_repl
+        base_loader = model_loader(options, shard)
+        if peers is not None:
+            peers.store = join(shard)
+            base_loader = ParallelLoader(base_loader, peers)
+        # A one-shot reply ends long before a first compile would: it uses a compiled step
+        # only if one is on disk already (or --compile wait).
+        load_model = CompilingLoader(base_loader, options.compile, background=prompt is None)
+        try:
+            session = Session(load_model(model_path), settings, system=options.system,
+                              context_size=options.ctx_size, model_path=model_path)
+            if prompt is not None:
+                return answer_once(session, prompt, options.stats)
+            from .repl.app import run_repl
 
-        return run_repl(session, load_model)
+            return run_repl(session, load_model)
+        finally:
+            load_model.stop()
     finally:
-        load_model.stop()
+        if peers is not None:
+            peers.close()
 
 
 def answer_once(session: Session, prompt: str, show_stats: bool) -> int:

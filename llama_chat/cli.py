@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from .errors import LlamaChatError, UsageError
 from .sampling import SETTING_HELP, SamplingSettings
+from .tensor_parallel import RankLost
 
 SUBCOMMANDS = {
     "bench": "measure prefill and decode speed",
@@ -70,6 +71,9 @@ def chat_parser() -> argparse.ArgumentParser:
                         help="the compiled decode step on the cpu: auto (built in the background the first time, "
                         "eager meanwhile; a one-shot reply only uses one already built), wait (build it first), "
                         "off (eager)")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="split the model over N processes on this host (tensor parallel, on the cpu); "
+                        "under torchrun the group comes from the launcher (default: 1)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)
@@ -91,7 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .chat import run_chat
 
         options = chat_parser().parse_args(argv)
-        return run_chat(options)
+        return run_chat(options, argv)
+    except RankLost as error:
+        print(f"llama-chat: a rank of the tensor-parallel group stopped ({error}); the run ends", file=sys.stderr)
+        return 1
     except LlamaChatError as error:
         if debug:
             raise

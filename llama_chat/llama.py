@@ -15,6 +15,7 @@ from .device import resolve_device, resolve_dtype
 from .errors import ContextOverflowError
 from .generate import Generation
 from .model import Transformer
+from .ranks import Peers, uninterrupted
 from .sampling import SamplingSettings
 from .tokenizer import ByteTokenizer, Tokenizer
 
@@ -49,6 +50,7 @@ class Llama:
         self.device = first.device
         self.dtype = first.dtype
         self.decode_step = DecodeStep(self.transformer, self.dtype)
+        self.peers: Peers | None = None  # the other ranks, when this is rank 0 of a group
         if self.device.type == "cpu":
             # Real weights drive exp() inside silu and softmax into subnormal floats, which
             # the CPU handles several times slower; flushing them to zero changes no logit
@@ -91,6 +93,10 @@ class Llama:
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Float32 logits [len(ids), vocab] from one full forward pass, no cache involved."""
         tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        if self.peers is not None:
+            with uninterrupted():
+                self.peers.logits(ids)
+                return self.transformer(tokens)[0]
         return self.transformer(tokens)[0]
 
     @torch.inference_mode()
@@ -100,6 +106,13 @@ class Llama:
             raise ContextOverflowError(
                 f"{len(ids)} more tokens do not fit: the context holds {cache.capacity} and {len(cache)} are used"
             )
+        if self.peers is not None:  # tensor parallel: every rank runs the same step
+            with uninterrupted():
+                self.peers.feed(cache, ids)
+                return self._feed(cache, ids, chunk_size)
+        return self._feed(cache, ids, chunk_size)
+
+    def _feed(self, cache: KVCache, ids: Sequence[int], chunk_size: int) -> torch.Tensor:
         if len(ids) == 1:
             return self.decode_step(cache, ids[0])
         logits = None

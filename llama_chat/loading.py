@@ -9,6 +9,7 @@ a second shows its progress on a terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import Counter
@@ -31,6 +32,7 @@ from .device import DTYPES, resolve_device, resolve_dtype
 from .errors import LlamaChatError
 from .llama import Llama
 from .model import Transformer
+from .tensor_parallel import Shard, add_all_reduces, local_args, shard_state
 from .packed import (
     Int8Table, PackedEmbedding, PackedHead, PackedLinear, Scratch, int4_layout, int8_kernels_available,
     return_freed_memory,
@@ -263,17 +265,24 @@ def load(
     chat_format: str | None = None,
     quantize: str = "auto",
     kernel_dtype: str | None = None,
+    shard: Shard | None = None,
 ) -> Llama:
     """Load a model from local files onto `device` (auto: cuda, mps, else cpu).
 
     On the cpu the weights are packed (`quantize`: auto, int8, int4; none keeps them
     dense in `dtype`); a packed model keeps float32 activations, and the dtypes its
     matrix products and kernels take are measured on this CPU unless `dtype` or
-    `kernel_dtype` name them.
+    `kernel_dtype` name them. With a `shard`, only that tensor-parallel rank's rows and
+    columns are read, and its blocks sum their outputs over the process group.
     """
     resolved_device = resolve_device(device)
     packed = packs(quantize, resolved_device, dtype)
     checkpoint = read_checkpoint(path)
+    if shard is not None and shard.world > 1:
+        checkpoint = dataclasses.replace(
+            checkpoint, args=local_args(checkpoint.args, shard.world),
+            tensors=shard_state(checkpoint.tensors, checkpoint.args, shard),
+        )
     args = checkpoint.args
     chosen_format = get_chat_format(
         chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token
@@ -295,6 +304,8 @@ def load(
                 weights_note, quantization = "", "none"
     finally:
         progress.close()
+    if shard is not None and shard.world > 1:
+        add_all_reduces(transformer)
     return Llama(
         transformer,
         checkpoint.tokenizer,

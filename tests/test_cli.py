@@ -49,7 +49,7 @@ def test_prompt_prints_only_the_reply_and_stats_go_to_stderr(loads, capsys):
     assert out == visible(greedy_reply("hello", max_tokens=5)) + "\n"
     assert err.count("\n") == 1 and "tokens" in err and "cached tokens" in err
     assert loads == [("tiny.gguf", {"device": "auto", "dtype": "auto", "chat_format": None, "quantize": "auto",
-                               "kernel_dtype": "auto"})]
+                               "kernel_dtype": "auto", "shard": None})]
 
 
 def test_piped_stdin_is_the_prompt(loads, capsys, monkeypatch):
@@ -131,4 +131,4 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     assert [e.user for e in session.exchanges] == ["hello"]
     # /load goes through the same loader, with the command line's device, dtype and format.
     assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",
-                                       "kernel_dtype": "auto"})
+                                       "kernel_dtype": "auto", "shard": None})

@@ -156,3 +156,43 @@ class ColumnStacked(StoredMatrix):
 
     def rows(self, start: int, stop: int) -> Rows:
         return torch.cat([as_float(part.rows(start, stop)) for part in self.parts], dim=1)
+
+
+class RowRange(StoredMatrix):
+    """Rows first..first+count of a stored matrix (a tensor-parallel rank's share), read
+    from the source only where asked."""
+
+    def __init__(self, source: StoredMatrix, first: int, count: int) -> None:
+        if first % source.row_alignment or count % source.row_alignment:
+            raise ValueError(f"rows {first}..{first + count} do not fall on reads of {source.row_alignment} rows")
+        self.source, self.first = source, first
+        self.shape = (count, source.shape[1])
+        self.four_bit = source.four_bit
+        self.float_storage = source.float_storage
+        self.row_alignment = source.row_alignment
+        self.stored_bytes = source.stored_bytes * count // source.shape[0]
+
+    def rows(self, start: int, stop: int) -> Rows:
+        return self.source.rows(self.first + start, self.first + stop)
+
+
+class ColumnRange(StoredMatrix):
+    """Columns first..first+count of a stored matrix; exact 4-bit groups stay exact when the
+    range falls on whole groups."""
+
+    def __init__(self, source: StoredMatrix, first: int, count: int) -> None:
+        self.source, self.first, self.count = source, first, count
+        self.shape = (source.shape[0], count)
+        self.four_bit = source.four_bit and first % GROUP == 0 and count % GROUP == 0
+        self.float_storage = source.float_storage
+        self.row_alignment = source.row_alignment
+        self.stored_bytes = source.stored_bytes * count // source.shape[1]
+
+    def rows(self, start: int, stop: int) -> Rows:
+        stored = self.source.rows(start, stop)
+        if isinstance(stored, Int4Groups) and self.four_bit:
+            columns, groups = slice(self.first, self.first + self.count), slice(
+                self.first // GROUP, (self.first + self.count) // GROUP
+            )
+            return Int4Groups(stored.levels[:, columns], stored.scales[:, groups], stored.zeros[:, groups])
+        return as_float(stored)[:, self.first : self.first + self.count]

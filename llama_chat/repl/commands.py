@@ -16,6 +16,7 @@ from ..errors import LlamaChatError
 from ..llama import Llama
 from ..sampling import SETTING_HELP, SamplingSettings
 from ..session import Session
+from ..tensor_parallel import RankLost
 from .render import Renderer, stats_line
 
 STOP = True  # what a handler returns to end the chat (others return None)
@@ -127,6 +128,8 @@ def run_load(state: ChatState, text: str) -> None:
     session = state.session
     try:
         model = state.load_model(text)
+    except RankLost:
+        raise  # the group is broken: the run ends
     except Exception as error:  # a foreign file can fail in many ways; the chat must go on
         reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None

@@ -1,0 +1,67 @@
+"""What each process of a tensor-parallel test runs (spawned by tests/test_tensor_parallel.py).
+
+Rank 0 drives the group as the chat does (Peers, ParallelLoader) and saves what it saw;
+the other ranks follow. Every rank also saves the shapes of its own weights.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from llama_chat.chat import ParallelLoader
+from llama_chat.loading import load
+from llama_chat.ranks import Peers, follow, join
+from llama_chat.sampling import SamplingSettings
+from llama_chat.session import Session
+from llama_chat.tensor_parallel import Shard
+
+PROMPT = [5, 17, 33, 2, 41, 8, 29, 60, 11, 3]
+TURNS = ("hello there", "and then?", "one more")
+
+
+def weight_shapes(model) -> dict[str, list[int]]:
+    return {name: list(t.shape) for name, t in model.transformer.state_dict().items()}
+
+
+def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    shard = Shard(rank, world)
+    store = join(shard)
+    load_shard = partial(load, device="cpu", dtype="float32", shard=shard)
+    if rank > 0:
+        shapes_seen = {}
+
+        def load_and_note(path):
+            model = load_shard(path)
+            shapes_seen.update(weight_shapes(model))
+            return model
+
+        follow(store, load_and_note)
+        torch.save(shapes_seen, Path(out) / f"shapes-{rank}.pt")
+        return
+    peers = Peers(store)
+    model = ParallelLoader(load_shard, peers)(model_path)
+    results = {"shapes": weight_shapes(model), "logits": model.logits(PROMPT)}
+    greedy = model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20), stop_ids=())
+    results["greedy"] = [piece.token_id for piece in greedy]
+    session = Session(model, SamplingSettings(temperature=0, max_tokens=12))
+    results["turns"] = [session.send(text).run().reply for text in TURNS]
+    peers.close()
+    torch.save(results, Path(out) / "rank0.pt")
+
+
+def run_alone(model_path: str) -> dict:
+    """The same, in one process: what the group must reproduce."""
+    model = load(model_path, device="cpu", dtype="float32")
+    results = {"logits": model.logits(PROMPT)}
+    greedy = model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20), stop_ids=())
+    results["greedy"] = [piece.token_id for piece in greedy]
+    session = Session(model, SamplingSettings(temperature=0, max_tokens=12))
+    results["turns"] = [session.send(text).run().reply for text in TURNS]
+    results["shapes"] = weight_shapes(model)
+    return results
