@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
+from .chat import ParallelLoader
 from .cli import positive_int
 from .config import ModelArgs
 from .cpu_paths import cpu_model_name
 from .llama import Llama
+from .errors import UsageError
 from .loading import load, model_memory_bytes
+from .ranks import follow, join, lead, peak_memory_mb, shard_from_environment, start_ranks
 from .sampling import SamplingSettings
+from .tensor_parallel import Shard
 from .weights import require_default_model
 
 # Shapes of known models, for benchmarking random weights without any files.
@@ -25,10 +30,6 @@ SHAPES = {
         rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
     ),
 }
-
-
-def peak_memory_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def random_prompt(vocab_size: int, length: int) -> list[int]:
@@ -117,22 +118,44 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--compile", default="wait", choices=("wait", "off"),
                         help="measure the compiled decode step, built first if need be (default), or the eager one")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="split the model over N processes on this host (tensor parallel); memory is "
+                        "then given per rank")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     options = parser.parse_args(argv)
     if options.threads:
         torch.set_num_threads(options.threads)
+    shard = shard_from_environment()  # a rank of a group started by --tp or torchrun
+    if options.tp > 1 and options.random_shapes:
+        raise UsageError("--tp needs weights from a file: give --model instead of --random-shapes")
+    processes = []
+    if shard is None and options.tp > 1:
+        shard, processes = Shard(0, options.tp), start_ranks(options.tp, ["bench", *argv])
+    loader = partial(load, device=options.device, dtype=options.dtype, quantize=options.quantize,
+                     kernel_dtype=options.kernel_dtype, shard=shard)
+    if shard is not None and shard.rank > 0:
+        return follow(join(shard), loader)
+    peers = lead(shard, processes) if shard is not None else None
+    try:
+        return measure_and_report(options, ParallelLoader(loader, peers) if peers is not None else loader)
+    finally:
+        if peers is not None:
+            peers.close()
+
+
+def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:
     memory_before = peak_memory_mb()
     started = time.perf_counter()
     if options.random_shapes:
         model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
         model.name = f"random weights, {options.random_shapes} shapes"
     else:
-        model = load(options.model or require_default_model(), device=options.device, dtype=options.dtype,
-                     quantize=options.quantize, kernel_dtype=options.kernel_dtype)
+        model = loader(options.model or require_default_model())
     load_seconds = time.perf_counter() - started
     memory_after_load = peak_memory_mb()
     started = time.perf_counter()
-    if options.compile == "wait":
+    peers = model.peers  # the other ranks, under --tp
+    if options.compile == "wait" and peers is None:  # the compiled step has no all-reduce
         model.decode_step.compile(wait=True)
     compile_seconds = time.perf_counter() - started
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
@@ -143,7 +166,10 @@ def main(argv: list[str]) -> int:
         memory_before_load_mb=memory_before,
         peak_memory_after_load_mb=memory_after_load,
         model_memory_mb=model_memory_bytes(model) / 2**20,
+        tensor_parallel=options.tp if peers is not None else 1,
     )
+    if peers is not None:
+        result["peak_memory_mb_per_rank"] = [result["peak_memory_mb"], *peers.peak_memory_mb()]
     if options.json:
         print(json.dumps(result))
         return 0
@@ -161,4 +187,7 @@ def main(argv: list[str]) -> int:
     print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
           f"{result['memory_before_load_mb']:.0f} MB before loading, "
           f"{result['peak_memory_after_load_mb']:.0f} MB right after")
+    if "peak_memory_mb_per_rank" in result:
+        ranks = ", ".join(f"rank {rank} {mb:.0f} MB" for rank, mb in enumerate(result["peak_memory_mb_per_rank"]))
+        print(f"tensor parallel over {result['tensor_parallel']} ranks (rank 0's model share above); peak: {ranks}")
     return 0

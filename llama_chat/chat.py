@@ -12,7 +12,7 @@ from .llama import Llama
 from .loading import load
 from .repl.render import stats_line, visible
 from .sampling import SETTING_HELP, SamplingSettings
-from .ranks import Peers, follow, join, shard_from_environment, start_ranks
+from .ranks import Peers, follow, join, lead, shard_from_environment, start_ranks
 from .session import Session
 from .tensor_parallel import Shard
 from .weights import require_default_model
@@ -94,19 +94,17 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         return follow(join(shard), model_loader(options, shard))
     prompt = read_prompt(options)
     model_path = options.model or require_default_model()
-    peers = None
-    if shard is None and options.tp > 1:
-        shard = Shard(0, options.tp)
-        peers = Peers(None, start_ranks(options.tp, argv))
-    if shard is not None:
+    if shard is not None or options.tp > 1:
         if options.device not in ("auto", "cpu"):
             raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
         options.device, options.compile = "cpu", "off"  # the compiled step has no all-reduce
-        peers = peers or Peers(None)
+    processes = []
+    if shard is None and options.tp > 1:
+        shard, processes = Shard(0, options.tp), start_ranks(options.tp, argv)
+    peers = lead(shard, processes) if shard is not None else None
     try:
         base_loader = model_loader(options, shard)
         if peers is not None:
-            peers.store = join(shard)
             base_loader = ParallelLoader(base_loader, peers)
         # A one-shot reply ends long before a first compile would: it uses a compiled step
         # only if one is on disk already (or --compile wait).

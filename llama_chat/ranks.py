@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -36,6 +37,11 @@ from .tensor_parallel import RankLost, Shard
 
 TIMEOUT_VARIABLE = "LLAMA_CHAT_TP_TIMEOUT"
 IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's next command
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def shard_from_environment() -> Shard | None:
@@ -88,6 +94,15 @@ def join(shard: Shard) -> dist.Store:
     return store
 
 
+def lead(shard: Shard, processes: Sequence[subprocess.Popen] = ()) -> Peers:
+    """Join the group as rank 0; if that fails, the ranks started here are stopped."""
+    try:
+        return Peers(join(shard), processes)
+    except BaseException:
+        Peers(None, processes).close()
+        raise
+
+
 def agree(succeeded: bool, message: str, store: dist.Store, attempt: int) -> str:
     """Whether every rank succeeded at something; "" if so, else the first failure's line."""
     if not succeeded:
@@ -136,6 +151,12 @@ class Peers:
 
     def logits(self, ids: Sequence[int]) -> None:
         self._post("logits", ids=list(ids))
+
+    def peak_memory_mb(self) -> list[float]:
+        """The other ranks' peak resident memory, rank 1 first."""
+        asked = self.sent
+        self._post("report")
+        return [float(self.store.get(f"report/{asked}/{rank}")) for rank in range(1, dist.get_world_size())]
 
     def load(self, load_model: Callable[[str], object], path: str):
         """Load `path` on every rank, or on none: any rank's failure is one line for all."""
@@ -217,3 +238,5 @@ def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
             model.feed(cache, command["ids"])
         elif operation == "logits":
             model.logits(command["ids"])
+        elif operation == "report":
+            store.set(f"report/{received - 1}/{dist.get_rank()}", str(peak_memory_mb()))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat import ParallelLoader
+from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load
 from llama_chat.ranks import Peers, follow, join
 from llama_chat.sampling import SamplingSettings
@@ -51,6 +52,13 @@ def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
     results["greedy"] = [piece.token_id for piece in greedy]
     session = Session(model, SamplingSettings(temperature=0, max_tokens=12))
     results["turns"] = [session.send(text).run().reply for text in TURNS]
+    # A load that fails fails on every rank, and the model before goes on.
+    try:
+        ParallelLoader(load_shard, peers)(str(Path(out) / "missing.gguf"))
+    except LlamaChatError as error:
+        results["failed_load"] = str(error)
+    again = model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20), stop_ids=())
+    results["greedy_after_failed_load"] = [piece.token_id for piece in again]
     peers.close()
     torch.save(results, Path(out) / "rank0.pt")
 

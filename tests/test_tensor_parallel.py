@@ -1,5 +1,6 @@
 """Tensor parallelism: ranks spawned here with gloo, on tiny random models."""
 
+import json
 import os
 import pty
 import select
@@ -52,6 +53,8 @@ def test_a_group_reproduces_one_process(model_file, alone, world, tmp_path):
     assert torch.allclose(group["logits"], alone["logits"], atol=1e-4, rtol=0)
     assert group["greedy"] == alone["greedy"] and len(group["greedy"]) == 20
     assert group["turns"] == alone["turns"] and all(group["turns"])  # a cached conversation of 3 turns
+    assert group["failed_load"].startswith("rank 0: ") and "missing.gguf" in group["failed_load"]
+    assert group["greedy_after_failed_load"] == alone["greedy"]
     # Each rank holds only its share: whole key/value-head groups and a slice of the width.
     full = alone["shapes"]
     for rank in range(world):
@@ -124,45 +127,87 @@ def test_two_hosts_on_the_loopback_interface(model_file):
     assert outputs[0][0] == alone.stdout and outputs[1][0] == ""
 
 
-def test_a_killed_rank_ends_the_chat_with_one_line(model_file):
-    """The REPL on a pseudo-terminal with --tp 2; rank 1 is killed; the next message ends the run."""
-    pid, terminal = pty.fork()
-    if pid == 0:
-        os.environ["LLAMA_CHAT_TP_TIMEOUT"] = "20"
-        os.execv(sys.executable, chat_command("-m", str(model_file), "--dtype", "float32", "--tp", "2"))
-    output = b""
+class Terminal:
+    """A command on a pseudo-terminal, read as a person would see it."""
 
-    def read_until(marker: bytes, seconds: float) -> bool:
-        nonlocal output
+    def __init__(self, command: list[str], environment: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.environ.update(environment)
+            os.execv(command[0], command)
+        self.output = b""
+
+    def read_until(self, marker: bytes, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while marker not in output and time.monotonic() < deadline:
-            ready, _, _ = select.select([terminal], [], [], 0.2)
+        while marker not in self.output and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
             if ready:
                 try:
-                    data = os.read(terminal, 4096)
+                    data = os.read(self.fd, 4096)
                 except OSError:
                     return False
                 if not data:
                     return False
-                output += data
+                self.output += data
                 if b"\x1b[6n" in data:  # answer prompt_toolkit's cursor position request
-                    os.write(terminal, b"\x1b[1;1R")
-        return marker in output
+                    os.write(self.fd, b"\x1b[1;1R")
+        return marker in self.output
 
-    try:
-        assert read_until(b"Ctrl-D leaves", 120), output
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        assert len(children) == 1
-        os.kill(int(children[0]), signal.SIGKILL)
-        time.sleep(0.5)
-        os.write(terminal, b"hello\r")
-        read_until(b"the run ends", 60)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    text = output.decode(errors="replace")
-    assert "a rank of the tensor-parallel group stopped" in text and "Traceback" not in text
-    assert os.waitstatus_to_exitcode(status) == 1
+    def type(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def children(self) -> list[int]:
+        return [int(pid) for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()]
+
+    def exit_code(self, seconds: float) -> int:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.read_until(b"\0never", 0.2)
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+        os.kill(self.pid, signal.SIGKILL)
+        raise AssertionError(f"still running after {seconds} s: {self.text()}")
+
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+
+def parallel_chat(model_file) -> Terminal:
+    command = chat_command("-m", str(model_file), "--dtype", "float32", "--tp", "2", "--max-tokens", "8")
+    chat = Terminal(command, {"LLAMA_CHAT_TP_TIMEOUT": "20"})
+    assert chat.read_until(b"Ctrl-D leaves", 120), chat.text()
+    return chat
+
+
+def test_a_parallel_chat_answers_and_leaves_cleanly(model_file):
+    chat = parallel_chat(model_file)
+    [worker] = chat.children()
+    chat.type(b"hello\r")
+    assert chat.read_until(b"tok/s", 60), chat.text()  # the reply's statistics line
+    chat.read_until(b"\0never", 1.0)  # the next prompt
+    chat.type(b"\x04")  # Ctrl-D
+    assert chat.exit_code(30) == 0
+    assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text()
+
+
+def test_a_killed_rank_ends_the_chat_with_one_line(model_file):
+    chat = parallel_chat(model_file)
+    [worker] = chat.children()
+    os.kill(worker, signal.SIGKILL)
+    time.sleep(0.5)
+    chat.type(b"hello\r")
+    assert chat.exit_code(60) == 1
+    assert "a rank of the tensor-parallel group stopped" in chat.text() and "Traceback" not in chat.text()
+
+
+def test_bench_reports_memory_per_rank(model_file):
+    bench = subprocess.run(
+        chat_command("bench", "--model", str(model_file), "--dtype", "float32", "--tp", "2", "--repeats", "1",
+                     "--prompt-tokens", "16", "--new-tokens", "4", "--json"),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert bench.returncode == 0, bench.stderr
+    result = json.loads(bench.stdout.strip().splitlines()[-1])
+    assert result["tensor_parallel"] == 2 and len(result["peak_memory_mb_per_rank"]) == 2
+    assert all(mb > 50 for mb in result["peak_memory_mb_per_rank"]) and result["decode_tokens_per_second"] > 0
