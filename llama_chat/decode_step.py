@@ -11,6 +11,7 @@ import torch
 
 from . import compiled_step
 from .cache import KVCache
+from .errors import first_line
 from .model import Transformer
 
 
@@ -58,7 +59,7 @@ class DecodeStep:
                 self.compiled = compiled_step.CompiledStep(path, self.transformer)
                 self.note = "compiled"
             except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
-                reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                reason = first_line(error)[:200]
                 self.note = f"eager (the compiled decode step did not load: {reason}; delete {path})"
             return self.note
         if not background:

@@ -24,3 +24,8 @@ class ContextOverflowError(LlamaChatError):
 
 class UsageError(LlamaChatError):
     """The command line asks for something impossible (exit code 2)."""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one line: its message's first line, or its type's name."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -32,8 +32,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .errors import LlamaChatError
-from .tensor_parallel import RankLost, Shard
+from .errors import LlamaChatError, first_line
+from .tensor_parallel import Shard, summed
 
 TIMEOUT_VARIABLE = "LLAMA_CHAT_TP_TIMEOUT"
 IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's next command
@@ -87,8 +87,7 @@ def join(shard: Shard) -> dist.Store:
     try:
         dist.init_process_group("gloo", rank=shard.rank, world_size=shard.world, timeout=collective_timeout())
     except (RuntimeError, ValueError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise LlamaChatError(f"could not form the group of {shard.world} ranks: {first}") from None
+        raise LlamaChatError(f"could not form the group of {shard.world} ranks: {first_line(error)}") from None
     store = dist.PrefixStore("llama-chat", dist.distributed_c10d._get_default_store())
     store.set_timeout(IDLE_WAIT)
     return store
@@ -107,12 +106,7 @@ def agree(succeeded: bool, message: str, store: dist.Store, attempt: int) -> str
     """Whether every rank succeeded at something; "" if so, else the first failure's line."""
     if not succeeded:
         store.set(f"failure/{attempt}/{dist.get_rank()}", message)
-    failures = torch.tensor([0.0 if succeeded else 1.0])
-    try:
-        dist.all_reduce(failures)
-    except (RuntimeError, ValueError) as error:
-        raise RankLost(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from None
-    if not failures.item():
+    if not summed(torch.tensor([0.0 if succeeded else 1.0])).item():
         return ""
     for rank in range(dist.get_world_size()):
         key = f"failure/{attempt}/{rank}"
@@ -128,7 +122,6 @@ class Peers:
         self.store = store
         self.processes = list(processes)
         self.sent = 0
-        self.loads = 0
         self._next_cache = 0
         self._cache_numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._forgotten: list[int] = []
@@ -160,9 +153,9 @@ class Peers:
 
     def load(self, load_model: Callable[[str], object], path: str):
         """Load `path` on every rank, or on none: any rank's failure is one line for all."""
-        attempt, self.loads = self.loads, self.loads + 1
-        self._post("load", path=str(path), attempt=attempt)
-        return load_everywhere(load_model, path, self.store, attempt)
+        command = self.sent  # its number names the attempt's failure lines
+        self._post("load", path=str(path))
+        return load_everywhere(load_model, path, self.store, command)
 
     def close(self) -> None:
         """Tell the other ranks to stop, and wait for those this process started (a rank
@@ -188,7 +181,7 @@ def load_everywhere(load_model: Callable[[str], object], path: str, store: dist.
     try:
         model, message = load_model(path), ""
     except Exception as error:  # noqa: BLE001 (reported by rank 0, for every rank)
-        model, message = None, str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        model, message = None, first_line(error)
     failure = agree(model is not None, message, store, attempt)
     if failure:
         raise LlamaChatError(failure)
@@ -226,7 +219,7 @@ def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
             return 0
         if operation == "load":
             try:
-                model = load_everywhere(load_model, command["path"], store, command["attempt"])
+                model = load_everywhere(load_model, command["path"], store, received - 1)
                 caches.clear()
             except LlamaChatError:
                 pass  # rank 0 says why; the model before stays

@@ -22,7 +22,7 @@ from torch import nn
 
 from .checkpoints.stored import GROUP, ColumnRange, RowRange, StackedRows, StoredMatrix
 from .config import ModelArgs
-from .errors import LlamaChatError
+from .errors import LlamaChatError, first_line
 
 
 class RankLost(Exception):
@@ -99,12 +99,16 @@ class AllReduced(nn.Module):
         self.inner = inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.inner(x)
-        try:
-            dist.all_reduce(out)
-        except (RuntimeError, ValueError) as error:
-            raise RankLost(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from None
-        return out
+        return summed(self.inner(x))
+
+
+def summed(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor summed over every rank, in place; a failed collective is RankLost."""
+    try:
+        dist.all_reduce(tensor)
+    except (RuntimeError, ValueError) as error:
+        raise RankLost(first_line(error)) from None
+    return tensor
 
 
 def add_all_reduces(transformer: nn.Module) -> None:
