@@ -137,9 +137,10 @@ class Terminal:
             os.execv(command[0], command)
         self.output = b""
 
-    def read_until(self, marker: bytes, seconds: float) -> bool:
+    def read_until(self, marker: bytes, seconds: float, after: int = 0) -> bool:
+        """Read until `marker` shows (past byte `after` of the output) or time is up."""
         deadline = time.monotonic() + seconds
-        while marker not in self.output and time.monotonic() < deadline:
+        while marker not in self.output[after:] and time.monotonic() < deadline:
             ready, _, _ = select.select([self.fd], [], [], 0.2)
             if ready:
                 try:
@@ -151,7 +152,7 @@ class Terminal:
                 self.output += data
                 if b"\x1b[6n" in data:  # answer prompt_toolkit's cursor position request
                     os.write(self.fd, b"\x1b[1;1R")
-        return marker in self.output
+        return marker in self.output[after:]
 
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)
@@ -173,8 +174,8 @@ class Terminal:
         return self.output.decode(errors="replace")
 
 
-def parallel_chat(model_file) -> Terminal:
-    command = chat_command("-m", str(model_file), "--dtype", "float32", "--tp", "2", "--max-tokens", "8")
+def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:
+    command = chat_command("-m", str(model_file), "--dtype", "float32", "--tp", "2", "--max-tokens", str(max_tokens))
     chat = Terminal(command, {"LLAMA_CHAT_TP_TIMEOUT": "20"})
     assert chat.read_until(b"Ctrl-D leaves", 120), chat.text()
     return chat
@@ -189,6 +190,24 @@ def test_a_parallel_chat_answers_and_leaves_cleanly(model_file):
     chat.type(b"\x04")  # Ctrl-D
     assert chat.exit_code(30) == 0
     assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text()
+
+
+def test_ctrl_c_stops_a_parallel_reply_and_the_ranks_stay_in_step(model_file):
+    chat = parallel_chat(model_file, max_tokens=100)
+    sent = len(chat.output)
+    chat.type(b"tell me a long story\r")
+    assert chat.read_until(b"\x1b[?2004l", 30, after=sent)  # the prompt has let go: the reply starts
+    time.sleep(0.1)
+    chat.type(b"\x03")  # Ctrl-C
+    assert chat.read_until(b"[interrupted]", 30, after=sent), chat.text()
+    chat.read_until(b"\0never", 1.0)
+    sent = len(chat.output)
+    chat.type(b"and now?\r")  # the next turn runs on every rank from the same positions
+    assert chat.read_until(b"tok/s", 60, after=sent), chat.text()
+    chat.read_until(b"\0never", 1.0)
+    chat.type(b"/quit\r")
+    assert chat.exit_code(30) == 0
+    assert "Traceback" not in chat.text()
 
 
 def test_a_killed_rank_ends_the_chat_with_one_line(model_file):
