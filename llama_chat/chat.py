@@ -15,6 +15,7 @@ from .sampling import SETTING_HELP, SamplingSettings
 from .ranks import Peers, follow, join, lead, shard_from_environment, start_ranks
 from .session import Session
 from .tensor_parallel import Shard
+from .text_input import replace_undecodable, undecodable_note
 from .weights import require_default_model
 
 
@@ -29,15 +30,25 @@ def settings_from(options: argparse.Namespace) -> SamplingSettings:
 def read_prompt(options: argparse.Namespace) -> str | None:
     """The one message to answer: -p, else stdin when it is not a terminal; None for a chat."""
     if options.prompt is not None:
-        return options.prompt
+        if not options.prompt.strip():
+            raise UsageError("-p is empty: there is nothing to answer; give -p TEXT")
+        return checked_text(options.prompt, "-p")
     if sys.stdin is not None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
         if not prompt.strip():
             raise UsageError("stdin is empty: pipe in a prompt, or give -p TEXT")
-        return prompt
+        return checked_text(prompt, "stdin")
     if options.raw:
         raise UsageError("--raw needs a prompt: give -p TEXT or pipe text on stdin")
     return None
+
+
+def checked_text(text: str, where: str) -> str:
+    """Text from the command line or stdin, undecodable bytes replaced, with a warning."""
+    cleaned, count = replace_undecodable(text)
+    if count:
+        print(f"llama-chat: {undecodable_note(where, count)}", file=sys.stderr)
+    return cleaned
 
 
 def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Callable[[str], Llama]:
@@ -110,7 +121,8 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         # only if one is on disk already (or --compile wait).
         load_model = CompilingLoader(base_loader, options.compile, background=prompt is None)
         try:
-            session = Session(load_model(model_path), settings, system=options.system,
+            system = None if options.system is None else checked_text(options.system, "--system")
+            session = Session(load_model(model_path), settings, system=system,
                               context_size=options.ctx_size, model_path=model_path)
             if prompt is not None:
                 return answer_once(session, prompt, options.stats)

@@ -41,6 +41,7 @@ from .errors import ContextOverflowError, LlamaChatError, SettingError
 from .generate import Generation, GenerationStats, Piece, common_prefix_length
 from .llama import Llama
 from .sampling import SamplingSettings
+from .text_input import has_undecodable
 
 FILE_KIND = "llama-chat conversation"
 FILE_VERSION = 1
@@ -458,6 +459,11 @@ def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchang
         raise LlamaChatError(f"{path}: 'messages' must be a list of messages")
     if not all(isinstance(m.get("content"), str) for m in messages):
         raise LlamaChatError(f"{path}: every message needs a text 'content'")
+    for number, message in enumerate(messages, 1):
+        if has_undecodable(message["content"]):
+            raise LlamaChatError(
+                f"{path}: message {number} holds characters that are not text (lone surrogates); not opened"
+            )
     system = None
     if messages and messages[0].get("role") == "system":
         system, messages = messages[0]["content"], messages[1:]

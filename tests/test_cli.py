@@ -132,3 +132,33 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     # /load goes through the same loader, with the command line's device, dtype and format.
     assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",
                                        "kernel_dtype": "auto", "shard": None})
+
+
+# Bytes that are not UTF-8 reach Python as lone surrogates (its "surrogateescape" rule).
+UNDECODABLE = "hello \udcff\udcfe world"
+
+
+@pytest.mark.parametrize("where", ["-p", "stdin", "--raw", "--system"])
+def test_text_that_is_not_utf8_is_read_with_replacement_characters(loads, capsys, monkeypatch, where):
+    argv = ["--model", "tiny.gguf", "--temperature", "0", "--max-tokens", "4"]
+    if where == "stdin":
+        monkeypatch.setattr(sys, "stdin", io.StringIO(UNDECODABLE))
+    elif where == "--system":
+        argv += ["--system", UNDECODABLE, "-p", "hello"]
+    else:
+        argv += (["--raw"] if where == "--raw" else []) + ["-p", UNDECODABLE]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    shown = where if where != "--raw" else "-p"
+    assert err == f"llama-chat: {shown} had 2 bytes that are not UTF-8 text; each is read as U+FFFD (\ufffd)\n"
+    if where in ("-p", "stdin"):
+        assert out == visible(greedy_reply("hello \ufffd\ufffd world", max_tokens=4)) + "\n"
+
+
+def test_an_empty_prompt_is_refused_as_an_empty_stdin_is(loads, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", FakeTerminal())
+    assert main(["--model", "tiny.gguf", "-p", ""]) == 2
+    assert main(["--model", "tiny.gguf", "-p", "  \n"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("-p is empty: there is nothing to answer") == 2
+    assert loads == []

@@ -3,6 +3,7 @@
 The model is fetched into the weights folder first if it is not there yet.
 """
 
+import sys
 from pathlib import Path
 
 import gguf
@@ -17,6 +18,8 @@ from llama_chat.checkpoints.checkpoint import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
 from llama_chat.weights import download_default_model
+
+from .terminal import Terminal
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -224,3 +227,28 @@ def test_the_compiled_decode_step_agrees_with_the_eager_one(default_gguf):
     assert clear_steps >= 150
     # Measured: at most 0.40, with logits up to about 30.
     assert largest_difference <= 0.5
+
+
+def test_keys_typed_while_a_reply_streams_are_not_echoed_into_it(default_gguf):
+    """In a pseudo-terminal: keys typed during a reply stay out of it and wait in the next prompt."""
+    command = [sys.executable, "-m", "llama_chat", "-m", str(default_gguf), "--compile", "off",
+               "--temperature", "0", "--max-tokens", "150"]
+    chat = Terminal(command, {})
+    try:
+        assert chat.read_until(b"Ctrl-D leaves", 60), chat.text()
+        sent = len(chat.output)
+        chat.type(b"Count from 1 to 100, separated by spaces.\r")
+        assert chat.read_until(b"\x1b[?2004l", 60, after=sent), chat.text()  # the prompt let go
+        chat.read_until(b"\0never", 0.5)  # 150 tokens take about two seconds: the reply is streaming
+        typed = len(chat.output)
+        chat.type(b"zqxjw")
+        assert chat.read_until(b"tok/s", 60, after=typed), chat.text()  # the reply's statistics line
+        reply_end = chat.output.index(b"tok/s", typed)
+        assert b"zqxjw" not in chat.output[sent:reply_end]
+        assert chat.read_until(b"zqxjw", 10, after=reply_end), chat.text()  # waiting in the next prompt
+        chat.type(b"\x03")  # Ctrl-C clears the line
+        chat.read_until(b"\0never", 0.5)
+        chat.type(b"\x04")
+        assert chat.exit_code(30) == 0
+    finally:
+        chat.kill()

@@ -31,11 +31,13 @@ def refuse_to_load(path):
 
 
 def chat(session, *lines, keys="", load_model=refuse_to_load, console=None, history=None):
-    """Type the lines (each then Enter) and any raw keys into the REPL; return (exit code, output)."""
+    """Type the lines (each then Enter) and any raw keys into the REPL; return (exit code, output).
+    Lines may be bytes, as a terminal sends them (not necessarily UTF-8)."""
     output = io.StringIO()
     renderer = Renderer(console or Console(file=output, width=200))
+    typed = b"".join((line if isinstance(line, bytes) else line.encode()) + ENTER.encode() for line in lines)
     with create_pipe_input() as pipe:
-        pipe.send_text("".join(line + ENTER for line in lines) + keys)
+        pipe.send_bytes(typed + keys.encode())
         code = run_repl(session, load_model, renderer=renderer, input=pipe, output=DummyOutput(),
                         history=history or InMemoryHistory())
     return code, (console.file.getvalue() if console else output.getvalue())
@@ -367,3 +369,21 @@ def test_two_turns_with_the_default_model_reuse_the_cache(default_model):
     assert stats.reused_tokens == len(first.user_ids) + len(first.reply_ids) - im_end_and_newline
     assert stats.prefilled_tokens == im_end_and_newline + len(new_turn)
     assert f"prompt {stats.prefilled_tokens} new + {stats.reused_tokens} cached tokens" in output
+
+
+def test_typed_text_that_is_not_utf8_is_read_with_replacement_characters(tmp_path):
+    session = Session(chat_model(), GREEDY)
+    code, output = chat(session, b"hi \xff there", b"/system be \xfe brief", "/quit")
+    assert code == 0 and output.count("not UTF-8 text; each is read as U+FFFD") == 2
+    assert session.exchanges[0].user == "hi \ufffd there" and session.system == "be \ufffd brief"
+
+
+def test_a_conversation_file_with_lone_surrogates_is_refused_in_one_line(tmp_path):
+    session = Session(chat_model(), GREEDY, model_path=tmp_path / "m.gguf")
+    path = tmp_path / "talk.json"
+    chat(session, "one", f"/save {path}", "/quit")
+    path.write_text(path.read_text().replace('"one"', '"one \\udcff"'))
+    other = Session(chat_model(), GREEDY, model_path=tmp_path / "m.gguf")
+    code, output = chat(other, f"/open {path}", "/quit")
+    assert "message 1 holds characters that are not text (lone surrogates); not opened" in output
+    assert other.exchanges == []

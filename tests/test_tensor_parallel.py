@@ -2,8 +2,6 @@
 
 import json
 import os
-import pty
-import select
 import signal
 import socket
 import subprocess
@@ -21,6 +19,7 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.tensor_parallel import Shard, check_divisible
 
 from . import parallel_ranks
+from .terminal import Terminal
 from .test_gguf import tiny_hf_model, write_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,53 +124,6 @@ def test_two_hosts_on_the_loopback_interface(model_file):
     assert [node.returncode for node in nodes] == [0, 0], outputs
     alone = subprocess.run(chat_command(*common), capture_output=True, text=True, timeout=120)
     assert outputs[0][0] == alone.stdout and outputs[1][0] == ""
-
-
-class Terminal:
-    """A command on a pseudo-terminal, read as a person would see it."""
-
-    def __init__(self, command: list[str], environment: dict[str, str]) -> None:
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:
-            os.environ.update(environment)
-            os.execv(command[0], command)
-        self.output = b""
-
-    def read_until(self, marker: bytes, seconds: float, after: int = 0) -> bool:
-        """Read until `marker` shows (past byte `after` of the output) or time is up."""
-        deadline = time.monotonic() + seconds
-        while marker not in self.output[after:] and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.fd], [], [], 0.2)
-            if ready:
-                try:
-                    data = os.read(self.fd, 4096)
-                except OSError:
-                    return False
-                if not data:
-                    return False
-                self.output += data
-                if b"\x1b[6n" in data:  # answer prompt_toolkit's cursor position request
-                    os.write(self.fd, b"\x1b[1;1R")
-        return marker in self.output[after:]
-
-    def type(self, keys: bytes) -> None:
-        os.write(self.fd, keys)
-
-    def children(self) -> list[int]:
-        return [int(pid) for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()]
-
-    def exit_code(self, seconds: float) -> int:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.read_until(b"\0never", 0.2)
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-        os.kill(self.pid, signal.SIGKILL)
-        raise AssertionError(f"still running after {seconds} s: {self.text()}")
-
-    def text(self) -> str:
-        return self.output.decode(errors="replace")
 
 
 def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:

@@ -9,8 +9,16 @@ completes commands and paths, Ctrl-C clears the line or stops a reply, Ctrl-D le
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
+
+try:
+    import termios
+except ImportError:  # not a POSIX terminal: keys are left as the console handles them
+    termios = None
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion, PathCompleter
@@ -24,6 +32,7 @@ from prompt_toolkit.output import Output, create_output
 from ..errors import LlamaChatError
 from ..llama import Llama
 from ..session import Session
+from ..text_input import replace_undecodable, undecodable_note
 from . import commands
 from .commands import ChatState
 from .render import Renderer
@@ -125,11 +134,38 @@ def handle(state: ChatState, text: str) -> bool:
     """Act on one submitted input; False when the chat should end."""
     if not text.strip():
         return True
+    text, undecodable = replace_undecodable(text)
+    if undecodable:
+        state.renderer.note(undecodable_note("the input", undecodable))
     if text.startswith("/") and not text.startswith("//"):
         return commands.dispatch(state, text)
     message = text[1:] if text.startswith("//") else text
     state.renderer.play(state.session.send(message))
     return True
+
+
+@contextmanager
+def keys_held_back(stream: TextIO | None = None) -> Iterator[None]:
+    """While a reply streams (or a command runs), keys typed are neither echoed into it nor
+    lost: the terminal stops echoing and editing lines, and the keys wait in its queue for
+    the next prompt, which reads them as typed ahead. Ctrl-C still interrupts."""
+    stream = sys.stdin if stream is None else stream
+    if termios is None:
+        yield
+        return
+    try:
+        descriptor = stream.fileno()
+        saved = termios.tcgetattr(descriptor)
+    except (AttributeError, ValueError, OSError, termios.error):  # not a terminal
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ICANON)  # local modes; TCSANOW keeps what was typed
+    termios.tcsetattr(descriptor, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(descriptor, termios.TCSANOW, saved)
 
 
 def run_repl(
@@ -157,8 +193,9 @@ def run_repl(
         except EOFError:
             return 0
         try:
-            if not handle(state, text):
-                return 0
+            with keys_held_back():
+                if not handle(state, text):
+                    return 0
         except KeyboardInterrupt:
             state.renderer.note("interrupted")
         except LlamaChatError as error:
