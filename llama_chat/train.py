@@ -42,7 +42,7 @@ from .train_data import (
     train_tokenizer,
     validation_batches,
 )
-from .train_plot import write_loss_plot
+from .train_plot import MISSING, terminal_loss_curve, write_loss_plot
 
 STATE_FILE = "training_state.pt"
 PLOT_FILE = "loss.png"
@@ -165,6 +165,8 @@ class Run:
     def __init__(self, config: TrainConfig, corpus: Corpus, out: Path, device: torch.device,
                  tokenizer: SentencePieceTokenizer | None = None) -> None:
         self.config, self.corpus, self.out, self.device = config, corpus, out, device
+        self.log_plot = False  # the loss plot's scale (a view, not a setting of the run)
+        self.plotted = True  # whether the last save could draw the loss plot
         self.tokenizer = tokenizer or train_tokenizer(corpus.train_text, config.tokenizer, config.vocab_size)
         self.train_ids = encode(self.tokenizer, corpus.train_text)
         validation_ids = encode(self.tokenizer, corpus.validation_text)
@@ -227,6 +229,9 @@ class Run:
             "history": asdict(self.history),
         }
 
+    def plot_title(self) -> str:
+        return f"{self.out.name}: {self.args.n_layers} layers of {self.args.dim}, {self.step} steps"
+
     def save(self) -> None:
         """Write the whole checkpoint beside `out`, then swap it in (see replace_directory)."""
         staging = self.out.parent / f".{self.out.name}.writing"
@@ -234,7 +239,8 @@ class Run:
         try:
             write_hf_directory(self.checkpoint(), staging, torch.float32)
             torch.save(self.training_state(), staging / STATE_FILE)
-            write_loss_plot(staging / PLOT_FILE, self.history.train, self.history.validation)
+            self.plotted = write_loss_plot(staging / PLOT_FILE, self.history.train, self.history.validation,
+                                           self.plot_title(), log_scale=self.log_plot)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -333,6 +339,11 @@ def train(run: Run, *, quiet: bool = False) -> bool:
                 run.save()
             progress.update(task, completed=run.step, status=status)
         run.save()
+    curve = terminal_loss_curve(run.history.train, run.history.validation, run.plot_title())
+    if curve is not None:
+        console.print(curve, markup=False, highlight=False)
+    if curve is None or not run.plotted:
+        console.print(MISSING, markup=False, highlight=False)
     if stop.requested:
         console.print(f"interrupted: saved step {run.step} to {run.out}; continue with --resume")
     return not stop.requested
@@ -346,7 +357,8 @@ def parse_options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--size", choices=sorted(PRESETS), help="model and schedule preset (default: tiny)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default: auto)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's choice)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or samples")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, samples or loss curve")
+    parser.add_argument("--log-plot", action="store_true", help="draw the loss curve (loss.png) on a log scale")
     defaults = PRESETS["tiny"]
     for name in SETTING_FLAGS:
         default = getattr(defaults, name)
@@ -408,6 +420,7 @@ def main(argv: list[str]) -> int:
         run = Run.resume(out, options.data, device)
     else:
         run = Run(config, read_corpus(options.data, config.validation_fraction), out, device)
+    run.log_plot = options.log_plot
     finished = train(run, quiet=options.quiet)
     if finished:
         final = run.history.validation[-1][1]

@@ -133,7 +133,7 @@ def test_failed_save_leaves_the_previous_checkpoint(finished_run, monkeypatch):
     with torch.no_grad():
         gains.add_(1.0)  # a change the failed save must not publish
 
-    def disk_full(*args):
+    def disk_full(*args, **keywords):
         raise OSError("no space left on device")
 
     monkeypatch.setattr(train_module, "write_loss_plot", disk_full)
@@ -236,3 +236,18 @@ def test_output_holding_other_files_is_left_alone(tmp_path, corpus_file, capsys)
     assert error == f"llama-chat: {out} already holds other files; give a new or empty --out directory\n"
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_the_end_of_a_run_shows_its_curve_or_says_how_to_get_it(corpus_file, tmp_path, capsys, monkeypatch):
+    config = replace(TINY, steps=4, eval_every=2, save_every=100, sample_every=0)
+    run = Run(config, read_corpus([corpus_file], config.validation_fraction), tmp_path / "out", torch.device("cpu"))
+    assert train(run)
+    shown = capsys.readouterr().err
+    assert "out: 2 layers of" in shown and "step" in shown and train_module.MISSING not in shown
+    # Without matplotlib and plotext, training still runs and says in one line how to get them.
+    monkeypatch.setattr(train_module, "terminal_loss_curve", lambda *args: None)
+    monkeypatch.setattr(train_module, "write_loss_plot", lambda *args, **keywords: False)
+    other = Run(config, read_corpus([corpus_file], config.validation_fraction), tmp_path / "other",
+                torch.device("cpu"))
+    assert train(other)
+    assert capsys.readouterr().err.count(train_module.MISSING) == 1

@@ -1,71 +1,65 @@
-import struct
-import zlib
+import builtins
 
-from llama_chat.train_plot import BLACK, BLUE, GREY, HEIGHT, LEFT, ORANGE, WIDTH, write_loss_plot
+import pytest
+from matplotlib.image import imread
 
+from llama_chat import train_plot
+from llama_chat.train_plot import LOSS_LABEL, loss_figure, terminal_loss_curve, write_loss_plot
 
-def read_png(path) -> list[list[tuple[int, int, int]]]:
-    """Rows of RGB pixels from an 8-bit RGB PNG whose rows all use filter 0 (as ours do)."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    position, chunks = 8, {}
-    while position < len(data):
-        (length,), kind = struct.unpack(">I", data[position : position + 4]), data[position + 4 : position + 8]
-        body = data[position + 8 : position + 8 + length]
-        assert struct.unpack(">I", data[position + 8 + length : position + 12 + length])[0] == zlib.crc32(kind + body)
-        chunks[kind] = chunks.get(kind, b"") + body
-        position += 12 + length
-    width, height, depth, colour_type = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, colour_type) == (8, 2)
-    raw = zlib.decompress(chunks[b"IDAT"])
-    stride = 1 + 3 * width
-    rows = []
-    for y in range(height):
-        line = raw[y * stride : (y + 1) * stride]
-        assert line[0] == 0
-        rows.append([tuple(line[1 + 3 * x : 4 + 3 * x]) for x in range(width)])
-    return rows
+TRAIN = [(step, 3.6 - step / 100) for step in range(0, 301, 10)]  # from 3.6 down to 0.6
+VALIDATION = [(0, 2.5), (300, 1.5)]  # flatter: crosses the training curve
 
 
-def test_the_plot_shows_both_curves_a_labelled_grid_and_a_legend(tmp_path):
+def test_the_figure_holds_both_curves_labelled_axes_a_legend_and_the_run(tmp_path):
+    figure = loss_figure(TRAIN, VALIDATION, "run-7: 4 layers of 128, 300 steps")
+    [axes] = figure.axes
+    training, validation = axes.lines
+    assert list(training.get_xdata()) == [step for step, _ in TRAIN]
+    assert list(training.get_ydata()) == [loss for _, loss in TRAIN]
+    assert list(validation.get_xdata()) == [0, 300] and list(validation.get_ydata()) == [2.5, 1.5]
+    assert axes.get_title() == "run-7: 4 layers of 128, 300 steps"
+    assert (axes.get_xlabel(), axes.get_ylabel()) == ("step", LOSS_LABEL)
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["training", "validation"]
+    assert axes.get_yscale() == "linear" and len(axes.get_yticks()) >= 3
+    assert loss_figure(TRAIN, VALIDATION, "run", log_scale=True).axes[0].get_yscale() == "log"
+
+
+def test_the_png_is_written_at_its_size(tmp_path):
     path = tmp_path / "loss.png"
-    train = [(step, 3.6 - step / 100) for step in range(0, 301, 10)]  # from 3.6 down to 0.6
-    validation = [(0, 2.5), (300, 1.5)]  # flatter: crosses the training curve
-    write_loss_plot(path, train, validation)
-    pixels = read_png(path)
-    assert (len(pixels), len(pixels[0])) == (HEIGHT, WIDTH)
-
-    def columns_of(colour, rows=range(HEIGHT), columns=range(WIDTH)):
-        return {x for y in rows for x in columns if pixels[y][x] == colour}
-
-    # A grey grid line at 1, 2, 3 and 4 nats (the top of the axis is the next whole nat).
-    grid_rows = [y for y in range(HEIGHT) if sum(p == GREY for p in pixels[y]) > WIDTH // 2]
-    assert len({y for y in grid_rows if y - 1 not in grid_rows}) == 4
-    # Each curve spans the plot from the first step to the last.
-    plot_area = range(LEFT + 1, WIDTH - 40)
-    assert columns_of(BLUE, range(40, HEIGHT - 41), plot_area) >= set(plot_area[::50])
-    assert columns_of(ORANGE, range(40, HEIGHT - 41), plot_area) >= set(plot_area[::50])
-    # Training starts above validation and ends below it.
-    def top_row(colour, x):
-        return min(y for y in range(40, HEIGHT - 40) if pixels[y][x] == colour)
-    assert top_row(BLUE, LEFT + 5) < top_row(ORANGE, LEFT + 5)
-    assert top_row(BLUE, WIDTH - 60) > top_row(ORANGE, WIDTH - 60)
-    # Labels: the nats left of the axis, the steps below it, the legend above the plot.
-    assert len(columns_of(BLACK, range(HEIGHT), range(0, LEFT - 4))) > 10
-    assert len(columns_of(BLACK, range(HEIGHT - 30, HEIGHT), range(WIDTH))) > 30
-    assert len(columns_of(BLUE, range(0, 30), range(WIDTH // 2, WIDTH))) > 20
-    assert len(columns_of(ORANGE, range(0, 30), range(WIDTH // 2, WIDTH))) > 40
+    assert write_loss_plot(path, TRAIN, VALIDATION, "run")
+    assert imread(path).shape[:2] == (500, 800)  # 8 x 5 inches at 100 dpi
 
 
-def test_a_single_point_still_draws(tmp_path):
-    path = tmp_path / "loss.png"
-    write_loss_plot(path, [(0, 2.5)], [])  # below the top of the axis (3)
-    pixels = read_png(path)
-    assert any(BLUE in row for row in pixels[40:])
+def test_a_diverged_run_plots_its_finite_losses():
+    figure = loss_figure([(0, 2.5), (10, 2.0), (20, float("nan")), (30, float("inf"))], [(10, 2.2)], "run")
+    training, validation = figure.axes[0].lines
+    assert list(training.get_xdata()) == [0, 10] and list(validation.get_xdata()) == [10]
 
 
-def test_a_diverged_run_still_plots_its_finite_losses(tmp_path):
-    path = tmp_path / "loss.png"
-    write_loss_plot(path, [(0, 2.5), (10, 2.0), (20, float("nan")), (30, float("inf"))], [(10, 2.2)])
-    pixels = read_png(path)
-    assert any(BLUE in row for row in pixels[40:]) and any(ORANGE in row for row in pixels[40:])
+def test_the_terminal_curve_is_text_of_the_asked_size_with_title_and_labels():
+    curve = terminal_loss_curve(TRAIN, VALIDATION, "run-7", width=60, height=14)
+    lines = curve.splitlines()
+    assert len(lines) == 14 and max(len(line) for line in lines) <= 60
+    assert "run-7" in curve and "step" in curve and "training" in curve and "validation" in curve
+    assert "\x1b[" not in curve  # plain text: the console prints it literally
+
+
+def test_without_the_libraries_nothing_is_drawn_and_training_can_say_so(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_plotting(name, *args, **kwargs):
+        if name.split(".")[0] in ("matplotlib", "plotext"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_plotting)
+    assert write_loss_plot(tmp_path / "loss.png", TRAIN, VALIDATION, "run") is False
+    assert not (tmp_path / "loss.png").exists()
+    assert terminal_loss_curve(TRAIN, VALIDATION, "run") is None
+    assert "pip install 'llama-chat[train]'" in train_plot.MISSING
+
+
+@pytest.mark.parametrize("points", [[], [(0, float("nan"))]])
+def test_no_finite_loss_yet_still_draws_empty_axes(points, tmp_path):
+    assert write_loss_plot(tmp_path / "loss.png", points, [], "run")
+    assert loss_figure(points, [], "run").axes[0].get_legend() is None
