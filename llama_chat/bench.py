@@ -12,7 +12,7 @@ from functools import partial
 import torch
 
 from .chat import ParallelLoader
-from .cli import positive_int
+from .arguments import QUANTIZE_MODES, positive_int
 from .config import ModelArgs
 from .cpu_paths import cpu_model_name
 from .llama import Llama
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
                         help="measure random weights with a known model's shapes instead")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"))
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES)
     parser.add_argument("--kernel-dtype", default="auto", help="bfloat16 or float32 (default: measured)")
     parser.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's choice)")
     parser.add_argument("--prompt-tokens", type=positive_int, default=512)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 
+from .arguments import QUANTIZE_MODES, finite_float, positive_int
 from .errors import LlamaChatError, UsageError
 from .sampling import SETTING_HELP, SamplingSettings
 from .tensor_parallel import RankLost
@@ -20,28 +20,6 @@ SUBCOMMANDS = {
 
 
 COMPILE_CHOICES = ("auto", "wait", "off")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def finite_float(text: str) -> float:
-    """argparse type: a real number, not nan or inf."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
 
 
 def chat_parser() -> argparse.ArgumentParser:
@@ -60,7 +38,7 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: the model's dtype; "
                         "with packed cpu weights, what prompt steps multiply in, auto measured (default: auto)")
-    parser.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"),
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
                         help="pack weights for the cpu; auto: int4 where the file stores 4-bit groups, int8 "
                         "otherwise, none with --dtype float32 or off the cpu (default: auto)")
     parser.add_argument("--kernel-dtype", default="auto",

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .arguments import QUANTIZE_MODES
 from .chat_format import get_chat_format
 from .checkpoints.checkpoint import Checkpoint
 from .checkpoints.gguf import GGUF_MAGIC, load_gguf
@@ -38,7 +39,6 @@ from .packed import (
     return_freed_memory,
 )
 
-MODES = ("auto", "none", "int8", "int4")
 # GGUF types whose values fit int4 groups of 32 exactly, when a converted checkpoint says
 # its float weights came from one of them (it says so for the whole file, so only weights
 # still stored as floats take the hint).
@@ -75,7 +75,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
 def packs(quantize: str, device: torch.device, dtype: str | None) -> bool:
     """Whether the weights are packed: on the cpu, unless asked not to. `auto` with an explicit
     float32 or float16 asks for the exact, unpacked model."""
-    if quantize not in MODES:
+    if quantize not in QUANTIZE_MODES:
         raise LlamaChatError(f"unknown quantisation {quantize!r}: use auto, none, int8 or int4")
     if quantize == "none":
         return False

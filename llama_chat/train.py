@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .checkpoints.checkpoint import Checkpoint
 from .checkpoints.hf import load_hf_directory
-from .cli import finite_float
+from .arguments import finite_float
 from .config import ModelArgs
 from .convert import write_hf_directory
 from .device import resolve_device

@@ -33,8 +33,12 @@ def weights_dir() -> Path:
     checkout = Path(__file__).resolve().parent.parent / "weights"
     if (checkout / "README.md").is_file():
         return checkout
-    data_home = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return data_home / "llama-chat" / "weights"
+    return user_directory("XDG_DATA_HOME", ".local/share") / "weights"
+
+
+def user_directory(variable: str, default: str) -> Path:
+    """llama-chat's folder under an XDG base directory: $variable, else ~/default."""
+    return Path(os.environ.get(variable) or Path.home() / default) / "llama-chat"
 
 
 def cache_root() -> Path | None:
@@ -45,7 +49,7 @@ def cache_root() -> Path | None:
         return None
     if configured:
         return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llama-chat"
+    return user_directory("XDG_CACHE_HOME", ".cache")
 
 
 def default_model_path() -> Path:

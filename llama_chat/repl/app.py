@@ -8,7 +8,6 @@ completes commands and paths, Ctrl-C clears the line or stops a reply, Ctrl-D le
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from ..errors import LlamaChatError
 from ..llama import Llama
 from ..session import Session
 from ..text_input import replace_undecodable, undecodable_note
+from ..weights import user_directory
 from . import commands
 from .commands import ChatState
 from .render import Renderer
@@ -40,8 +40,7 @@ from .render import Renderer
 
 def history_path() -> Path:
     """$XDG_STATE_HOME/llama-chat/history (~/.local/state when the variable is not set)."""
-    state_home = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(state_home) / "llama-chat" / "history"
+    return user_directory("XDG_STATE_HOME", ".local/state") / "history"
 
 
 def open_history() -> History:
