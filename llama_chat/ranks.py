@@ -61,8 +61,9 @@ def collective_timeout() -> timedelta:
 
 def start_ranks(world: int, argv: Sequence[str]) -> list[subprocess.Popen]:
     """Ranks 1..world-1 of a group on this host, each `python -m llama_chat argv`; this
-    process becomes rank 0. They run in sessions of their own, so that Ctrl-C reaches rank 0
-    alone (which stops a reply between steps), and the CPU's threads are shared out."""
+    process becomes rank 0. They run detached from the terminal (setsid), so that Ctrl-C
+    reaches rank 0 alone (which stops a reply between steps); the CPU's threads are shared
+    out."""
     with socket.socket() as probe:  # a free port for the group's rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
