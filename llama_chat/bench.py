@@ -18,7 +18,7 @@ from .cpu_paths import cpu_model_name
 from .llama import Llama
 from .errors import UsageError
 from .loading import load, model_memory_bytes
-from .ranks import follow, join, lead, peak_memory_mb, shard_from_environment, start_ranks
+from .ranks import follow, join, lead, peak_memory_mb, shard_from_environment
 from .sampling import SamplingSettings
 from .tensor_parallel import Shard
 from .weights import require_default_model
@@ -128,19 +128,21 @@ def main(argv: list[str]) -> int:
     shard = shard_from_environment()  # a rank of a group started by --tp or torchrun
     if options.tp > 1 and options.random_shapes:
         raise UsageError("--tp needs weights from a file: give --model instead of --random-shapes")
-    processes = []
-    if shard is None and options.tp > 1:
-        shard, processes = Shard(0, options.tp), start_ranks(options.tp, ["bench", *argv])
-    loader = partial(load, device=options.device, dtype=options.dtype, quantize=options.quantize,
-                     kernel_dtype=options.kernel_dtype, shard=shard)
-    if shard is not None and shard.rank > 0:
-        return follow(join(shard), loader)
-    peers = lead(shard, processes) if shard is not None else None
+    if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
+        return follow(join(shard), partial(load_shard, options, shard))
+    shard, peers = lead(shard, options.tp, ["bench", *argv])
+    loader = partial(load_shard, options, shard)
     try:
         return measure_and_report(options, ParallelLoader(loader, peers) if peers is not None else loader)
     finally:
         if peers is not None:
             peers.close()
+
+
+def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> Llama:
+    """The model (or one rank's share of it) as the command line asks."""
+    return load(path, device=options.device, dtype=options.dtype, quantize=options.quantize,
+                kernel_dtype=options.kernel_dtype, shard=shard)
 
 
 def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:

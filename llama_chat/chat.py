@@ -12,7 +12,7 @@ from .llama import Llama
 from .loading import load
 from .repl.render import stats_line, visible
 from .sampling import SETTING_HELP, SamplingSettings
-from .ranks import Peers, follow, join, lead, shard_from_environment, start_ranks
+from .ranks import Peers, follow, join, lead, shard_from_environment
 from .session import Session
 from .tensor_parallel import Shard
 from .text_input import replace_undecodable, undecodable_note
@@ -109,10 +109,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         if options.device not in ("auto", "cpu"):
             raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
         options.device, options.compile = "cpu", "off"  # the compiled step has no all-reduce
-    processes = []
-    if shard is None and options.tp > 1:
-        shard, processes = Shard(0, options.tp), start_ranks(options.tp, argv)
-    peers = lead(shard, processes) if shard is not None else None
+    shard, peers = lead(shard, options.tp, argv)
     try:
         base_loader = model_loader(options, shard)
         if peers is not None:

@@ -94,10 +94,17 @@ def join(shard: Shard) -> dist.Store:
     return store
 
 
-def lead(shard: Shard, processes: Sequence[subprocess.Popen] = ()) -> Peers:
-    """Join the group as rank 0; if that fails, the ranks started here are stopped."""
+def lead(shard: Shard | None, tp: int, argv: Sequence[str]) -> tuple[Shard | None, Peers | None]:
+    """Rank 0's side of a group: the one a launcher formed (`shard`), or one of `tp` ranks
+    started here running `argv`; (None, None) for a process on its own. If joining fails,
+    the ranks started here are stopped."""
+    processes = []
+    if shard is None:
+        if tp <= 1:
+            return None, None
+        shard, processes = Shard(0, tp), start_ranks(tp, argv)
     try:
-        return Peers(join(shard), processes)
+        return shard, Peers(join(shard), processes)
     except BaseException:
         Peers(None, processes).close()
         raise

@@ -47,29 +47,32 @@ def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
         return
     peers = Peers(store)
     model = ParallelLoader(load_shard, peers)(model_path)
-    results = {"shapes": weight_shapes(model), "logits": model.logits(PROMPT)}
-    greedy = model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20), stop_ids=())
-    results["greedy"] = [piece.token_id for piece in greedy]
-    session = Session(model, SamplingSettings(temperature=0, max_tokens=12))
-    results["turns"] = [session.send(text).run().reply for text in TURNS]
+    results = observe(model)
     # A load that fails fails on every rank, and the model before goes on.
     try:
         ParallelLoader(load_shard, peers)(str(Path(out) / "missing.gguf"))
     except LlamaChatError as error:
         results["failed_load"] = str(error)
-    again = model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20), stop_ids=())
-    results["greedy_after_failed_load"] = [piece.token_id for piece in again]
+    results["greedy_after_failed_load"] = greedy(model)
     peers.close()
     torch.save(results, Path(out) / "rank0.pt")
 
 
-def run_alone(model_path: str) -> dict:
-    """The same, in one process: what the group must reproduce."""
-    model = load(model_path, device="cpu", dtype="float32")
-    results = {"logits": model.logits(PROMPT)}
-    greedy = model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20), stop_ids=())
-    results["greedy"] = [piece.token_id for piece in greedy]
+def greedy(model) -> list[int]:
+    return [piece.token_id for piece in model.generate(PROMPT, SamplingSettings(temperature=0, max_tokens=20),
+                                                       stop_ids=())]
+
+
+def observe(model) -> dict:
+    """What the group must reproduce: logits, a greedy reply, a cached conversation, and the
+    shapes of this process's weights."""
     session = Session(model, SamplingSettings(temperature=0, max_tokens=12))
-    results["turns"] = [session.send(text).run().reply for text in TURNS]
-    results["shapes"] = weight_shapes(model)
-    return results
+    return {
+        "shapes": weight_shapes(model), "logits": model.logits(PROMPT), "greedy": greedy(model),
+        "turns": [session.send(text).run().reply for text in TURNS],
+    }
+
+
+def run_alone(model_path: str) -> dict:
+    """The same, in one process."""
+    return observe(load(model_path, device="cpu", dtype="float32"))
