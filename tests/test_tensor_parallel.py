@@ -127,7 +127,9 @@ def test_two_hosts_on_the_loopback_interface(model_file):
 
 
 def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:
-    command = chat_command("-m", str(model_file), "--dtype", "float32", "--tp", "2", "--max-tokens", str(max_tokens))
+    # Greedy: this model's greedy replies run to max_tokens (sampled ones may stop at once).
+    command = chat_command("-m", str(model_file), "--dtype", "float32", "--tp", "2", "--temperature", "0",
+                           "--max-tokens", str(max_tokens))
     chat = Terminal(command, {"LLAMA_CHAT_TP_TIMEOUT": "20"})
     assert chat.read_until(b"Ctrl-D leaves", 120), chat.text()
     return chat
