@@ -58,8 +58,8 @@ def write_prompt_ids(model: str | None, prompt_tokens: int, out: Path) -> int:
     """Child mode: writes llama-chat's bench prompt for the model; prints model path and CPU capability."""
     import torch
 
-    from llama_chat.bench import random_prompt
-    from llama_chat.weights import require_default_model
+    from llama_chat.cli.bench import random_prompt
+    from llama_chat.default_model import require_default_model
 
     path = Path(model) if model else require_default_model()
     out.write_text(json.dumps(random_prompt(vocab_size(path), prompt_tokens)))

@@ -18,10 +18,10 @@ import torch
 from transformers import LlamaForCausalLM
 
 import llama_chat
-from llama_chat.bench import random_prompt
-from llama_chat.bench import run as run_llama_chat
 from llama_chat.cli import positive_int
-from llama_chat.weights import require_default_model
+from llama_chat.cli.bench import random_prompt
+from llama_chat.cli.bench import run as run_llama_chat
+from llama_chat.default_model import require_default_model
 
 
 @torch.inference_mode()

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import (
+    GGMLQuantizationType,
+    GGUFReader,
+    GGUFValueType,
+    GGUFWriter,
+    LlamaFileType,
+)
 
 BLOCK = 32  # weights per block in Q4_0 and Q8_0
 

@@ -1,3 +1,3 @@
-from .cli import main
+from llama_chat.cli import main
 
 raise SystemExit(main())

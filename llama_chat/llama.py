@@ -7,17 +7,17 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from .cache import KVCache
-from .chat_format import ChatFormat, PlainFormat
-from .config import ModelArgs
-from .decode_step import DecodeStep
-from .device import resolve_device, resolve_dtype
-from .errors import ContextOverflowError
-from .generate import Generation
-from .model import Transformer
-from .ranks import Peers, uninterrupted
-from .sampling import SamplingSettings
-from .tokenizer import ByteTokenizer, Tokenizer
+from llama_chat.engine.cache import KVCache
+from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.decode_step import DecodeStep
+from llama_chat.engine.device import resolve_device, resolve_dtype
+from llama_chat.engine.generation import Generation
+from llama_chat.engine.model import Transformer
+from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.errors import ContextOverflowError
+from llama_chat.parallel.ranks import Peers, uninterrupted
+from llama_chat.text.chat_format import ChatFormat, PlainFormat
+from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
 
 DEFAULT_CONTEXT = 4096
 PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the attention scores' memory
@@ -33,7 +33,6 @@ class Llama:
         *,
         name: str = "",
         chat_format: ChatFormat | None = None,
-        stop_ids: Iterable[int] | None = None,
         quantization: str = "none",
         weights_note: str = "",
     ) -> None:
@@ -44,8 +43,7 @@ class Llama:
         self.weights_note = weights_note  # which cpu paths run, and why
         self.chat_format = chat_format or PlainFormat(tokenizer)
         # A reply ends at the model's end ids and at whatever ends a turn in its chat format.
-        base = tokenizer.stop_ids if stop_ids is None else stop_ids
-        self.stop_ids = frozenset(base) | self.chat_format.stop_ids
+        self.stop_ids = self.chat_format.stop_ids
         first = next(transformer.parameters())
         self.device = first.device
         self.dtype = first.dtype
@@ -143,7 +141,7 @@ class Llama:
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
-        return Generation(self, prompt_ids, settings, cache, stop_ids, stop_strings)
+        return Generation(self.feed, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings)
 
 
 def init_random_weights(transformer: Transformer, seed: int) -> None:

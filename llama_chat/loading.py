@@ -21,23 +21,29 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .arguments import QUANTIZE_MODES
-from .chat_format import get_chat_format
-from .checkpoints.checkpoint import Checkpoint
-from .checkpoints.gguf import GGUF_MAGIC, load_gguf
-from .checkpoints.hf import load_hf_directory
-from .checkpoints.meta import load_meta_directory
-from .checkpoints.stored import GROUP, StoredMatrix
-from .cpu_paths import CpuPaths, choose_cpu_paths
-from .device import DTYPES, resolve_device, resolve_dtype
-from .errors import LlamaChatError
-from .llama import Llama
-from .model import Transformer
-from .tensor_parallel import Shard, add_all_reduces, local_args, shard_state
-from .packed import (
-    Int8Table, PackedEmbedding, PackedHead, PackedLinear, Scratch, int4_layout, int8_kernels_available,
+from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.gguf import GGUF_MAGIC, load_gguf
+from llama_chat.checkpoints.hf import load_hf_directory
+from llama_chat.checkpoints.meta import load_meta_directory
+from llama_chat.checkpoints.stored import GROUP, StoredMatrix
+from llama_chat.cli.arguments import QUANTIZE_MODES
+from llama_chat.engine.device import DTYPES, resolve_device, resolve_dtype
+from llama_chat.engine.model import Transformer
+from llama_chat.errors import LlamaChatError
+from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths
+from llama_chat.kernels.packed import (
+    Int8Table,
+    PackedEmbedding,
+    PackedHead,
+    PackedLinear,
+    Scratch,
+    int4_layout,
+    int8_kernels_available,
     return_freed_memory,
 )
+from llama_chat.llama import Llama
+from llama_chat.parallel.sharding import Shard, add_all_reduces, local_args, shard_state
+from llama_chat.text.chat_format import get_chat_format
 
 # GGUF types whose values fit int4 groups of 32 exactly, when a converted checkpoint says
 # its float weights came from one of them (it says so for the whole file, so only weights
@@ -141,7 +147,13 @@ class LoadProgress:
 
     def _start(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(
             TextColumn("{task.description} [dim]{task.fields[what]}"), BarColumn(), DownloadColumn(),
@@ -311,7 +323,6 @@ def load(
         checkpoint.tokenizer,
         name=source.name,
         chat_format=chosen_format,
-        stop_ids=checkpoint.stop_ids,
         quantization=quantization,
         weights_note=weights_note,
     )

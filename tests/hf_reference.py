@@ -8,8 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from llama_chat import Llama
 from llama_chat.checkpoints.checkpoint import dense_state_dict
 from llama_chat.checkpoints.hf import args_from_hf_config, convert_hf_state_dict
-from llama_chat.model import Transformer
-from llama_chat.tokenizer import ByteTokenizer
+from llama_chat.engine.model import Transformer
+from llama_chat.text.tokenizer import ByteTokenizer
 
 
 def random_hf_model(seed: int = 0, **config) -> LlamaForCausalLM:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from llama_chat.chat import ParallelLoader
+from llama_chat.chat.session import Session
+from llama_chat.cli.chat import ParallelLoader
+from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load
-from llama_chat.ranks import Peers, follow, join
-from llama_chat.sampling import SamplingSettings
-from llama_chat.session import Session
-from llama_chat.tensor_parallel import Shard
+from llama_chat.parallel.ranks import Peers, follow, join
+from llama_chat.parallel.sharding import Shard
 
 PROMPT = [5, 17, 33, 2, 41, 8, 29, 60, 11, 3]
 TURNS = ("hello there", "and then?", "one more")

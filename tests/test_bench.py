@@ -1,7 +1,7 @@
 import pytest
 
-from llama_chat.bench import random_prompt, run
 from llama_chat.cli import main
+from llama_chat.cli.bench import random_prompt, run
 
 
 def test_bench_measures_a_model_and_says_how_it_ran(tiny_model):

@@ -1,12 +1,9 @@
 import pytest
 
-from llama_chat.chat_format import (
-    SpecialTokenSplitter,
-    get_chat_format,
-    guess_format_name,
-)
 from llama_chat.errors import LlamaChatError
-from llama_chat.tokenizer import ByteTokenizer
+from llama_chat.text.chat_format import get_chat_format, guess_format_name
+from llama_chat.text.special_tokens import SpecialTokenSplitter
+from llama_chat.text.tokenizer import ByteTokenizer
 
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",

@@ -7,12 +7,12 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-import llama_chat.chat
+import llama_chat.cli.chat
 import llama_chat.repl.app
 from llama_chat import SamplingSettings
+from llama_chat.chat.session import Session
 from llama_chat.cli import main
 from llama_chat.repl.render import Renderer, visible
-from llama_chat.session import Session
 
 from .test_session import chat_model
 
@@ -31,7 +31,7 @@ def loads(monkeypatch):
         calls.append((str(path), options))
         return chat_model(name="tiny")
 
-    monkeypatch.setattr(llama_chat.chat, "load", load)
+    monkeypatch.setattr(llama_chat.cli.chat, "load", load)
     return calls
 
 

@@ -5,8 +5,9 @@ import torch
 from gguf import GGMLQuantizationType as QType
 
 import llama_chat
-from llama_chat import Llama, compiled_step
-from llama_chat.sampling import SamplingSettings
+from llama_chat import Llama
+from llama_chat.engine import compiled_step
+from llama_chat.engine.sampling import SamplingSettings
 
 from .conftest import tiny_args
 from .test_gguf import IDS, tiny_hf_model, write_gguf
@@ -123,14 +124,14 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
     path.write_bytes(destination.read_bytes())
     # Without waiting, and in one-shot mode (no background work) too: it opens in milliseconds.
     for background in (True, False):
-        step = llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+        step = llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32)
         started = time.perf_counter()
         assert step.compile(background=background) == "compiled"
         assert time.perf_counter() - started < 1
         assert step.compiled is not None and step.pending is None
     # A package that does not open is one line, and the eager step goes on.
     path.write_bytes(b"not a package")
-    broken = llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+    broken = llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32)
     note = broken.compile()
     assert note.startswith("eager (the compiled decode step did not load") and "\n" not in note
     assert broken.compiled is None
@@ -141,7 +142,7 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
 
     # The child process cannot be patched, so it is handed a structure file it cannot read.
     monkeypatch.setattr(compiled_step, "structure_copy", lambda transformer: "not a model")
-    step = llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+    step = llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32)
     step.compile(wait=True)
     assert step.compiled is None
     assert step.note.startswith("eager (compiling the decode step failed")
@@ -149,13 +150,13 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
     reply = packed_model.generate(IDS[:5], SamplingSettings(temperature=0, max_tokens=5), stop_ids=())
     assert len(list(reply)) == 5  # the eager step still runs
     monkeypatch.setattr(compiled_step, "available", lambda: False)
-    assert llama_chat.decode_step.DecodeStep(packed_model.transformer, torch.float32).compile() == (
+    assert llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32).compile() == (
         "eager (this PyTorch cannot run a step compiled ahead of time)"
     )
 
 
 def test_the_chat_compiles_in_the_background_but_a_one_shot_reply_does_not(packed_model):
-    from llama_chat.chat import CompilingLoader
+    from llama_chat.cli.chat import CompilingLoader
 
     started = []
     packed_model.decode_step.compile = lambda wait=False, background=True: started.append((wait, background))

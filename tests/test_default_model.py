@@ -17,7 +17,7 @@ from llama_chat import Llama, SamplingSettings
 from llama_chat.checkpoints.checkpoint import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
-from llama_chat.weights import download_default_model
+from llama_chat.default_model import download_default_model
 
 from .terminal import Terminal
 

@@ -1,8 +1,8 @@
 import pytest
 import sentencepiece as spm
 
-from llama_chat.detokenizer import REPLACEMENT, StreamingDetokenizer
-from llama_chat.tokenizer import ByteTokenizer
+from llama_chat.text.detokenizer import REPLACEMENT, StreamingDetokenizer
+from llama_chat.text.tokenizer import ByteTokenizer
 
 TEXTS = {
     "english": "The quick brown fox jumps over the lazy dog.  Twice!\n\nDone.",

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from llama_chat import Llama
-from llama_chat.device import resolve_device, resolve_dtype
+from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.errors import DeviceError
 
 from .conftest import tiny_args

@@ -1,8 +1,8 @@
 import pytest
 
 from llama_chat import SamplingSettings
+from llama_chat.engine.generation import StopStrings
 from llama_chat.errors import ContextOverflowError
-from llama_chat.generate import StopStrings
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=12)
 PROMPT = [72, 101, 108, 108, 111, 32, 116, 104, 101, 114, 101]

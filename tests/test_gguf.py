@@ -12,8 +12,8 @@ from gguf import GGMLQuantizationType as QType
 
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf import load_gguf
+from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
-from llama_chat.model import Transformer
 
 from .hf_reference import hf_logits, random_hf_model
 from .test_tokenizer_bpe import byte_level_metadata, spm_metadata, train_sentencepiece

@@ -8,8 +8,8 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.errors import LlamaChatError
-from llama_chat.tokenizer_bpe import BPETokenizer
-from llama_chat.tokenizer_spm import SentencePieceTokenizer
+from llama_chat.text.fast_tokenizer import BPETokenizer
+from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 
 from .hf_reference import NotATensor, hf_logits, llama_from_checkpoint, random_hf_model
 from .test_tokenizer_spm import CORPUS, train_tiny_spm

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import llama_chat
-from llama_chat.chat import visible
 from llama_chat.cli import main
+from llama_chat.cli.chat import visible
 from llama_chat.errors import LlamaChatError
 
 from .test_gguf import tiny_hf_model, write_gguf

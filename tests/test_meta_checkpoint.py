@@ -4,13 +4,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from llama_chat.checkpoints.stored import RotaryRows, TensorMatrix
 from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim
-from llama_chat.config import ModelArgs, RopeScaling
+from llama_chat.checkpoints.stored import RotaryRows, TensorMatrix
+from llama_chat.engine.config import ModelArgs, RopeScaling
+from llama_chat.engine.model import apply_rotary, rope_inverse_frequencies, rope_tables
 from llama_chat.errors import LlamaChatError
-from llama_chat.model import apply_rotary, rope_inverse_frequencies, rope_tables
-from llama_chat.tokenizer_spm import SentencePieceTokenizer
-from llama_chat.tokenizer_tiktoken import TiktokenTokenizer
+from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
+from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer
 
 from .hf_reference import NotATensor, hf_logits, llama_from_checkpoint, random_hf_model
 from .test_tokenizer_spm import CORPUS, train_tiny_spm

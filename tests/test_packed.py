@@ -15,10 +15,18 @@ import llama_chat
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf_blocks import int4_groups
 from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
-from llama_chat.cpu_paths import choose_cpu_paths
+from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
-from llama_chat.model import Transformer
-from llama_chat.packed import GROUP, Int8Table, PackedLinear, Scratch, int4_layout, int8_rows, pack_int4
+from llama_chat.kernels.cpu_paths import choose_cpu_paths
+from llama_chat.kernels.packed import (
+    GROUP,
+    Int8Table,
+    PackedLinear,
+    Scratch,
+    int4_layout,
+    int8_rows,
+    pack_int4,
+)
 
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
@@ -66,7 +74,7 @@ class GroupsMatrix(TensorMatrix):
 
 LAYOUT_CHECK = """
 import torch
-from llama_chat.packed import int4_layout, pack_int4
+from llama_chat.kernels.packed import int4_layout, pack_int4
 layout = int4_layout()
 levels = torch.randint(0, 16, (192, 96), dtype=torch.uint8)
 unpacked = layout.unpack_transposed(pack_int4(levels), torch.empty(96, 192)).t()
@@ -196,7 +204,7 @@ def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
 
 
 def test_forced_paths_skip_the_probe_and_say_so(monkeypatch):
-    from llama_chat import cpu_paths
+    from llama_chat.kernels import cpu_paths
 
     def no_measuring(*_):
         raise AssertionError("measured although every choice was forced")
@@ -223,7 +231,7 @@ def tiny_args_for_probe():
 
 
 def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch, tmp_path):
-    from llama_chat import cpu_paths
+    from llama_chat.kernels import cpu_paths
 
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
     calls = []
@@ -255,7 +263,7 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
 
 
 def test_real_probe_times_every_candidate():
-    from llama_chat.cpu_paths import measure_dtypes, measure_rows
+    from llama_chat.kernels.cpu_paths import measure_dtypes, measure_rows
 
     mode = "int4" if int4_layout() else "int8"
     times = measure_dtypes(tiny_args_for_probe(), mode)
@@ -284,8 +292,8 @@ def test_pack_int4_of_row_ranges_joins_to_the_whole():
 
 
 def test_a_load_reads_each_matrix_once_a_bounded_block_of_rows_at_a_time(q4_file, monkeypatch):
-    from llama_chat import packed
     from llama_chat.checkpoints.gguf import GGUFMatrix
+    from llama_chat.kernels import packed
 
     monkeypatch.setattr(packed, "CHUNK_WEIGHTS", 4096)
     reads = []

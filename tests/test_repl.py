@@ -14,12 +14,12 @@ from rich.console import Console
 
 import llama_chat
 from llama_chat import SamplingSettings
+from llama_chat.chat.session import Session
+from llama_chat.default_model import download_default_model
+from llama_chat.engine.generation import GenerationStats, Piece
 from llama_chat.errors import LlamaChatError
-from llama_chat.generate import GenerationStats, Piece
 from llama_chat.repl.app import ChatCompleter, history_path, run_repl, toolbar
 from llama_chat.repl.render import Renderer
-from llama_chat.session import Session
-from llama_chat.weights import download_default_model
 
 from .test_session import GREEDY, assert_consistent, chat_model, replay
 

@@ -3,8 +3,7 @@ import math
 import pytest
 import torch
 
-from llama_chat.errors import SettingError
-from llama_chat.sampling import (
+from llama_chat.engine.sampling import (
     Sampler,
     SamplingSettings,
     apply_repeat_penalty,
@@ -12,6 +11,7 @@ from llama_chat.sampling import (
     top_k_filter,
     top_p_filter,
 )
+from llama_chat.errors import SettingError
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 in a shuffled order.
 PROBS = torch.tensor([0.15, 0.5, 0.05, 0.3])

@@ -3,10 +3,10 @@ import json
 import pytest
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
-from llama_chat.chat_format import get_chat_format
+from llama_chat.chat.session import Session
 from llama_chat.errors import ContextOverflowError, LlamaChatError
-from llama_chat.session import Session
-from llama_chat.tokenizer import ByteTokenizer
+from llama_chat.text.chat_format import get_chat_format
+from llama_chat.text.tokenizer import ByteTokenizer
 
 SPECIALS = {
     "chatml": ["<|im_start|>", "<|im_end|>", "<s>", "</s>"],
@@ -25,8 +25,7 @@ def chat_model(format_name: str = "chatml", *, seed: int = 0, max_seq_len: int =
                      hidden_dim=80, max_seq_len=max_seq_len)
     random = Llama.random(args, tokenizer, seed=seed)
     chat_format = get_chat_format(format_name, tokenizer, template, special_tokens=tokenizer.specials)
-    return Llama(random.transformer, tokenizer, name=name, chat_format=chat_format,
-                 stop_ids=chat_format.stop_ids | tokenizer.stop_ids)
+    return Llama(random.transformer, tokenizer, name=name, chat_format=chat_format)
 
 
 def say(session: Session, text: str):

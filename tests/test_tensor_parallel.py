@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.errors import LlamaChatError
-from llama_chat.tensor_parallel import Shard, check_divisible
+from llama_chat.parallel.sharding import Shard, check_divisible
 
 from . import parallel_ranks
 from .terminal import Terminal

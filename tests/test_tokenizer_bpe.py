@@ -8,12 +8,19 @@ import pytest
 import sentencepiece
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from llama_chat.detokenizer import StreamingDetokenizer
 from llama_chat.errors import LlamaChatError
-from llama_chat.tokenizer_bpe import BPETokenizer
-from llama_chat.tokenizer_gguf import (
-    BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED,
-    merges_from_scores, pre_tokenizer_for, tokenizer_from_gguf_metadata,
+from llama_chat.text.detokenizer import StreamingDetokenizer
+from llama_chat.text.fast_tokenizer import BPETokenizer
+from llama_chat.text.gguf_tokenizer import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    UNKNOWN,
+    UNUSED,
+    USER_DEFINED,
+    merges_from_scores,
+    pre_tokenizer_for,
+    tokenizer_from_gguf_metadata,
 )
 
 ALPHABET = sorted(pre_tokenizers.ByteLevel.alphabet())

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from llama_chat.detokenizer import StreamingDetokenizer
 from llama_chat.errors import LlamaChatError
-from llama_chat.tokenizer_spm import SentencePieceTokenizer
+from llama_chat.text.detokenizer import StreamingDetokenizer
+from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 
 CORPUS = """The quick brown fox jumps over the lazy dog. It's 2024, isn't it?
 def add(x, y):

@@ -7,7 +7,7 @@ import regex
 import tiktoken
 
 from llama_chat.errors import LlamaChatError
-from llama_chat.tokenizer_tiktoken import (
+from llama_chat.text.tiktoken_tokenizer import (
     LLAMA3_PATTERN,
     TiktokenTokenizer,
     llama3_special_tokens,

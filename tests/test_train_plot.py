@@ -3,8 +3,13 @@ import builtins
 import pytest
 from matplotlib.image import imread
 
-from llama_chat import train_plot
-from llama_chat.train_plot import LOSS_LABEL, loss_figure, terminal_loss_curve, write_loss_plot
+from llama_chat.train import plot as train_plot
+from llama_chat.train.plot import (
+    LOSS_LABEL,
+    loss_figure,
+    terminal_loss_curve,
+    write_loss_plot,
+)
 
 TRAIN = [(step, 3.6 - step / 100) for step in range(0, 301, 10)]  # from 3.6 down to 0.6
 VALIDATION = [(0, 2.5), (300, 1.5)]  # flatter: crosses the training curve

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelArgs
-from ..errors import LlamaChatError
-from ..tokenizer import Tokenizer
-from .stored import RotaryRows, StackedRows, StoredMatrix
+from llama_chat.checkpoints.stored import RotaryRows, StackedRows, StoredMatrix
+from llama_chat.engine.config import ModelArgs
+from llama_chat.errors import LlamaChatError
+from llama_chat.text.tokenizer import Tokenizer
 
 Weight = torch.Tensor | StoredMatrix  # vectors as tensors, matrices read a block of rows at a time
 
@@ -26,12 +26,16 @@ class Checkpoint:
     tensors: dict[str, Weight]
     tokenizer: Tokenizer
     chat_template: str | None  # Jinja source shipped with the model, if any
-    stop_ids: frozenset[int]  # every end-of-turn and end-of-sequence id
     bos_token: str | None = None  # token names, for templates
     eos_token: str | None = None
     # The GGUF type the layers' weights were stored as (e.g. "Q4_1"), whatever form they
     # reached us in: it tells how far they can be packed again without losing anything.
     source_quantization: str | None = None
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Every end-of-turn and end-of-sequence id: the tokenizer's, which the reader set up."""
+        return self.tokenizer.stop_ids
 
     def state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Every tensor read and converted to `dtype` (a tied head is the embedding itself)."""

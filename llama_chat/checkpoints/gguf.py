@@ -24,15 +24,21 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ..config import ModelArgs, RopeScaling
-from ..errors import LlamaChatError
-from ..model import rope_inverse_frequencies
-from ..tokenizer_gguf import tokenizer_from_gguf_metadata
-from .checkpoint import Checkpoint, TensorNames, Weight, assemble_state_dict, expected_shapes
-from .gguf_blocks import FOUR_BIT_TYPES, int4_groups
-from .gguf_file import MAGIC as GGUF_MAGIC
-from .gguf_file import TensorInfo, read_gguf_header
-from .stored import Rows, StoredMatrix, read_range
+from llama_chat.checkpoints.checkpoint import (
+    Checkpoint,
+    TensorNames,
+    Weight,
+    assemble_state_dict,
+    expected_shapes,
+)
+from llama_chat.checkpoints.gguf_blocks import FOUR_BIT_TYPES, int4_groups
+from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
+from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
+from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
+from llama_chat.engine.config import ModelArgs, RopeScaling
+from llama_chat.engine.model import rope_inverse_frequencies
+from llama_chat.errors import LlamaChatError
+from llama_chat.text.gguf_tokenizer import tokenizer_from_gguf_metadata
 
 # Types gguf.quants can dequantise that make sense for weights.
 SUPPORTED_TYPES = frozenset(
@@ -87,7 +93,6 @@ def load_gguf(path: str | Path) -> Checkpoint:
         tensors=tensors,
         tokenizer=tokenizer,
         chat_template=metadata.get("tokenizer.chat_template"),
-        stop_ids=tokenizer.stop_ids,
         bos_token=tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else None,
         eos_token=tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else None,
         source_quantization=_layer_weight_type(stored),

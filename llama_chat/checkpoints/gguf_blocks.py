@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .stored import Int4Groups
+from llama_chat.checkpoints.stored import Int4Groups
 
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 

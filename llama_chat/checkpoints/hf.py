@@ -14,17 +14,23 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from ..config import ModelArgs, RopeScaling
-from ..errors import LlamaChatError
-from ..tokenizer import Tokenizer
-from ..tokenizer_bpe import BPETokenizer
-from .checkpoint import (
-    Checkpoint, TensorNames, Weight, assemble_state_dict, checked_float, expected_shapes, read_json_object,
+from llama_chat.checkpoints.checkpoint import (
+    Checkpoint,
+    TensorNames,
+    Weight,
+    assemble_state_dict,
+    checked_float,
+    expected_shapes,
+    read_json_object,
 )
-from .meta import load_tokenizer_model, load_torch_file
-from .safetensors_file import DTYPES as SAFETENSORS_FLOAT_TYPES
-from .safetensors_file import SafetensorsFile
-from .stored import TensorMatrix
+from llama_chat.checkpoints.meta import load_tokenizer_model, load_torch_file
+from llama_chat.checkpoints.safetensors_file import DTYPES as SAFETENSORS_FLOAT_TYPES
+from llama_chat.checkpoints.safetensors_file import SafetensorsFile
+from llama_chat.checkpoints.stored import TensorMatrix
+from llama_chat.engine.config import ModelArgs, RopeScaling
+from llama_chat.errors import LlamaChatError
+from llama_chat.text.fast_tokenizer import BPETokenizer
+from llama_chat.text.tokenizer import Tokenizer
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
 
@@ -123,7 +129,6 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
         tensors=tensors,
         tokenizer=tokenizer,
         chat_template=_chat_template(directory, tokenizer_config),
-        stop_ids=tokenizer.stop_ids | end_ids,
         bos_token=_token_content(tokenizer_config.get("bos_token")) or tokenizer.token_name(tokenizer.bos_id),
         eos_token=_token_content(tokenizer_config.get("eos_token")) or tokenizer.token_name(tokenizer.eos_id),
         source_quantization=(config.get("llama_chat") or {}).get("source_quantization"),

@@ -15,15 +15,21 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelArgs, RopeScaling
-from ..errors import LlamaChatError
-from ..tokenizer import Tokenizer
-from ..tokenizer_spm import SentencePieceTokenizer
-from ..tokenizer_tiktoken import TiktokenTokenizer, looks_like_tiktoken
-from .checkpoint import (
-    Checkpoint, TensorNames, Weight, assemble_state_dict, checked_float, expected_shapes, read_json_object,
+from llama_chat.checkpoints.checkpoint import (
+    Checkpoint,
+    TensorNames,
+    Weight,
+    assemble_state_dict,
+    checked_float,
+    expected_shapes,
+    read_json_object,
 )
-from .stored import ColumnStacked, StackedRows, TensorMatrix
+from llama_chat.checkpoints.stored import ColumnStacked, StackedRows, TensorMatrix
+from llama_chat.engine.config import ModelArgs, RopeScaling
+from llama_chat.errors import LlamaChatError
+from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
+from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer, looks_like_tiktoken
+from llama_chat.text.tokenizer import Tokenizer
 
 # Model-parallel layout of Meta's reference: which dimension each weight is split on.
 # Column-parallel layers split their output rows, row-parallel ones their input columns;
@@ -52,7 +58,6 @@ def load_meta_directory(path: str | Path) -> Checkpoint:
         tensors=tensors,
         tokenizer=tokenizer,
         chat_template=None,  # Meta ships no template: a built-in chat format is used
-        stop_ids=tokenizer.stop_ids,
         bos_token=tokenizer.token_name(tokenizer.bos_id),
         eos_token=tokenizer.token_name(tokenizer.eos_id),
     )

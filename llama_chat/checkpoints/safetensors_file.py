@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LlamaChatError
-from .stored import read_range
+from llama_chat.checkpoints.stored import read_range
+from llama_chat.errors import LlamaChatError
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 MAX_HEADER_BYTES = 100 * 2**20

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LlamaChatError
+from llama_chat.errors import LlamaChatError
 
 GROUP = 32  # weights per 4-bit group along a row, as in GGUF's 4-bit blocks
 

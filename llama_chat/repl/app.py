@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TextIO
 
 try:
@@ -20,7 +19,12 @@ except ImportError:  # not a POSIX terminal: keys are left as the console handle
     termios = None
 
 from prompt_toolkit import PromptSession
-from prompt_toolkit.completion import CompleteEvent, Completer, Completion, PathCompleter
+from prompt_toolkit.completion import (
+    CompleteEvent,
+    Completer,
+    Completion,
+    PathCompleter,
+)
 from prompt_toolkit.document import Document
 from prompt_toolkit.filters import completion_is_selected
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
@@ -28,19 +32,14 @@ from prompt_toolkit.input import Input
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import Output, create_output
 
-from ..errors import LlamaChatError
-from ..llama import Llama
-from ..session import Session
-from ..text_input import replace_undecodable, undecodable_note
-from ..weights import user_directory
-from . import commands
-from .commands import ChatState
-from .render import Renderer
-
-
-def history_path() -> Path:
-    """$XDG_STATE_HOME/llama-chat/history (~/.local/state when the variable is not set)."""
-    return user_directory("XDG_STATE_HOME", ".local/state") / "history"
+from llama_chat.chat.session import Session
+from llama_chat.errors import LlamaChatError
+from llama_chat.llama import Llama
+from llama_chat.paths import history_path
+from llama_chat.repl import commands
+from llama_chat.repl.commands import ChatState
+from llama_chat.repl.render import Renderer
+from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 
 
 def open_history() -> History:

@@ -12,12 +12,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import LlamaChatError
-from ..llama import Llama
-from ..sampling import SETTING_HELP, SamplingSettings
-from ..session import Session
-from ..tensor_parallel import RankLost
-from .render import Renderer, stats_line
+from llama_chat.chat.session import Session
+from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
+from llama_chat.errors import LlamaChatError
+from llama_chat.llama import Llama
+from llama_chat.parallel.sharding import RankLost
+from llama_chat.repl.render import Renderer, stats_line
 
 STOP = True  # what a handler returns to end the chat (others return None)
 

@@ -17,10 +17,10 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
-from ..generate import GenerationStats, Piece
+from llama_chat.engine.generation import GenerationStats, Piece
 
 if TYPE_CHECKING:
-    from ..session import Turn
+    from llama_chat.chat.session import Turn
 
 # C0 and C1 control characters other than newline and tab: a reply must never steer the terminal.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -1,0 +1,492 @@
+"""A conversation with a model: its messages, the exact token ids in the KV cache, context
+overflow, and saving and opening conversations.
+
+How a turn's prompt is built
+----------------------------
+Next to the messages, the session keeps the token ids of the conversation as they went
+through the model: each user turn as the chat format rendered it, each reply as the model
+generated it (never re-tokenised) followed by the format's end-of-turn ids. A new message
+adds only what rendering it adds: the difference between the ids of the conversation
+rendered with the new message (and the assistant's cue) and rendered closed. The prompt
+is the kept ids plus that difference, so it begins with everything the cache holds, and
+turn N prefills only its own message (and the end-of-turn ids of the previous reply).
+
+That relies on the chat format's prefix property (see chat_format): the closed
+conversation's ids are a prefix of its ids with one more message. It is checked on every
+turn. When it fails (a template that rewrites earlier turns, plain text whose words merge
+across messages) the whole conversation is rendered again, replies re-tokenised, and the
+generation reuses whatever common prefix the cache holds. Ids that are not known (after
+/system, /open of another model's file, /load, dropped turns) are rebuilt the same way, by
+rendering the conversation message by message.
+
+Context
+-------
+A turn needs its prompt plus room for the reply: a reserve of min(max_tokens, capacity // 4)
+tokens. When the prompt and the reserve do not fit, the oldest exchanges are dropped (the
+system prompt stays) until they do, and the kept ids are rebuilt by rendering. A message
+that leaves no room even with every earlier exchange dropped is refused; a message that
+fits but leaves less than the reserve gets the room there is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from llama_chat.engine.generation import Generation, GenerationStats, Piece
+from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.errors import ContextOverflowError, LlamaChatError, SettingError
+from llama_chat.llama import Llama
+from llama_chat.text.chat_format import ChatFormat, Message
+from llama_chat.text.undecodable import has_undecodable
+
+FILE_KIND = "llama-chat conversation"
+FILE_VERSION = 1
+
+
+@dataclass
+class Exchange:
+    """A user message and the reply to it, with the token ids each added to the conversation."""
+
+    user: str
+    reply: str = ""
+    interrupted: bool = False
+    user_ids: list[int] | None = None  # the user turn and the assistant's cue; None: not known
+    reply_ids: list[int] | None = None  # the reply as generated, then the end-of-turn ids
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def _assistant(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def _render(chat_format: ChatFormat, messages: Sequence[Message], cue: bool) -> list[int] | None:
+    """The format's ids for these messages, or None if it cannot render them (yet)."""
+    try:
+        return chat_format.encode(messages, add_generation_prompt=cue)
+    except LlamaChatError:
+        return None
+
+
+def _starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(prefix) <= len(ids) and list(ids[: len(prefix)]) == list(prefix)
+
+
+@dataclass
+class _Plan:
+    """How a new user message goes to the model."""
+
+    prompt: list[int]
+    history: list[dict[str, str]]  # the messages before the new one
+    rendered: list[int]  # the format's own ids for history + new message + cue
+    user_ids: list[int] | None  # what the message adds to the kept ids; None: full re-render
+
+
+class Turn:
+    """One reply being generated. `run()` streams it; however it ends (done, Ctrl-C, an
+    error) it is then recorded in the session as an exchange."""
+
+    def __init__(self, session: Session, text: str, plan: _Plan, dropped: int) -> None:
+        self.session = session
+        self.user = text
+        self.plan = plan
+        self.dropped = dropped  # oldest exchanges dropped to make room for this turn
+        self.generation: Generation = session.model.generate(plan.prompt, session.settings, cache=session.cache)
+        self.exchange: Exchange | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.plan.prompt
+
+    @property
+    def text(self) -> str:
+        return self.generation.text
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.generation.stats
+
+    def run(self, on_piece: Callable[[Piece], None] | None = None) -> Exchange:
+        """Generate the reply, passing each piece to on_piece; exceptions (KeyboardInterrupt)
+        pass through after the partial reply is recorded."""
+        try:
+            for piece in self.generation:
+                if on_piece is not None:
+                    on_piece(piece)
+        finally:
+            self.finish()
+        return self.exchange
+
+    def finish(self) -> Exchange:
+        """Record the reply as it stands (interrupted if generation did not reach its end)."""
+        if self.exchange is None:
+            generation = self.generation
+            self.exchange = Exchange(
+                user=self.user,
+                reply=generation.text,
+                interrupted=generation.stats.stop_reason == "interrupted",
+                user_ids=self.plan.user_ids,
+                reply_ids=self.session._reply_ids(self.plan, self.user, generation),
+            )
+            self.session.exchanges.append(self.exchange)
+            self.session.last_stats = generation.stats
+        return self.exchange
+
+
+class Session:
+    """The conversation (system prompt and exchanges), its token ids and the KV cache."""
+
+    def __init__(
+        self,
+        model: Llama,
+        settings: SamplingSettings | None = None,
+        *,
+        system: str | None = None,
+        context_size: int | None = None,
+        model_path: str | Path | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = settings or SamplingSettings()
+        self.system = system or None
+        self.context_size = context_size  # as asked for; None: the model's, at most 4096
+        self.model_path = _absolute(model_path)
+        self.exchanges: list[Exchange] = []
+        self.head_ids: list[int] | None = None  # ids before the first exchange; None: not known
+        self.last_stats: GenerationStats | None = None
+        self.cache = model.new_cache(context_size)
+        self._rebuild_ids()
+
+    # The conversation
+
+    def messages(self) -> list[dict[str, str]]:
+        """System prompt (if any) and every exchange, as chat-format messages."""
+        return self._system_messages() + _messages_of(self.exchanges)
+
+    def _system_messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}] if self.system else []
+
+    @property
+    def ids(self) -> list[int] | None:
+        """The conversation's token ids as fed and generated, or None while not known."""
+        if self.head_ids is None:
+            return None
+        ids = list(self.head_ids)
+        for exchange in self.exchanges:
+            if exchange.user_ids is None or exchange.reply_ids is None:
+                return None
+            ids += exchange.user_ids + exchange.reply_ids
+        return ids
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def context_used(self) -> int:
+        """Tokens the conversation takes in the context."""
+        ids = self.ids
+        return len(ids) if ids is not None else len(self.cache.tokens)
+
+    def reserve(self) -> int:
+        """Room kept for a reply when deciding whether a prompt fits."""
+        return min(self.settings.max_tokens, self.capacity // 4)
+
+    # Turns
+
+    def send(self, text: str) -> Turn:
+        """Start the reply to a new user message; `run()` the returned Turn to stream it."""
+        return self._start(text)
+
+    def retry(self) -> Turn:
+        """Start a new reply to the last user message, in place of the last reply."""
+        if not self.exchanges:
+            raise LlamaChatError("nothing to retry yet: send a message first")
+        last = self.exchanges.pop()
+        try:
+            return self._start(last.user)
+        except BaseException:
+            self.exchanges.append(last)
+            raise
+
+    def undo(self) -> Exchange:
+        """Remove the last exchange."""
+        if not self.exchanges:
+            raise LlamaChatError("nothing to undo: the conversation is empty")
+        exchange = self.exchanges.pop()
+        self._trim_cache()
+        return exchange
+
+    def clear(self) -> None:
+        """Start over; the system prompt stays."""
+        self.exchanges.clear()
+        self._rebuild_ids()
+        self._trim_cache()
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+        self._rebuild_ids()
+        self._trim_cache()
+
+    def set_model(self, model: Llama, model_path: str | Path | None) -> None:
+        """Continue the conversation with other weights (a new cache; ids rebuilt)."""
+        capacity = min(self.context_size, model.args.max_seq_len) if self.context_size else None
+        cache = model.new_cache(capacity)  # before anything changes: it may not fit in memory
+        self.model, self.cache, self.model_path = model, cache, _absolute(model_path)
+        self._rebuild_ids()
+
+    def _start(self, text: str) -> Turn:
+        plan = self._plan(text)
+        if self._fits(plan.prompt):
+            return Turn(self, text, plan, dropped=0)
+        dropped = self._exchanges_to_drop(text)
+        if dropped:
+            del self.exchanges[:dropped]
+            self._rebuild_ids()
+            plan = self._plan(text)
+        return Turn(self, text, plan, dropped)
+
+    def _fits(self, prompt: Sequence[int]) -> bool:
+        return len(prompt) + self.reserve() <= self.capacity
+
+    def _exchanges_to_drop(self, text: str) -> int:
+        """The fewest oldest exchanges whose removal makes room (all of them if none does);
+        a message too long even alone raises ContextOverflowError."""
+        system = self._system_messages()
+        for count in range(1, len(self.exchanges) + 1):
+            history = system + _messages_of(self.exchanges[count:])
+            if self._fits(self.model.chat_format.encode(history + [_user(text)])):
+                return count
+        alone = len(self.model.chat_format.encode(system + [_user(text)]))
+        if alone >= self.capacity:
+            with_system = " with the system prompt" if system else ""
+            raise ContextOverflowError(
+                f"that message is {alone} tokens long{with_system}, more than the context of "
+                f"{self.capacity} tokens: shorten it, or start llama-chat with a larger --ctx-size"
+            )
+        return len(self.exchanges)
+
+    def _plan(self, text: str) -> _Plan:
+        chat_format = self.model.chat_format
+        history = self.messages()
+        rendered = chat_format.encode(history + [_user(text)])
+        ids = self.ids
+        if ids is None:
+            self._rebuild_ids()
+            ids = self.ids
+        closed = self._closed(history)
+        if ids is not None and closed is not None and _starts_with(rendered, closed):
+            user_ids = rendered[len(closed):]
+            return _Plan(ids + user_ids, history, rendered, user_ids)
+        return _Plan(rendered, history, rendered, None)
+
+    def _closed(self, messages: list[dict[str, str]]) -> list[int] | None:
+        """Ids of a conversation without the assistant's cue. A format that cannot render a
+        system prompt on its own (llama2 folds it into the first user turn) gives []."""
+        ids = _render(self.model.chat_format, messages, cue=False)
+        if ids is None and all(message["role"] == "system" for message in messages):
+            return []
+        return ids
+
+    def _reply_ids(self, plan: _Plan, text: str, generation: Generation) -> list[int] | None:
+        """The reply's ids as generated, then the end-of-turn ids the format closes it with
+        (everything from the last end-of-turn id after the reply in a closed render)."""
+        if plan.user_ids is None:
+            return None
+        closed = _render(self.model.chat_format, plan.history + [_user(text), _assistant(generation.text)], False)
+        if closed is None or not _starts_with(closed, plan.rendered):
+            return None
+        tail = closed[len(plan.rendered):]
+        ends = [index for index, token in enumerate(tail) if token in self.model.stop_ids]
+        if not ends:
+            return None  # no end-of-turn marker to go by (plain text): re-render instead
+        return list(generation.tokens) + tail[ends[-1]:]
+
+    def _rebuild_ids(self) -> None:
+        """Ids for every message from renders of the growing conversation (replies
+        re-tokenised); left unknown if the format lacks the prefix property."""
+        chat_format = self.model.chat_format
+        messages = self._system_messages()
+        head = self._closed(messages)
+        done = head
+        segments = []
+        for exchange in self.exchanges:
+            rendered = _render(chat_format, messages + [_user(exchange.user)], cue=True)
+            messages = messages + [_user(exchange.user), _assistant(exchange.reply)]
+            closed = _render(chat_format, messages, cue=False)
+            if rendered is None or closed is None or not (
+                _starts_with(rendered, done) and _starts_with(closed, rendered)
+            ):
+                self.head_ids = None
+                return
+            segments.append((rendered[len(done):], closed[len(rendered):]))
+            done = closed
+        for exchange, (user_ids, reply_ids) in zip(self.exchanges, segments):
+            exchange.user_ids, exchange.reply_ids = user_ids, reply_ids
+        self.head_ids = head
+
+    def _trim_cache(self) -> None:
+        """Forget cached positions past what the conversation still holds."""
+        ids = self.ids
+        if ids is not None:
+            self.cache.keep_common_prefix(ids)
+
+    # Saving and opening
+
+    def save(self, path: str | Path) -> Path:
+        """Write the conversation, its token ids, the settings and the model path as JSON."""
+        path = _expanded(path)
+        try:
+            path.write_text(_dumps(self._to_json()), encoding="utf-8")
+        except OSError as error:
+            raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
+        return path
+
+    def open(self, path: str | Path) -> str | None:
+        """Replace the conversation and settings with a saved one. Returns a note when the
+        file was made with another model (its token ids are then rebuilt for this one)."""
+        path = _expanded(path)
+        data = _read_json(path)
+        system, exchanges, head_ids = _conversation_from(data, path)
+        settings = _settings_from(data.get("settings"), path)
+        saved_model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        same_model = self._is_same_model(saved_model)
+        if not same_model:  # another tokenizer's ids mean nothing here
+            head_ids = None
+            for exchange in exchanges:
+                exchange.user_ids = exchange.reply_ids = None
+        self.system, self.exchanges, self.settings, self.head_ids = system, exchanges, settings, head_ids
+        if not self._ids_fit_vocabulary():
+            self._rebuild_ids()
+        self._trim_cache()
+        if same_model:
+            return None
+        saved_name = saved_model.get("path") or saved_model.get("name") or "an unknown model"
+        return f"{path} was saved with {saved_name}; its token ids were rebuilt for {self.model.name}"
+
+    def _to_json(self) -> dict:
+        messages: list[dict] = self._system_messages()
+        for exchange in self.exchanges:
+            messages.append({"role": "user", "content": exchange.user, "token_ids": exchange.user_ids})
+            messages.append({
+                "role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
+                "token_ids": exchange.reply_ids,
+            })
+        return {
+            "kind": FILE_KIND,
+            "version": FILE_VERSION,
+            "model": {"path": self.model_path, "name": self.model.name, "chat_format": self.model.chat_format.name,
+                      "vocab_size": self.model.tokenizer.vocab_size},
+            "settings": dataclasses.asdict(self.settings),
+            "head_ids": self.head_ids,
+            "messages": messages,
+        }
+
+    def _is_same_model(self, saved: dict) -> bool:
+        return (
+            saved.get("path") == self.model_path
+            and saved.get("chat_format") == self.model.chat_format.name
+            and saved.get("vocab_size") == self.model.tokenizer.vocab_size
+        )
+
+    def _ids_fit_vocabulary(self) -> bool:
+        ids = self.ids
+        return ids is not None and all(0 <= token < self.model.tokenizer.vocab_size for token in ids)
+
+
+def _messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
+    messages = []
+    for exchange in exchanges:
+        messages += [_user(exchange.user), _assistant(exchange.reply)]
+    return messages
+
+
+def _expanded(path: str | Path) -> Path:
+    """The path with ~ or ~user expanded; an unknown user is one clear error."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise LlamaChatError(f"cannot expand {path}: no such user") from None
+
+
+def _absolute(path: str | Path | None) -> str | None:
+    return str(_expanded(path).absolute()) if path is not None else None
+
+
+def _dumps(data: dict) -> str:
+    """Indented JSON with one message per line (token id lists would take a line per id)."""
+    header = json.dumps({key: value for key, value in data.items() if key != "messages"}, ensure_ascii=False, indent=1)
+    messages = ",\n  ".join(json.dumps(message, ensure_ascii=False) for message in data["messages"])
+    return header[: -len("\n}")] + ',\n "messages": [\n  ' + messages + "\n ]\n}\n"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise LlamaChatError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise LlamaChatError(f"{path} is not a llama-chat conversation (not UTF-8 text)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise LlamaChatError(f"{path} is not a llama-chat conversation (bad JSON on line {error.lineno})") from None
+    if not isinstance(data, dict) or data.get("kind") != FILE_KIND:
+        raise LlamaChatError(f"{path} is not a llama-chat conversation (made by /save)")
+    if data.get("version") != FILE_VERSION:
+        raise LlamaChatError(
+            f"{path} has conversation format version {data.get('version')}; this llama-chat reads {FILE_VERSION}"
+        )
+    return data
+
+
+def _token_ids(value: object, path: Path) -> list[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(token, int) and not isinstance(token, bool) for token in value):
+        return list(value)
+    raise LlamaChatError(f"{path}: token_ids must be a list of whole numbers")
+
+
+def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchange], list[int] | None]:
+    """System prompt, exchanges and head ids from a saved conversation, checked."""
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise LlamaChatError(f"{path}: 'messages' must be a list of messages")
+    if not all(isinstance(m.get("content"), str) for m in messages):
+        raise LlamaChatError(f"{path}: every message needs a text 'content'")
+    for number, message in enumerate(messages, 1):
+        if has_undecodable(message["content"]):
+            raise LlamaChatError(
+                f"{path}: message {number} holds characters that are not text (lone surrogates); not opened"
+            )
+    system = None
+    if messages and messages[0].get("role") == "system":
+        system, messages = messages[0]["content"], messages[1:]
+    roles = [m.get("role") for m in messages]
+    if len(roles) % 2 or roles != ["user", "assistant"] * (len(roles) // 2):
+        raise LlamaChatError(
+            f"{path}: after an optional system message, messages must alternate user, assistant"
+        )
+    exchanges = [
+        Exchange(
+            user=asked["content"], reply=answered["content"], interrupted=bool(answered.get("interrupted")),
+            user_ids=_token_ids(asked.get("token_ids"), path), reply_ids=_token_ids(answered.get("token_ids"), path),
+        )
+        for asked, answered in zip(messages[::2], messages[1::2])
+    ]
+    return system, exchanges, _token_ids(data.get("head_ids"), path)
+
+
+def _settings_from(values: object, path: Path) -> SamplingSettings:
+    if not isinstance(values, dict):
+        raise LlamaChatError(f"{path}: 'settings' must be an object")
+    known = {field.name for field in dataclasses.fields(SamplingSettings)}
+    try:
+        return SamplingSettings(**{name: value for name, value in values.items() if name in known})
+    except SettingError as error:
+        raise LlamaChatError(f"{path}: {error}") from None

@@ -1,0 +1,201 @@
+"""`llama-chat bench`: load time, prefill and decode speed, and peak memory of a model here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from llama_chat.cli.arguments import QUANTIZE_MODES, positive_int
+from llama_chat.cli.chat import ParallelLoader
+from llama_chat.default_model import require_default_model
+from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.device import cpu_model_name
+from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.errors import UsageError
+from llama_chat.llama import Llama
+from llama_chat.loading import load, model_memory_bytes
+from llama_chat.parallel.ranks import (
+    follow,
+    join,
+    lead,
+    peak_memory_mb,
+    shard_from_environment,
+)
+from llama_chat.parallel.sharding import Shard
+
+# Shapes of known models, for benchmarking random weights without any files.
+SHAPES = {
+    "smollm2-135m": ModelArgs(
+        dim=576, n_layers=30, n_heads=9, n_kv_heads=3, vocab_size=49152, hidden_dim=1536,
+        rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
+    ),
+}
+
+
+def random_prompt(vocab_size: int, length: int) -> list[int]:
+    """The benchmark prompt: the same random ids for any program given the same vocabulary."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+
+
+def measure(model: Llama, prompt_tokens: int, new_tokens: int) -> dict:
+    """One run: prefill a prompt of random ids, then decode greedily, ignoring stop tokens."""
+    prompt = random_prompt(model.args.vocab_size, prompt_tokens)
+    cache = model.new_cache(prompt_tokens + new_tokens + 1)
+    generation = model.generate(
+        prompt, SamplingSettings(temperature=0, max_tokens=new_tokens), cache=cache, stop_ids=()
+    )
+    for _ in generation:
+        pass
+    stats = generation.stats
+    return {
+        "prefill_tokens_per_second": stats.prefill_tokens_per_second,
+        "decode_tokens_per_second": stats.decode_tokens_per_second,
+        "time_to_first_token": stats.time_to_first_token,
+    }
+
+
+def chat_turn_first_token(model: Llama, cached_tokens: int = 200, turn_tokens: int = 20) -> float:
+    """Seconds to the first token of a chat turn of `turn_tokens` new tokens after
+    `cached_tokens` already in the cache: what a person waits for on every turn."""
+    cached_tokens = min(cached_tokens, model.args.max_seq_len - turn_tokens - 2)
+    prompt = random_prompt(model.args.vocab_size, cached_tokens + turn_tokens)
+    cache = model.new_cache(len(prompt) + 2)
+    model.feed(cache, prompt[:cached_tokens])
+    generation = model.generate(prompt, SamplingSettings(temperature=0, max_tokens=1), cache=cache, stop_ids=())
+    for _ in generation:
+        pass
+    return generation.stats.time_to_first_token
+
+
+def operator_calls_per_token(model: Llama) -> int:
+    """PyTorch operators one decode step calls (top level only; what runs inside a fused
+    compiled kernel calls none): the fixed cost per token that compiling removes."""
+    cache = model.new_cache(16)
+    model.feed(cache, random_prompt(model.args.vocab_size, 8))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        model.feed(cache, [1])
+    return sum(1 for event in profile.events() if event.cpu_parent is None and event.name.startswith("aten::"))
+
+
+def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict:
+    # Warm-up at full size: the first calls page the weights in and pick matrix kernels.
+    measure(model, prompt_tokens, 8)
+    runs = [measure(model, prompt_tokens, new_tokens) for _ in range(repeats)]
+    result = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    result["chat_turn_first_token"] = statistics.median(chat_turn_first_token(model) for _ in range(repeats))
+    result.update(
+        model=model.name,
+        device=str(model.device),
+        dtype=str(model.dtype).removeprefix("torch."),
+        weights=model.describe_weights(),
+        decode_step=model.decode_step.describe(),
+        operator_calls_per_token=operator_calls_per_token(model),
+        cpu=cpu_model_name(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        torch=torch.__version__,
+        quantization=model.quantization,
+        threads=torch.get_num_threads(),
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        repeats=repeats,
+    )
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llama-chat bench", description=__doc__)
+    parser.add_argument("--model", "-m", help="weights to measure (default: the default model)")
+    parser.add_argument("--random-shapes", choices=sorted(SHAPES),
+                        help="measure random weights with a known model's shapes instead")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES)
+    parser.add_argument("--kernel-dtype", default="auto", help="bfloat16 or float32 (default: measured)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's choice)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=512)
+    parser.add_argument("--new-tokens", type=positive_int, default=128)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--compile", default="wait", choices=("wait", "off"),
+                        help="measure the compiled decode step, built first if need be (default), or the eager one")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="split the model over N processes on this host (tensor parallel); memory is "
+                        "then given per rank")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    options = parser.parse_args(argv)
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    shard = shard_from_environment()  # a rank of a group started by --tp or torchrun
+    if options.tp > 1 and options.random_shapes:
+        raise UsageError("--tp needs weights from a file: give --model instead of --random-shapes")
+    if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
+        return follow(join(shard), partial(load_shard, options, shard))
+    shard, peers = lead(shard, options.tp, ["bench", *argv])
+    loader = partial(load_shard, options, shard)
+    try:
+        return measure_and_report(options, ParallelLoader(loader, peers) if peers is not None else loader)
+    finally:
+        if peers is not None:
+            peers.close()
+
+
+def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> Llama:
+    """The model (or one rank's share of it) as the command line asks."""
+    return load(path, device=options.device, dtype=options.dtype, quantize=options.quantize,
+                kernel_dtype=options.kernel_dtype, shard=shard)
+
+
+def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:
+    memory_before = peak_memory_mb()
+    started = time.perf_counter()
+    if options.random_shapes:
+        model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
+        model.name = f"random weights, {options.random_shapes} shapes"
+    else:
+        model = loader(options.model or require_default_model())
+    load_seconds = time.perf_counter() - started
+    memory_after_load = peak_memory_mb()
+    started = time.perf_counter()
+    peers = model.peers  # the other ranks, under --tp
+    if options.compile == "wait" and peers is None:  # the compiled step has no all-reduce
+        model.decode_step.compile(wait=True)
+    compile_seconds = time.perf_counter() - started
+    result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
+    result.update(
+        load_seconds=load_seconds,
+        compile_seconds=compile_seconds,
+        peak_memory_mb=peak_memory_mb(),
+        memory_before_load_mb=memory_before,
+        peak_memory_after_load_mb=memory_after_load,
+        model_memory_mb=model_memory_bytes(model) / 2**20,
+        tensor_parallel=options.tp if peers is not None else 1,
+    )
+    if peers is not None:
+        result["peak_memory_mb_per_rank"] = [result["peak_memory_mb"], *peers.peak_memory_mb()]
+    if options.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{result['model']} on {result['device']}: {result['weights']}")
+    print(f"{result['cpu']} ({result['cpu_capability']}), torch {result['torch']}, {result['threads']} threads, "
+          f"median of {result['repeats']}")
+    print(f"load: {result['load_seconds']:.2f} s; decode step {result['decode_step']}, ready "
+          f"{result['compile_seconds']:.1f} s after loading; {result['operator_calls_per_token']} operator calls "
+          "a token")
+    print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
+    print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
+    print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms after the "
+          f"{result['prompt_tokens']}-token prompt; {result['chat_turn_first_token'] * 1000:.0f} ms for a "
+          "20-token chat turn after 200 cached")
+    print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
+          f"{result['memory_before_load_mb']:.0f} MB before loading, "
+          f"{result['peak_memory_after_load_mb']:.0f} MB right after")
+    if "peak_memory_mb_per_rank" in result:
+        ranks = ", ".join(f"rank {rank} {mb:.0f} MB" for rank, mb in enumerate(result["peak_memory_mb_per_rank"]))
+        print(f"tensor parallel over {result['tensor_parallel']} ranks (rank 0's model share above); peak: {ranks}")
+    return 0

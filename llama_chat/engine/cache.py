@@ -1,0 +1,84 @@
+"""The KV cache: preallocated key/value buffers and the token ids they hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from llama_chat.engine.config import ModelArgs
+from llama_chat.errors import ContextOverflowError
+
+
+class KVCache:
+    """Keys and values of every layer for up to `capacity` positions of one sequence.
+
+    `tokens` lists the ids whose keys and values fill positions [0, len(tokens)); it is
+    the single record of what the cache holds. Truncating only shortens that list: the
+    stale entries past it are overwritten by the next write.
+    """
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        capacity: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not 0 < capacity <= args.max_seq_len:
+            raise ContextOverflowError(
+                f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
+            )
+        shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # Each layer's views, made once rather than on every forward pass.
+        self._layers = list(zip(self.keys.unbind(0), self.values.unbind(0)))
+        self._zeros = torch.zeros(capacity, device=device, dtype=dtype)
+        self.capacity = capacity
+        self.tokens: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of one layer: [1, kv_heads, capacity, head_dim]."""
+        return self._layers[index]
+
+    def past_bias(self) -> torch.Tensor:
+        """The attention bias of the positions held (zeros: every one visible to a new token);
+        its length tells a decode step its position."""
+        return self._zeros[: len(self.tokens)]
+
+    def append(self, token: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write one token's keys and values [n_layers, kv_heads, head_dim] at the next position."""
+        position = len(self.tokens)
+        if position >= self.capacity:
+            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
+        self.keys[:, 0, :, position] = keys
+        self.values[:, 0, :, position] = values
+        self.tokens.append(token)
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on, without copying anything."""
+        if not 0 <= length <= len(self.tokens):
+            raise ValueError(f"cannot truncate a cache of {len(self.tokens)} tokens to {length}")
+        del self.tokens[length:]
+
+    def keep_common_prefix(self, ids: Sequence[int], at_most: int | None = None) -> int:
+        """Keep the cached positions that start `ids` (at most `at_most` of them), forget the
+        rest, and return how many were kept: the tokens a new prompt need not feed again."""
+        kept = 0
+        for cached, wanted in zip(self.tokens, ids):
+            if cached != wanted:
+                break
+            kept += 1
+        if at_most is not None:
+            kept = min(kept, at_most)
+        self.truncate(kept)
+        return kept
+
+    def room(self) -> int:
+        """How many more positions fit."""
+        return self.capacity - len(self.tokens)

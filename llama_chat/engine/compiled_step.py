@@ -1,0 +1,215 @@
+"""The decode step compiled ahead of time, kept on disk and loaded in a moment.
+
+`Transformer.decode` has the same shapes at every position (the position is the length
+of an input), so torch.export traces it once and AOTInductor compiles it to a package:
+fused C++ for the small operations between the matrix kernels, called from C++ rather
+than Python. Every weight is an input of the compiled step, not a constant inside it, so
+the package holds no weights (a few MB), depends only on the weights' shapes and dtypes,
+and uses the model's own tensors in place.
+
+Compiling takes a minute or so, in a child process that works from a copy of the model
+with no data (`structure_copy`), so the chat runs on the eager step meanwhile and a
+failure there cannot take the chat down. Packages are kept per model shape, CPU, thread
+count and PyTorch version (`step_key`); later runs load theirs in milliseconds.
+
+    python -m llama_chat.engine.compiled_step STRUCTURE_FILE CACHE_DTYPE PACKAGE_FILE THREADS
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from llama_chat.engine.device import cpu_model_name
+from llama_chat.paths import cache_root
+
+# Code whose changes change the compiled graph, so a package made before is not reused.
+TRACED_SOURCES = ("model.py", "../kernels/packed.py", "compiled_step.py")
+
+
+def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor the decode step reads from the model, by name (a tied one once)."""
+    return {**dict(transformer.named_parameters()), **dict(transformer.named_buffers())}
+
+
+class _Decode(nn.Module):
+    """Transformer.decode as a module's forward, with the weights passed in as a list."""
+
+    def __init__(self, structure: nn.Module) -> None:
+        super().__init__()
+        # Kept outside the module tree: export would otherwise bake its tensors in.
+        object.__setattr__(self, "structure", structure)
+        self.names = list(step_weights(structure))
+
+    def forward(self, token, past_bias, keys, values, weights):
+        state = dict(zip(self.names, weights))
+        # tie_weights: a tied head is one tensor, named once among the inputs.
+        with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
+            return self.structure.decode(token, past_bias, keys, values)
+
+
+def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
+    """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
+    this CPU and the threads it runs on, PyTorch and the traced code."""
+    here = Path(__file__).parent
+    spec = {
+        "weights": [[name, list(t.shape), str(t.dtype)] for name, t in step_weights(transformer).items()],
+        "cache": str(cache_dtype),
+        "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
+        "torch": torch.__version__,
+        "code": [hashlib.sha256((here / name).read_bytes()).hexdigest() for name in TRACED_SOURCES],
+    }
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
+
+
+def package_path(transformer: nn.Module, cache_dtype: torch.dtype) -> Path | None:
+    """Where this model's compiled step is kept (None when caching is off)."""
+    root = cache_root()
+    return None if root is None else root / "compiled" / f"decode-{step_key(transformer, cache_dtype)}.pt2"
+
+
+def available() -> bool:
+    """Whether this PyTorch can run a package compiled ahead of time (whether it can also
+    build one shows in the child process that tries)."""
+    return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")
+
+
+def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
+    """Export and compile the decode step of `structure` (a model, or a copy without data)
+    into a package at destination, written whole or not at all, for `threads` threads."""
+    # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched.
+    weights = [
+        torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in step_weights(structure).values()
+    ]
+    args = structure.args
+    cache_shape = (args.n_layers, 1, args.n_kv_heads, 16, args.head_dim)
+    example = (
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.zeros(8, dtype=cache_dtype),
+        torch.zeros(cache_shape, dtype=cache_dtype),
+        torch.zeros(cache_shape, dtype=cache_dtype),
+        weights,
+    )
+    position = torch.export.Dim("position", min=1, max=args.max_seq_len - 1)
+    capacity = torch.export.Dim("capacity", min=2, max=args.max_seq_len)
+    dynamic = ({}, {0: position}, {3: capacity}, {3: capacity}, [{}] * len(weights))
+    with torch.no_grad():
+        program = torch.export.export(_Decode(structure), example, dynamic_shapes=dynamic, strict=False)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=destination.parent) as staging:
+        staged = Path(staging) / destination.name
+        settings = {
+            # Keep every rounding the code asks for (to bfloat16 before a kernel and back).
+            "emulate_precision_casts": True,
+            # The kernels' thread count is fixed when they are generated: the chat's, not the
+            # one thread this compiles on. (Thread counts read at run time were measured slower.)
+            "cpp.threads": threads,
+            # Keep small element-wise results (the final norm) in memory: inlined into the
+            # output head's loop, they were computed again for every row of the vocabulary.
+            "realize_cpu_opcount_threshold": 4,
+        }
+        torch._inductor.aoti_compile_and_package(program, package_path=str(staged), inductor_configs=settings)
+        os.replace(staged, destination)
+
+
+class CompiledStep:
+    """A loaded package, called like Transformer.decode with the model's own weights.
+
+    It is opened with PyTorch's C++ loader itself: `torch._inductor.aoti_load_package`
+    would first import the compiler's Python modules, over a second, for nothing a
+    package needs to run. The inputs go in flat, as export flattened them.
+    """
+
+    def __init__(self, path: Path, transformer: nn.Module) -> None:
+        self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        self.weights = list(step_weights(transformer).values())
+
+    def __call__(self, token, past_bias, keys, values):
+        logits, new_keys, new_values = self.runner.boxed_run([token, past_bias, keys, values, *self.weights])
+        return logits, new_keys, new_values
+
+
+def structure_copy(transformer: nn.Module) -> nn.Module:
+    """The model with every tensor on the meta device: its code and shapes, none of its data."""
+    memo: dict[int, torch.Tensor] = {}
+    for tensor in step_weights(transformer).values():
+        meta = tensor.to("meta")
+        memo[id(tensor)] = nn.Parameter(meta, requires_grad=False) if isinstance(tensor, nn.Parameter) else meta
+    return copy.deepcopy(transformer, memo)
+
+
+class BackgroundCompile:
+    """Builds a model's compiled step in a child process without holding up the chat, then
+    loads it. `step` is the CompiledStep once ready, `error` one line if it failed,
+    `seconds` how long it all took."""
+
+    def __init__(self, transformer: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
+        self.transformer = transformer
+        self.destination = destination
+        self.step: CompiledStep | None = None
+        self.error = ""
+        self.seconds = 0.0
+        self.process: subprocess.Popen | None = None
+        self._started = time.perf_counter()
+        self.thread = threading.Thread(target=self._finish, args=(cache_dtype,), name="decode step", daemon=True)
+        self.thread.start()
+
+    def _finish(self, cache_dtype: torch.dtype) -> None:
+        try:
+            self._build(cache_dtype)
+            if not self.error:
+                self.step = CompiledStep(self.destination, self.transformer)
+        except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
+            self.error = f"the compiled decode step did not load ({error}; delete {self.destination})"
+        finally:
+            self.seconds = time.perf_counter() - self._started
+
+    def _build(self, cache_dtype: torch.dtype) -> None:
+        with tempfile.TemporaryDirectory(prefix="llama-chat-compile-") as workdir:
+            structure = Path(workdir) / "structure.pt"
+            torch.save(structure_copy(self.transformer), structure)
+            dtype_name = str(cache_dtype).removeprefix("torch.")
+            command = [sys.executable, "-m", "llama_chat.engine.compiled_step", str(structure), dtype_name,
+                       str(self.destination), str(torch.get_num_threads())]
+            # One thread: the chat keeps the other cores while this compiles.
+            environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+            with open(Path(workdir) / "log.txt", "w+b") as log:
+                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+                code = self.process.wait()
+                if code != 0:
+                    log.seek(0)
+                    lines = log.read().decode(errors="replace").strip().splitlines()
+                    self.error = f"compiling the decode step failed ({lines[-1][:200] if lines else f'exit {code}'})"
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def wait(self) -> None:
+        self.thread.join()
+
+    def cancel(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+
+
+def main(argv: list[str]) -> int:
+    structure_file, cache_dtype, destination, threads = argv
+    torch.set_num_threads(1)
+    structure = torch.load(structure_file, weights_only=False)  # our own copy, written just now
+    build_package(structure, getattr(torch, cache_dtype), Path(destination), int(threads))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

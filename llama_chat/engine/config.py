@@ -1,0 +1,76 @@
+"""ModelArgs: the hyper-parameters of a Llama model, whatever file they came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llama_chat.errors import LlamaChatError
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How rotary frequencies are stretched for long contexts.
+
+    kind "none" leaves them alone, "linear" divides every frequency by `factor`,
+    and "llama3" (Llama 3.1 and later) divides only the low frequencies, blending
+    smoothly between `low_freq_factor` and `high_freq_factor` wavelengths.
+    """
+
+    kind: str = "none"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "linear", "llama3"):
+            raise LlamaChatError(
+                f"unsupported rope scaling type {self.kind!r}: llama-chat supports none, linear and llama3"
+            )
+        if self.factor <= 0:
+            raise LlamaChatError(f"rope scaling factor must be positive, got {self.factor}")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Architecture of a Llama Transformer.
+
+    `max_seq_len` is the context the model was trained for; a KV cache may be made
+    smaller than that to save memory.
+    """
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    hidden_dim: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_seq_len: int = 2048
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        # Frozen dataclass: fill the derived defaults through object.__setattr__.
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "max_seq_len"):
+            if getattr(self, name) <= 0:  # before any division by them
+                raise LlamaChatError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise LlamaChatError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise LlamaChatError(
+                f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise LlamaChatError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+    @property
+    def n_rep(self) -> int:
+        """How many query heads share one key/value head."""
+        return self.n_heads // self.n_kv_heads

@@ -1,0 +1,137 @@
+"""Sampling settings and the small pure functions that turn logits into the next token.
+
+Order of application, as in Hugging Face transformers: repetition penalty,
+temperature, top-k, top-p, min-p, then a draw (or argmax when temperature is 0).
+Filters return logits with the removed tokens set to -inf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from llama_chat.errors import SettingError
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the next token is chosen. Invalid values raise SettingError on construction."""
+
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+    max_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        # Types first (a hand-edited saved file may hold 2.5 tokens or "hot"); bool is no number.
+        for field in dataclasses.fields(self):  # annotations are strings here: "int", "float", "int | None"
+            value = getattr(self, field.name)
+            if value is None and field.type.endswith("| None"):
+                continue
+            whole = field.type.startswith("int")
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+                raise SettingError(f"{field.name} must be {'a whole number' if whole else 'a number'}, not {value!r}")
+        checks = [
+            (self.temperature >= 0, "temperature must be 0 (greedy) or more"),
+            (self.top_k >= 0, "top_k must be 0 (off) or a positive number of tokens"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]; 1 turns it off"),
+            (0 <= self.min_p < 1, "min_p must be in [0, 1); 0 turns it off"),
+            (self.repeat_penalty > 0, "repeat_penalty must be positive; 1 turns it off"),
+            (self.repeat_last_n >= 0, "repeat_last_n must be 0 or more"),
+            (self.seed is None or self.seed >= 0, "seed must be a non-negative integer"),
+            (self.max_tokens > 0, "max_tokens must be a positive number of tokens"),
+        ]
+        for passed, message in checks:
+            if not passed:
+                raise SettingError(message)
+
+
+# The numeric settings as people see them: a placeholder for the value and a line of help,
+# shared by the command-line flags and the chat's slash commands.
+SETTING_HELP = {
+    "temperature": ("T", "randomness: 0 always picks the likeliest token"),
+    "top_k": ("K", "sample among the K likeliest tokens (0: off)"),
+    "top_p": ("P", "sample among the likeliest tokens holding probability P (1: off)"),
+    "min_p": ("P", "drop tokens less than P times as likely as the likeliest (0: off)"),
+    "repeat_penalty": ("R", "make recently seen tokens less likely (1: off)"),
+    "repeat_last_n": ("N", "how many recent tokens the repeat penalty looks at"),
+    "max_tokens": ("N", "the longest reply, in tokens"),
+}
+
+
+def apply_repeat_penalty(logits: torch.Tensor, recent_ids: Sequence[int], penalty: float) -> torch.Tensor:
+    """Make recently seen tokens less likely: positive logits divided, negative multiplied."""
+    if penalty == 1.0 or not recent_ids:
+        return logits
+    ids = torch.tensor(sorted(set(recent_ids)), dtype=torch.long, device=logits.device)
+    seen = logits[ids]
+    logits = logits.clone()
+    logits[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k highest logits (k = 0 keeps all)."""
+    if k <= 0 or k >= logits.numel():
+        return logits
+    threshold = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability adds up to at least p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= p  # the most likely token always has mass_before 0
+    drop = torch.empty_like(drop_sorted).scatter_(0, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep tokens at least min_p times as likely as the most likely one."""
+    if min_p <= 0.0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
+class Sampler:
+    """Chooses next tokens under fixed settings, drawing from its own seeded generator."""
+
+    def __init__(self, settings: SamplingSettings) -> None:
+        self.settings = settings
+        seed = settings.seed if settings.seed is not None else random.SystemRandom().randrange(2**63)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
+        """The next token id given 1-D float logits and the ids that came before."""
+        s = self.settings
+        logits = logits.detach().float().cpu()
+        if s.repeat_last_n:
+            logits = apply_repeat_penalty(logits, history[-s.repeat_last_n :], s.repeat_penalty)
+        if s.temperature == 0:
+            return int(torch.argmax(logits))
+        candidates = None
+        if 0 < s.top_k < logits.numel():
+            # Work on the k best only: the other filters and the draw then touch k values.
+            logits, candidates = torch.topk(logits, s.top_k)
+        logits = apply_temperature(logits, s.temperature)
+        logits = min_p_filter(top_p_filter(logits, s.top_p), s.min_p)
+        probs = torch.softmax(logits, dim=-1)
+        choice = int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(candidates[choice]) if candidates is not None else choice

@@ -1,0 +1,240 @@
+"""How a packed model multiplies on this CPU, decided by measuring, not assuming.
+
+Activations, the KV cache and the logits stay float32 (bfloat16 activations were
+measured to flip near-tied greedy tokens of the default model against float32); only
+what goes into a matrix product is rounded to the dtype measured fastest for it. Three
+choices matter, and CPUs differ on them by up to a hundred times:
+- the matmul dtype of prompt steps' dequantised products (bfloat16 is several times
+  faster than float32 with AMX or AVX-512-BF16 and tens of times slower where it is
+  emulated, on AVX2);
+- the kernel dtype: what the packed int4/int8 kernels take (the kernels of one PyTorch
+  build can be a hundred times slower in one dtype than in the other);
+- up to how many tokens a step runs the packed kernels rather than dequantising each
+  weight and multiplying (a chat turn of 20 tokens is faster one way, a long prompt the other).
+A short probe times the candidates at the model's own widths, on one thread, and the
+result is kept per CPU model, PyTorch version and shape in the cache folder.
+LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
+LLAMA_CHAT_KERNEL_ROWS force them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llama_chat.checkpoints.stored import TensorMatrix
+from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.device import DTYPES, cpu_model_name
+from llama_chat.errors import DeviceError
+from llama_chat.kernels.packed import PackedLinear, Scratch
+from llama_chat.paths import cache_root
+
+CANDIDATES = (torch.bfloat16, torch.float32)
+PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
+PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole layer, is wanted
+MAX_KERNEL_ROWS = 512  # a prompt step's rows at most (Llama.feed's chunk)
+STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# The names measure_dtypes and measure_rows time under; a cached entry must have them all.
+DTYPE_TIMES = frozenset(f"{kind} {dtype_name(d)}" for kind in ("prompt steps", "kernels") for d in CANDIDATES)
+ROW_TIMES = frozenset(f"{kind} {rows}" for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    matmul_dtype: torch.dtype  # prompt steps' products of dequantised weights
+    kernel_dtype: torch.dtype
+    kernel_rows: int  # steps of up to this many tokens use the packed kernels
+    reason: str  # how each was chosen, for people
+
+    def describe(self) -> str:
+        """"bfloat16 products and kernels ...; measured here: ..." and the like."""
+        if self.matmul_dtype == self.kernel_dtype:
+            dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
+        else:
+            dtypes = f"{dtype_name(self.matmul_dtype)} products, {dtype_name(self.kernel_dtype)} kernels"
+        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step; {self.reason}"
+
+
+
+
+def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
+    """A dtype named on the command line or in the environment; None for auto."""
+    name = (value or "auto").lower()
+    if name == "auto":
+        return None
+    dtype = DTYPES.get(name)
+    if dtype not in CANDIDATES:
+        raise DeviceError(f"{what} {value!r} is not one the packed cpu path runs: use auto, bfloat16 or float32")
+    return dtype
+
+
+def fastest_of(calls: dict[str, Callable[[], object]], budget: float = 0.4) -> dict[str, float]:
+    """Each call's fastest time, taking turns between them after a warm-up of each, for
+    about `budget` seconds in all: a busy moment on the machine then slows every
+    candidate alike, and the fastest of several runs is the one it left alone."""
+    for call in calls.values():
+        call()
+    best = dict.fromkeys(calls, float("inf"))
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < 3 or (time.perf_counter() - started < budget and rounds < 50):
+        for name, call in calls.items():
+            begin = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - begin)
+        rounds += 1
+    return best
+
+
+def one_thread(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """Times taken on one thread: what separates the candidates is how each core computes
+    them, and a single thread does not wait on a second one the machine is busy elsewhere with."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def probe_layer(
+    args: ModelArgs, mode: str, kernel_dtype: torch.dtype, matmul_dtype: torch.dtype = torch.float32
+) -> PackedLinear:
+    """A packed layer of random weights at the model's feed-forward widths."""
+    out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
+    return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype, matmul_dtype=matmul_dtype)
+
+
+def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
+    """Seconds per call of a prompt step's matrix product and of a packed single-token
+    kernel, in each candidate dtype."""
+    calls = {}
+    for dtype in CANDIDATES:
+        layer = probe_layer(args, mode, dtype)
+        rows = torch.randn(PROBE_ROWS, args.dim).to(dtype)
+        dense = layer.dequantize(dtype).clone()
+        calls[f"prompt steps {dtype_name(dtype)}"] = lambda rows=rows, dense=dense: rows @ dense.t()
+        calls[f"kernels {dtype_name(dtype)}"] = lambda layer=layer, one=rows[:1].clone(): layer(one)
+    return one_thread(lambda: fastest_of(calls))
+
+
+def measure_rows(args: ModelArgs, mode: str, matmul: torch.dtype, kernel: torch.dtype) -> dict[str, float]:
+    """Seconds for a short and a long step through the packed kernel, and through
+    dequantising and multiplying."""
+    layer = probe_layer(args, mode, kernel, matmul)
+
+    def forward(rows: torch.Tensor, kernel_rows: int) -> torch.Tensor:
+        layer.kernel_rows = kernel_rows
+        return layer(rows)
+
+    calls = {}
+    for count in STEP_ROWS:
+        rows = torch.randn(count, args.dim)
+        calls[f"kernel {count}"] = lambda rows=rows: forward(rows, MAX_KERNEL_ROWS)
+        calls[f"dequantise {count}"] = lambda rows=rows: forward(rows, 0)
+    return one_thread(lambda: fastest_of(calls))
+
+
+def kernel_rows(row_times: dict[str, float]) -> int:
+    """The most rows a step may have for the packed kernel to beat dequantising and
+    multiplying, from straight lines through each one's times at the two step sizes."""
+    short, long = STEP_ROWS
+
+    def line(kind: str) -> tuple[float, float]:
+        slope = (row_times[f"{kind} {long}"] - row_times[f"{kind} {short}"]) / (long - short)
+        return row_times[f"{kind} {short}"] - slope * short, slope
+
+    kernel_start, kernel_slope = line("kernel")
+    dense_start, dense_slope = line("dequantise")
+    if kernel_slope <= dense_slope:
+        return MAX_KERNEL_ROWS if kernel_start <= dense_start else 1
+    crossing = (dense_start - kernel_start) / (kernel_slope - dense_slope)
+    return int(min(MAX_KERNEL_ROWS, max(1, round(crossing, 6))))
+
+
+def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
+    first, second = (times[f"{kind} {dtype_name(d)}"] for d in CANDIDATES)
+    winner, loser = CANDIDATES if first <= second else reversed(CANDIDATES)
+    ratio = max(first, second) / max(min(first, second), 1e-12)
+    return winner, f"{kind} {ratio:.1f}x faster in {dtype_name(winner)} than {dtype_name(loser)}"
+
+
+def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None) -> CpuPaths:
+    """The matmul and kernel dtypes, and the kernel's row limit, for a packed model of
+    these shapes on this CPU."""
+    forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
+    forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
+    forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
+    if forced_matmul and forced_kernel and forced_rows:
+        return CpuPaths(forced_matmul, forced_kernel, forced_rows, "forced")
+    shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
+    dtype_times = remembered(shape, lambda: measure_dtypes(args, mode), DTYPE_TIMES)
+    matmul_dtype, matmul_reason = (
+        (forced_matmul, "matmul dtype forced") if forced_matmul else _faster(dtype_times, "prompt steps")
+    )
+    kernel_dtype, kernel_reason = (
+        (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels")
+    )
+    if forced_rows:
+        rows = forced_rows
+    else:
+        row_times = remembered(f"{shape} {dtype_name(matmul_dtype)} {dtype_name(kernel_dtype)}",
+                               lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
+        rows = kernel_rows(row_times)
+    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
+
+
+def forced_row_limit(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise DeviceError(f"LLAMA_CHAT_KERNEL_ROWS={value!r}: give a whole number of tokens, 1 or more")
+    return rows
+
+
+def _probe_file() -> Path | None:
+    root = cache_root()
+    return None if root is None else root / "cpu-paths.json"
+
+
+def remembered(what: str, measure: Callable[[], dict[str, float]], names: frozenset[str]) -> dict[str, float]:
+    """measure() (times under these names), kept in the cache folder per CPU model,
+    capability, PyTorch version and `what`."""
+    key = " | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, what])
+    path = _probe_file()
+    known: dict = {}
+    if path is not None:
+        try:
+            known = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+    known = known if isinstance(known, dict) else {}
+    entry = known.get(key)
+    if isinstance(entry, dict) and set(entry) == names and all(isinstance(v, float) for v in entry.values()):
+        return entry
+    times = measure()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            known[key] = times
+            path.write_text(json.dumps(known, indent=1), encoding="utf-8")
+        except OSError:
+            pass  # an unwritable cache only means measuring again next time
+    return times

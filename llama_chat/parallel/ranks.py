@@ -1,0 +1,243 @@
+"""One chat over several processes: starting the ranks, and rank 0 telling the others what
+to compute.
+
+Rank 0 owns the terminal, the tokenizer, the session and sampling. Whenever it runs the
+model (`Llama.feed`, `Llama.logits`) it first posts the same call to the other ranks
+through the process group's key-value store: which cache (by a number), where it starts,
+which token ids. Every rank then runs the same blocks on its own shard, and the blocks'
+all-reduces keep them in step. Caches are mirrored by position: a command says where the
+ids go, so rank 0 may truncate its cache (a retry, a trimmed conversation) without telling
+anyone.
+
+Waiting for a command uses the store (a person may take an hour to type); the
+collectives inside a step use the group's timeout (LLAMA_CHAT_TP_TIMEOUT seconds, 60 by
+default), so a rank that died or hangs ends the run with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from llama_chat.errors import LlamaChatError, first_line
+from llama_chat.parallel.sharding import Shard, summed
+
+TIMEOUT_VARIABLE = "LLAMA_CHAT_TP_TIMEOUT"
+IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's next command
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+def shard_from_environment() -> Shard | None:
+    """This process's place in a group started by --tp or torchrun (None: on its own)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return Shard(int(os.environ.get("RANK", "0")), world) if world > 1 else None
+
+
+def collective_timeout() -> timedelta:
+    value = os.environ.get(TIMEOUT_VARIABLE, "60")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise LlamaChatError(f"{TIMEOUT_VARIABLE}={value!r} is not a number of seconds") from None
+    return timedelta(seconds=seconds)
+
+
+def start_ranks(world: int, argv: Sequence[str]) -> list[subprocess.Popen]:
+    """Ranks 1..world-1 of a group on this host, each `python -m llama_chat argv`; this
+    process becomes rank 0. They run detached from the terminal (setsid), so that Ctrl-C
+    reaches rank 0 alone (which stops a reply between steps); the CPU's threads are shared
+    out."""
+    with socket.socket() as probe:  # a free port for the group's rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    threads = max(1, torch.get_num_threads() // world)
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+              "OMP_NUM_THREADS": str(threads)}
+    os.environ.update(common, RANK="0", LOCAL_RANK="0")
+    torch.set_num_threads(threads)
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "llama_chat", *argv],
+            env={**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for rank in range(1, world)
+    ]
+
+
+def join(shard: Shard) -> dist.Store:
+    """Join the group (gloo) and return the store that commands travel through."""
+    try:
+        dist.init_process_group("gloo", rank=shard.rank, world_size=shard.world, timeout=collective_timeout())
+    except (RuntimeError, ValueError) as error:
+        raise LlamaChatError(f"could not form the group of {shard.world} ranks: {first_line(error)}") from None
+    store = dist.PrefixStore("llama-chat", dist.distributed_c10d._get_default_store())
+    store.set_timeout(IDLE_WAIT)
+    return store
+
+
+def lead(shard: Shard | None, tp: int, argv: Sequence[str]) -> tuple[Shard | None, Peers | None]:
+    """Rank 0's side of a group: the one a launcher formed (`shard`), or one of `tp` ranks
+    started here running `argv`; (None, None) for a process on its own. If joining fails,
+    the ranks started here are stopped."""
+    processes = []
+    if shard is None:
+        if tp <= 1:
+            return None, None
+        shard, processes = Shard(0, tp), start_ranks(tp, argv)
+    try:
+        return shard, Peers(join(shard), processes)
+    except BaseException:
+        Peers(None, processes).close()
+        raise
+
+
+def agree(succeeded: bool, message: str, store: dist.Store, attempt: int) -> str:
+    """Whether every rank succeeded at something; "" if so, else the first failure's line."""
+    if not succeeded:
+        store.set(f"failure/{attempt}/{dist.get_rank()}", message)
+    if not summed(torch.tensor([0.0 if succeeded else 1.0])).item():
+        return ""
+    for rank in range(dist.get_world_size()):
+        key = f"failure/{attempt}/{rank}"
+        if store.check([key]):
+            return f"rank {rank}: {store.get(key).decode()}"
+    return "a rank failed"
+
+
+class Peers:
+    """Rank 0's handle on the other ranks: posts each call of the model to them."""
+
+    def __init__(self, store: dist.Store | None, processes: Sequence[subprocess.Popen] = ()) -> None:
+        self.store = store
+        self.processes = list(processes)
+        self.sent = 0
+        self._next_cache = 0
+        self._cache_numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._forgotten: list[int] = []
+
+    def _post(self, operation: str, **fields) -> None:
+        fields["forget"], self._forgotten = self._forgotten, []
+        self.store.set(f"command/{self.sent}", json.dumps({"operation": operation, **fields}))
+        self.sent += 1
+
+    def _number(self, cache) -> int:
+        """The number the other ranks know a cache by; a cache rank 0 drops, they drop too."""
+        if cache not in self._cache_numbers:
+            self._cache_numbers[cache] = self._next_cache
+            weakref.finalize(cache, self._forgotten.append, self._next_cache)
+            self._next_cache += 1
+        return self._cache_numbers[cache]
+
+    def feed(self, cache, ids: Sequence[int]) -> None:
+        self._post("feed", cache=self._number(cache), capacity=cache.capacity, start=len(cache), ids=list(ids))
+
+    def logits(self, ids: Sequence[int]) -> None:
+        self._post("logits", ids=list(ids))
+
+    def peak_memory_mb(self) -> list[float]:
+        """The other ranks' peak resident memory, rank 1 first."""
+        asked = self.sent
+        self._post("report")
+        return [float(self.store.get(f"report/{asked}/{rank}")) for rank in range(1, dist.get_world_size())]
+
+    def load(self, load_model: Callable[[str], object], path: str):
+        """Load `path` on every rank, or on none: any rank's failure is one line for all."""
+        command = self.sent  # its number names the attempt's failure lines
+        self._post("load", path=str(path))
+        return load_everywhere(load_model, path, self.store, command)
+
+    def close(self) -> None:
+        """Tell the other ranks to stop, and wait for those this process started (a rank
+        that does not stop within 10 s, or never joined, is killed)."""
+        told = False
+        if self.store is not None:
+            try:
+                self._post("quit")
+                told = True
+            except (RuntimeError, ValueError):
+                pass  # the store went away with a rank: nothing is waiting
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10 if told else 0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def load_everywhere(load_model: Callable[[str], object], path: str, store: dist.Store, attempt: int):
+    try:
+        model, message = load_model(path), ""
+    except Exception as error:  # noqa: BLE001 (reported by rank 0, for every rank)
+        model, message = None, first_line(error)
+    failure = agree(model is not None, message, store, attempt)
+    if failure:
+        raise LlamaChatError(failure)
+    return model
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C until a step is done on every rank: stopping rank 0 between two
+    all-reduces would leave the others waiting on the second."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(1))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
+    """A rank other than 0: do what rank 0 posts, until it says quit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides what Ctrl-C does
+    model, caches, received = None, {}, 0
+    while True:
+        command = json.loads(store.get(f"command/{received}"))
+        received += 1
+        for number in command["forget"]:
+            caches.pop(number, None)
+        operation = command["operation"]
+        if operation == "quit":
+            return 0
+        if operation == "load":
+            try:
+                model = load_everywhere(load_model, command["path"], store, received - 1)
+                caches.clear()
+            except LlamaChatError:
+                pass  # rank 0 says why; the model before stays
+        elif operation == "feed":
+            cache = caches.get(command["cache"])
+            if cache is None:
+                cache = caches[command["cache"]] = model.new_cache(command["capacity"])
+            cache.truncate(command["start"])
+            model.feed(cache, command["ids"])
+        elif operation == "logits":
+            model.logits(command["ids"])
+        elif operation == "report":
+            store.set(f"report/{received - 1}/{dist.get_rank()}", str(peak_memory_mb()))

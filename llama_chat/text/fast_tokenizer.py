@@ -1,0 +1,100 @@
+"""BPE tokenizers run by the Hugging Face `tokenizers` library.
+
+One backend for byte-level BPE vocabularies (GPT-2 style: Llama 3, SmolLM) and for
+SentencePiece-style BPE with byte fallback, whether the vocabulary came from a GGUF
+file or from a tokenizer.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import tokenizers
+
+from llama_chat.text.tokenizer import Tokenizer
+
+
+class BPETokenizer(Tokenizer):
+    """A `tokenizers.Tokenizer` behind llama-chat's Tokenizer interface.
+
+    The tokenizer's added tokens are its named tokens: the special ones are control
+    tokens, which `encode` never produces from text (a typed "<|im_end|>" becomes
+    ordinary pieces); non-special added tokens are ordinary vocabulary and are matched.
+    `decode` shows control tokens by name. The tokenizer object is taken over: its
+    special-token matching is switched off here.
+
+    `end_of_turn_ids` are ids besides `eos_id` that end a reply (such as <|eot_id|>);
+    `add_bos_token` says whether the model expects `bos_id` at the start of a text;
+    `add_prefix_space` puts a space before every non-empty text, as SentencePiece's
+    dummy prefix does (the decoder is expected to strip it again).
+    """
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        end_of_turn_ids: Iterable[int] = (),
+        add_bos_token: bool = False,
+        add_prefix_space: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        # Text from a user is plain text: control tokens come only from the chat format.
+        tokenizer.encode_special_tokens = True
+        added = tokenizer.get_added_tokens_decoder()
+        self._named = {token.content: token_id for token_id, token in added.items()}
+        self._control_names = {token_id: token.content for token_id, token in added.items() if token.special}
+        self.vocab_size = 1 + max(
+            [*tokenizer.get_vocab(with_added_tokens=True).values(), *added], default=-1
+        )
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.end_of_turn_ids = frozenset(end_of_turn_ids)
+        self.add_bos_token = add_bos_token
+        self.add_prefix_space = add_prefix_space
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        if self.add_prefix_space and text:
+            text = " " + text
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # Ordinary ids are decoded in runs between control tokens: each run is text that
+        # was encoded on its own (so a SentencePiece run's dummy prefix is stripped).
+        parts: list[str] = []
+        run: list[int] = []
+        for token in ids:
+            name = self._control_names.get(token)
+            if name is None:
+                run.append(token)
+                continue
+            if run:
+                parts.append(self.tokenizer.decode(run, skip_special_tokens=False))
+                run = []
+            parts.append(name)
+        if run:
+            parts.append(self.tokenizer.decode(run, skip_special_tokens=False))
+        return "".join(parts)
+
+    def token_id(self, name: str) -> int | None:
+        return self._named.get(name)
+
+    def special_token_names(self) -> list[str]:
+        return list(self._control_names.values())
+
+    def save(self, directory: Path) -> dict:
+        tokenizer = self.tokenizer
+        if self.add_prefix_space:
+            # tokenizer.json has no such switch: write the prefix as a normalizer step, as
+            # Hugging Face's own Llama 2 tokenizer.json does.
+            tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+            steps = [tokenizers.normalizers.Prepend("▁")]
+            if tokenizer.normalizer is not None:
+                steps.append(tokenizer.normalizer)
+            tokenizer.normalizer = tokenizers.normalizers.Sequence(steps)
+        tokenizer.save(str(Path(directory) / "tokenizer.json"))
+        return {"add_bos_token": self.add_bos_token}
+

@@ -1,0 +1,130 @@
+"""A model's own Jinja template ("template" format) is rendered in a sandbox with every
+message's content replaced by a placeholder marker made of private-use characters. The
+rendered string is cut at the markers: the template's own text is scanned for special-token
+names (which become control ids), while the real contents are put back in as plain text.
+Adjacent plain text (template text and contents) is encoded in one `encode` call, the way
+Hugging Face tokenizes a rendered template, so subword merges and SentencePiece's leading
+space come out the same. A template that trims a content (`| trim`, `.strip()`) is followed:
+the markers are padded with a whitespace character and the padding's fate tells how the
+template treated the text. Other transformations of the content text (upper-casing, search
+and replace) are not followed; a template that mangles a marker gives a LlamaChatError.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from jinja2 import TemplateError, TemplateSyntaxError
+
+from llama_chat.errors import LlamaChatError
+from llama_chat.text.chat_format import PICK_ANOTHER, ChatFormat, Message, check_messages
+from llama_chat.text.special_tokens import SpecialTokenSplitter, encode_parts
+from llama_chat.text.template_sandbox import TemplateRaised, sandboxed_environment
+from llama_chat.text.tokenizer import END_OF_GENERATION_NAMES, Tokenizer
+
+# Tokens a template writes to close a turn: when one appears in the template, the model
+# emits it to end its reply.
+END_OF_TURN_NAMES = END_OF_GENERATION_NAMES | {"</s>"}
+
+# Placeholder markers: private-use characters, which no template writes and no tokenizer
+# merges with template text. The index is spelled with one private-use character per digit.
+_MARK_OPEN, _MARK_CLOSE, _MARK_DIGIT0 = "\ue000", "\ue001", 0xE010
+# Whitespace padding around a marker; a template that strips the content strips the padding.
+_PAD = "\u2003"
+_MARKER = re.compile(f"({_PAD}?){_MARK_OPEN}([\ue010-\ue019]+){_MARK_CLOSE}({_PAD}?)")
+_MARKER_CHARS = re.compile("[\ue000-\ue019]")
+
+
+def _marker(index: int) -> str:
+    digits = "".join(chr(_MARK_DIGIT0 + int(digit)) for digit in str(index))
+    return f"{_PAD}{_MARK_OPEN}{digits}{_MARK_CLOSE}{_PAD}"
+
+
+def _marker_index(digits: str) -> int:
+    return int("".join(str(ord(char) - _MARK_DIGIT0) for char in digits))
+
+
+class TemplateFormat(ChatFormat):
+    """A model's own Jinja chat template, rendered in a sandbox (see the module docstring)."""
+
+    name = "template"
+
+    def __init__(
+        self,
+        source: str,
+        tokenizer: Tokenizer,
+        bos_token: str | None,
+        eos_token: str | None,
+        special_tokens: Iterable[str],
+    ) -> None:
+        try:
+            self.template = sandboxed_environment().from_string(source)
+        except TemplateSyntaxError as error:
+            raise LlamaChatError(
+                f"the model's chat template has a syntax error on line {error.lineno}: "
+                f"{error.message}; {PICK_ANOTHER}"
+            ) from None
+        except TemplateError as error:  # e.g. an unknown filter, found while compiling
+            raise LlamaChatError(f"the model's chat template is invalid: {error}; {PICK_ANOTHER}") from None
+        self.tokenizer = tokenizer
+        self.bos_token = bos_token if bos_token is not None else (tokenizer.token_name(tokenizer.bos_id) or "")
+        self.eos_token = eos_token if eos_token is not None else (tokenizer.token_name(tokenizer.eos_id) or "")
+        # bos/eos are inserted through variables, so they count even if not listed as special.
+        names = {*special_tokens, self.bos_token, self.eos_token}
+        self.splitter = SpecialTokenSplitter(tokenizer, names)
+        ends = [tokenizer.token_id(name) for name in END_OF_TURN_NAMES if name in source]
+        self.turn_end_ids = frozenset(i for i in (tokenizer.token_id(self.eos_token), *ends) if i is not None)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The template's text for these messages (special tokens as their names)."""
+        try:
+            return self.template.render(
+                messages=[dict(message) for message in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                tools=None,
+                documents=None,
+            )
+        except TemplateRaised as error:
+            raise LlamaChatError(f"the model's chat template rejected the conversation: {error}") from None
+        except Exception as error:  # the template is foreign code: any failure is the model's
+            raise LlamaChatError(
+                f"the model's chat template failed: {type(error).__name__}: {error}; {PICK_ANOTHER}"
+            ) from None
+
+    def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        check_messages(messages)
+        # Empty contents need no marker: there is no text to protect, and templates test for "".
+        marked = [
+            {**message, "content": _marker(index) if message["content"] else ""}
+            for index, message in enumerate(messages)
+        ]
+        rendered = self.render(marked, add_generation_prompt)
+        parts: list[str | int] = []
+        position = 0
+        for match in _MARKER.finditer(rendered):
+            parts += self._template_text(rendered[position : match.start()])
+            parts.append(_restore(messages[_marker_index(match.group(2))]["content"], match))
+            position = match.end()
+        parts += self._template_text(rendered[position:])
+        return encode_parts(self.tokenizer, parts)
+
+    def _template_text(self, text: str) -> list[str | int]:
+        if _MARKER_CHARS.search(text):
+            raise LlamaChatError(
+                "the model's chat template changes message text in a way llama-chat cannot "
+                f"follow safely; {PICK_ANOTHER}"
+            )
+        return self.splitter.split(text)
+
+
+def _restore(content: str, match: re.Match[str]) -> str:
+    """The content as the template would have written it, judged by the padding left."""
+    left_kept, right_kept = bool(match.group(1)), bool(match.group(3))
+    if not left_kept:
+        content = content.lstrip()
+    if not right_kept:
+        content = content.rstrip()
+    return content
