@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import llama_chat
-from llama_chat.cli import positive_int
+from llama_chat.cli.arguments import positive_int
 from llama_chat.cli.bench import random_prompt
 from llama_chat.cli.bench import run as run_llama_chat
 from llama_chat.default_model import require_default_model

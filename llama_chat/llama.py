@@ -16,7 +16,8 @@ from llama_chat.engine.model import Transformer
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import ContextOverflowError
 from llama_chat.parallel.ranks import Peers, uninterrupted
-from llama_chat.text.chat_format import ChatFormat, PlainFormat
+from llama_chat.text.builtin_formats import PlainFormat
+from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
 
 DEFAULT_CONTEXT = 4096

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.cli.chat import ParallelLoader
+from llama_chat.cli.loaders import ParallelLoader
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load

@@ -1,7 +1,7 @@
 import pytest
 
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.chat_format import get_chat_format, guess_format_name
+from llama_chat.text.format_choice import get_chat_format, guess_format_name
 from llama_chat.text.special_tokens import SpecialTokenSplitter
 from llama_chat.text.tokenizer import ByteTokenizer
 

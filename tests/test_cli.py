@@ -10,9 +10,11 @@ from rich.console import Console
 import llama_chat.cli.chat
 import llama_chat.repl.app
 from llama_chat import SamplingSettings
+from llama_chat.chat.display import visible
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
-from llama_chat.repl.render import Renderer, visible
+from llama_chat.cli.load_progress import LoadProgress
+from llama_chat.repl.render import Renderer
 
 from .test_session import chat_model
 
@@ -49,7 +51,7 @@ def test_prompt_prints_only_the_reply_and_stats_go_to_stderr(loads, capsys):
     assert out == visible(greedy_reply("hello", max_tokens=5)) + "\n"
     assert err.count("\n") == 1 and "tokens" in err and "cached tokens" in err
     assert loads == [("tiny.gguf", {"device": "auto", "dtype": "auto", "chat_format": None, "quantize": "auto",
-                               "kernel_dtype": "auto", "shard": None})]
+                               "kernel_dtype": "auto", "shard": None, "progress": LoadProgress})]
 
 
 def test_piped_stdin_is_the_prompt(loads, capsys, monkeypatch):
@@ -131,7 +133,7 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     assert [e.user for e in session.exchanges] == ["hello"]
     # /load goes through the same loader, with the command line's device, dtype and format.
     assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",
-                                       "kernel_dtype": "auto", "shard": None})
+                                       "kernel_dtype": "auto", "shard": None, "progress": LoadProgress})
 
 
 # Bytes that are not UTF-8 reach Python as lone surrogates (its "surrogateescape" rule).

@@ -156,7 +156,7 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
 
 
 def test_the_chat_compiles_in_the_background_but_a_one_shot_reply_does_not(packed_model):
-    from llama_chat.cli.chat import CompilingLoader
+    from llama_chat.cli.loaders import CompilingLoader
 
     started = []
     packed_model.decode_step.compile = lambda wait=False, background=True: started.append((wait, background))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import llama_chat
+from llama_chat.chat.display import visible
 from llama_chat.cli import main
-from llama_chat.cli.chat import visible
 from llama_chat.errors import LlamaChatError
 
 from .test_gguf import tiny_hf_model, write_gguf
@@ -91,15 +91,15 @@ class Terminal(io.StringIO):
 
 
 def test_a_slow_load_shows_progress_on_a_terminal_only(gguf_file, monkeypatch):
-    from llama_chat import loading
+    from llama_chat.cli import load_progress
 
-    monkeypatch.setattr(loading, "PROGRESS_AFTER_SECONDS", 0.0)  # every load counts as slow
+    monkeypatch.setattr(load_progress, "PROGRESS_AFTER_SECONDS", 0.0)  # every load counts as slow
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    llama_chat.load(gguf_file, device="cpu")
+    llama_chat.load(gguf_file, device="cpu", progress=load_progress.LoadProgress)
     shown = terminal.getvalue()
     assert "loading tiny.gguf" in shown and "kB" in shown  # what is loaded, and how much of it
     piped = io.StringIO()
     monkeypatch.setattr(sys, "stderr", piped)
-    llama_chat.load(gguf_file, device="cpu")
+    llama_chat.load(gguf_file, device="cpu", progress=load_progress.LoadProgress)
     assert piped.getvalue() == ""

@@ -279,7 +279,7 @@ def test_int4_refusals_name_the_matrix(tmp_path):
     model = Llama.random(tiny_args(dim=48, hidden_dim=80))
     with pytest.raises(LlamaChatError, match="int4"):
         weight = TensorMatrix.of(model.transformer.layers[0].feed_forward.w2.weight.detach())
-        from llama_chat.loading import matrix_mode
+        from llama_chat.kernels.quantize import matrix_mode
 
         matrix_mode(weight, "int4", None, "layers.0.feed_forward.w2.weight")
 

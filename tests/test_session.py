@@ -5,7 +5,7 @@ import pytest
 from llama_chat import Llama, ModelArgs, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.errors import ContextOverflowError, LlamaChatError
-from llama_chat.text.chat_format import get_chat_format
+from llama_chat.text.format_choice import get_chat_format
 from llama_chat.text.tokenizer import ByteTokenizer
 
 SPECIALS = {

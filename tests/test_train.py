@@ -11,18 +11,13 @@ from safetensors.torch import load_file
 
 import llama_chat
 from llama_chat.cli import main as cli_main
+from llama_chat.cli.train import main
+from llama_chat.directories import recover_directory
 from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.train import run as train_module
+from llama_chat.train.config import TrainConfig, learning_rate
 from llama_chat.train.data import read_corpus, train_tokenizer
-from llama_chat.train.run import (
-    STATE_FILE,
-    Run,
-    TrainConfig,
-    learning_rate,
-    main,
-    recover_directory,
-    train,
-)
+from llama_chat.train.run import STATE_FILE, Run, train
 
 TINY = TrainConfig(
     dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, context=32, batch_size=8, steps=40,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 
-QUANTIZE_MODES = ("auto", "none", "int8", "int4")  # how weights are packed (see loading.load)
-
 
 def positive_int(text: str) -> int:
     """argparse type: a whole number above 0."""

@@ -11,13 +11,15 @@ from functools import partial
 
 import torch
 
-from llama_chat.cli.arguments import QUANTIZE_MODES, positive_int
-from llama_chat.cli.chat import ParallelLoader
+from llama_chat.cli.arguments import positive_int
+from llama_chat.cli.load_progress import LoadProgress
+from llama_chat.cli.loaders import ParallelLoader
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import UsageError
+from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load, model_memory_bytes
 from llama_chat.parallel.ranks import (
@@ -148,7 +150,7 @@ def main(argv: list[str]) -> int:
 def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> Llama:
     """The model (or one rank's share of it) as the command line asks."""
     return load(path, device=options.device, dtype=options.dtype, quantize=options.quantize,
-                kernel_dtype=options.kernel_dtype, shard=shard)
+                kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress)
 
 
 def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:

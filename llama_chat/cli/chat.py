@@ -7,21 +7,70 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.session import Session
+from llama_chat.cli.arguments import finite_float, positive_int
+from llama_chat.cli.load_progress import LoadProgress
+from llama_chat.cli.loaders import CompilingLoader, ParallelLoader
+from llama_chat.cli.subcommands import SUBCOMMANDS
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.errors import SettingError, UsageError
+from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load
-from llama_chat.parallel.ranks import Peers, follow, join, lead, shard_from_environment
+from llama_chat.parallel.ranks import follow, join, lead, shard_from_environment
 from llama_chat.parallel.sharding import Shard
-from llama_chat.repl.render import stats_line, visible
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
+
+COMPILE_CHOICES = ("auto", "wait", "off")
+
+
+def chat_parser() -> argparse.ArgumentParser:
+    defaults = SamplingSettings()
+    parser = argparse.ArgumentParser(
+        prog="llama-chat",
+        description="Chat with a local Llama-family model in the terminal.",
+        epilog="sub-commands: " + "; ".join(f"{name}: {about}" for name, (_, about) in SUBCOMMANDS.items()),
+    )
+    parser.add_argument("--model", "-m", help="a .gguf file, or a Hugging Face or Meta checkpoint directory "
+                        "(default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--prompt", "-p", help="answer this one message, print the reply and exit")
+    parser.add_argument("--raw", action="store_true", help="plain completion of the prompt, no chat template")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--chat-format", help="llama3, llama2, chatml, plain, or template (the model's own)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: the model's dtype; "
+                        "with packed cpu weights, what prompt steps multiply in, auto measured (default: auto)")
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
+                        help="pack weights for the cpu; auto: int4 where the file stores 4-bit groups, int8 "
+                        "otherwise, none with --dtype float32 or off the cpu (default: auto)")
+    parser.add_argument("--kernel-dtype", default="auto",
+                        help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
+                        "measured on this CPU)")
+    parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
+    parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
+                        help="the compiled decode step on the cpu: auto (built in the background the first time, "
+                        "eager meanwhile; a one-shot reply only uses one already built), wait (build it first), "
+                        "off (eager)")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="split the model over N processes on this host (tensor parallel, on the cpu); "
+                        "under torchrun the group comes from the launcher (default: 1)")
+    sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
+    for name, (argument, about) in SETTING_HELP.items():
+        default = getattr(defaults, name)
+        sampling.add_argument("--" + name.replace("_", "-"), metavar=argument, default=default,
+                              type=finite_float if isinstance(default, float) else int,
+                              help=f"{about} (default: {default})")
+    sampling.add_argument("--seed", type=int, help="seed for reproducible sampling (default: random)")
+    parser.add_argument("--stats", action="store_true", help="with -p or piped input: the statistics line on stderr")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    return parser
 
 
 def settings_from(options: argparse.Namespace) -> SamplingSettings:
     try:
-        # The flags are named after the settings (see cli.chat_parser).
+        # The flags are named after the settings (see chat_parser).
         return SamplingSettings(seed=options.seed, **{name: getattr(options, name) for name in SETTING_HELP})
     except SettingError as error:
         raise UsageError(str(error)) from None
@@ -56,44 +105,11 @@ def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Cal
     (with a shard: that rank's share of them)."""
     chat_format = "plain" if options.raw else options.chat_format
     return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format,
-                   quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard)
+                   quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress)
 
 
-class ParallelLoader:
-    """Rank 0's loader in a tensor-parallel group: every rank loads its shard, or none does."""
-
-    def __init__(self, load_shard: Callable[[str], Llama], peers: Peers) -> None:
-        self.load_shard = load_shard
-        self.peers = peers
-
-    def __call__(self, path: str) -> Llama:
-        model = self.peers.load(self.load_shard, path)
-        model.peers = self.peers
-        return model
-
-
-class CompilingLoader:
-    """Loads models and sets each one's decode step compiling as --compile says; `stop()`
-    ends compiles still running (at exit: the next run starts them again)."""
-
-    def __init__(self, load_model: Callable[[str], Llama], mode: str, background: bool) -> None:
-        self.load_model = load_model
-        self.mode = mode
-        self.background = background
-        self.loaded: list[Llama] = []
-
-    def __call__(self, path: str) -> Llama:
-        model = self.load_model(path)
-        if self.mode != "off":
-            for earlier in self.loaded:
-                earlier.decode_step.cancel()
-            self.loaded.append(model)
-            model.decode_step.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")
-        return model
-
-    def stop(self) -> None:
-        for model in self.loaded:
-            model.decode_step.cancel()
+def main(argv: list[str]) -> int:
+    return run_chat(chat_parser().parse_args(argv), argv)
 
 
 def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:

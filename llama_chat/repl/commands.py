@@ -12,12 +12,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llama_chat.chat.display import stats_line
 from llama_chat.chat.session import Session
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import RankLost
-from llama_chat.repl.render import Renderer, stats_line
+from llama_chat.repl.render import Renderer
 
 STOP = True  # what a handler returns to end the chat (others return None)
 

@@ -1,7 +1,7 @@
 """What the chat shows, through rich: streamed replies, notes, errors, statistics.
 
 Model output is literal: pieces are written with markup and emoji codes off and control
-characters escaped by `visible`, so "[bold]" or an escape sequence in a reply is shown as
+characters escaped by `chat.display.visible`, so "[bold]" or an escape sequence in a reply is shown as
 those characters. Styles (dim notes, red errors, Markdown) are used only when the console
 is a terminal and NO_COLOR is not set; otherwise everything is plain text.
 """
@@ -9,7 +9,6 @@ is a terminal and NO_COLOR is not set; otherwise everything is plain text.
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -17,32 +16,11 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
-from llama_chat.engine.generation import GenerationStats, Piece
+from llama_chat.chat.display import stats_line, visible
+from llama_chat.engine.generation import Piece
 
 if TYPE_CHECKING:
     from llama_chat.chat.session import Turn
-
-# C0 and C1 control characters other than newline and tab: a reply must never steer the terminal.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-_ENDINGS = {"interrupted": "interrupted", "max_tokens": "max tokens reached", "context_full": "context full"}
-
-
-def visible(text: str) -> str:
-    """Model output made safe to print: control characters shown as escapes, not obeyed."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
-
-
-def stats_line(stats: GenerationStats) -> str:
-    """One line: how the reply ended (if not by itself), speed, and the prompt's cache use."""
-    ending = _ENDINGS.get(stats.stop_reason)
-    line = (
-        f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s, "
-        f"first token {stats.time_to_first_token * 1000:.0f} ms, prompt {stats.prefilled_tokens} new "
-        f"+ {stats.reused_tokens} cached tokens"
-    )
-    return f"[{ending}] {line}" if ending else line
-
 
 class Renderer:
     """Writes the chat to a rich Console (stdout by default)."""

@@ -1,4 +1,4 @@
-"""`llama-chat train`: train a small Llama from scratch on plain-text files.
+"""A training run: the model, optimiser and data, the loop, and saving and resuming it.
 
 The output directory is an ordinary Hugging Face-style checkpoint (config.json,
 model.safetensors, tokenizer.model) that `llama-chat --model DIR --raw` loads, plus
@@ -8,13 +8,11 @@ loss.png with the training and validation loss curves.
 
 from __future__ import annotations
 
-import argparse
 import math
 import pickle
-import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -29,16 +27,15 @@ from rich.progress import (
 )
 
 from llama_chat.checkpoints.checkpoint import Checkpoint
-from llama_chat.checkpoints.convert import write_hf_directory
 from llama_chat.checkpoints.hf import load_hf_directory
-from llama_chat.cli.arguments import finite_float
-from llama_chat.engine.config import ModelArgs
-from llama_chat.engine.device import resolve_device
+from llama_chat.checkpoints.hf_writer import write_hf_files
+from llama_chat.directories import staged_directory
 from llama_chat.engine.model import Transformer
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.errors import LlamaChatError, UsageError
+from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
+from llama_chat.train.config import TrainConfig, learning_rate
 from llama_chat.train.data import (
     Corpus,
     check_length,
@@ -54,66 +51,12 @@ STATE_FILE = "training_state.pt"
 PLOT_FILE = "loss.png"
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that decides the result of a run; saved with it and reused by --resume."""
-
-    dim: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    hidden_dim: int = 352
-    context: int = 256
-    batch_size: int = 16
-    accumulate: int = 1  # micro-batches per optimiser step
-    steps: int = 1500
-    learning_rate: float = 2e-3
-    warmup: int = 100
-    min_learning_rate_ratio: float = 0.1  # where the cosine decay ends, relative to the peak
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    tokenizer: str = "bpe"
-    vocab_size: int = 1024
-    validation_fraction: float = 0.1
-    eval_every: int = 100
-    eval_batches: int = 8
-    save_every: int = 500
-    sample_every: int = 250
-    sample_tokens: int = 120
-    seed: int = 0
-
-    def model_args(self, vocab_size: int) -> ModelArgs:
-        return ModelArgs(
-            dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
-            vocab_size=vocab_size, hidden_dim=self.hidden_dim, max_seq_len=self.context, tie_embeddings=True,
-        )
-
-
-# Sized for a laptop CPU: tiny reads like text after about 10 minutes on 2 cores; small
-# (about six times the compute per step, twice the steps) wants hours there, or a GPU.
-PRESETS = {
-    "tiny": TrainConfig(),
-    "small": TrainConfig(dim=256, n_layers=6, n_heads=8, n_kv_heads=4, hidden_dim=704, context=512,
-                         batch_size=8, steps=3000, learning_rate=1e-3, warmup=200, vocab_size=2048),
-}
-SETTING_FLAGS = tuple(f.name for f in fields(TrainConfig))
-
-
 @dataclass
-class History:
+class LossLog:
     """Losses so far, (step, nats per token), for the plot and the progress line."""
 
     train: list[tuple[int, float]]
     validation: list[tuple[int, float]]
-
-
-def learning_rate(config: TrainConfig, step: int) -> float:
-    """Linear warm-up to the peak, then cosine decay to min_learning_rate_ratio of it."""
-    if step < config.warmup:
-        return config.learning_rate * (step + 1) / config.warmup
-    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
-    floor = config.learning_rate * config.min_learning_rate_ratio
-    return floor + (config.learning_rate - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def init_for_training(transformer: Transformer, seed: int) -> None:
@@ -191,7 +134,7 @@ class Run:
         self.optimizer = make_optimizer(self.transformer, config)
         self.data_generator = torch.Generator().manual_seed(config.seed)
         self.step = 0
-        self.history = History([], [])
+        self.history = LossLog([], [])
 
     def train_step(self) -> float:
         """One optimiser step over `accumulate` micro-batches; returns the mean loss."""
@@ -239,18 +182,12 @@ class Run:
         return f"{self.out.name}: {self.args.n_layers} layers of {self.args.dim}, {self.step} steps"
 
     def save(self) -> None:
-        """Write the whole checkpoint beside `out`, then swap it in (see replace_directory)."""
-        staging = self.out.parent / f".{self.out.name}.writing"
-        shutil.rmtree(staging, ignore_errors=True)  # left over from a crash
-        try:
-            write_hf_directory(self.checkpoint(), staging, torch.float32)
+        """Write the whole checkpoint beside `out`, then swap it in (see directories.py)."""
+        with staged_directory(self.out, replace=True) as staging:
+            write_hf_files(self.checkpoint(), staging, torch.float32)
             torch.save(self.training_state(), staging / STATE_FILE)
             self.plotted = write_loss_plot(staging / PLOT_FILE, self.history.train, self.history.validation,
                                            self.plot_title(), log_scale=self.log_plot)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        replace_directory(staging, self.out)
 
     @classmethod
     def resume(cls, out: Path, data: list[str], device: torch.device) -> Run:
@@ -271,28 +208,8 @@ class Run:
         run.optimizer.load_state_dict(state["optimizer"])
         run.data_generator.set_state(state["data_generator"])
         run.step = state["step"]
-        run.history = History(**{k: [tuple(p) for p in v] for k, v in state["history"].items()})
+        run.history = LossLog(**{k: [tuple(p) for p in v] for k, v in state["history"].items()})
         return run
-
-
-def replace_directory(new: Path, target: Path) -> None:
-    """Put `new` in the place of `target`, keeping the old one until the new one is in place.
-
-    A crash between the two renames leaves the complete old checkpoint at .NAME.previous,
-    which recover_directory puts back.
-    """
-    previous = target.parent / f".{target.name}.previous"
-    shutil.rmtree(previous, ignore_errors=True)
-    if target.exists():
-        target.rename(previous)
-    new.rename(target)
-    shutil.rmtree(previous, ignore_errors=True)
-
-
-def recover_directory(target: Path) -> None:
-    previous = target.parent / f".{target.name}.previous"
-    if not target.exists() and previous.is_dir():
-        previous.rename(target)
 
 
 class StopRequest:
@@ -355,80 +272,3 @@ def train(run: Run, *, quiet: bool = False) -> bool:
     return not stop.requested
 
 
-def parse_options(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="llama-chat train", description=__doc__.splitlines()[0])
-    parser.add_argument("--data", nargs="+", required=True, metavar="FILE", help="plain-text (UTF-8) files")
-    parser.add_argument("--out", required=True, help="directory for the checkpoint (new, or a run to --resume)")
-    parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    parser.add_argument("--size", choices=sorted(PRESETS), help="model and schedule preset (default: tiny)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default: auto)")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's choice)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, samples or loss curve")
-    parser.add_argument("--log-plot", action="store_true", help="draw the loss curve (loss.png) on a log scale")
-    defaults = PRESETS["tiny"]
-    for name in SETTING_FLAGS:
-        default = getattr(defaults, name)
-        kind = type(default)
-        extra = {"choices": ("bpe", "char")} if name == "tokenizer" else {}
-        parser.add_argument("--" + name.replace("_", "-"), type=finite_float if kind is float else kind,
-                            default=None, **extra,
-                            help=f"(tiny preset: {default})")
-    return parser.parse_args(argv)
-
-
-def build_config(options: argparse.Namespace) -> TrainConfig:
-    """The preset with the flags given on top; refuses combinations that contradict each other."""
-    given = {name: getattr(options, name) for name in SETTING_FLAGS if getattr(options, name) is not None}
-    if options.tokenizer == "char" and options.vocab_size is not None:
-        raise UsageError("--vocab-size does not apply to --tokenizer char (its vocabulary is the characters seen)")
-    config = replace(PRESETS[options.size or "tiny"], **given)
-    if not 0 < config.validation_fraction < 1:
-        raise UsageError(f"--validation-fraction must be between 0 and 1, got {config.validation_fraction}")
-    for name in ("steps", "batch_size", "accumulate", "context", "warmup", "eval_every", "eval_batches",
-                 "save_every", "sample_tokens", "learning_rate"):
-        if getattr(config, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(config, name)}")
-    config.model_args(vocab_size=1)  # checks the shape flags fit together (e.g. heads divide dim)
-    return config
-
-
-def check_output(out: Path, resume: bool) -> None:
-    """Refuse to write over anything that is not this run's own checkpoint."""
-    recover_directory(out)
-    holds_run = (out / STATE_FILE).is_file()
-    if resume and not holds_run:
-        raise UsageError(f"{out}: no training run to resume (no {STATE_FILE}); start one without --resume")
-    if resume or not out.exists():
-        return
-    if holds_run:
-        raise UsageError(f"{out} already holds a training run: add --resume to continue it, or give a new --out")
-    if not out.is_dir() or any(out.iterdir()):
-        raise UsageError(f"{out} already holds other files; give a new or empty --out directory")
-
-
-def main(argv: list[str]) -> int:
-    options = parse_options(argv)
-    out = Path(options.out).expanduser()
-    if options.resume:
-        settings = [name for name in ("size", *SETTING_FLAGS) if getattr(options, name) is not None]
-        if settings:
-            flags = ", ".join("--" + name.replace("_", "-") for name in settings)
-            raise UsageError(f"--resume continues with the run's saved settings; drop {flags}")
-    else:
-        config = build_config(options)
-    if options.threads is not None and options.threads <= 0:
-        raise UsageError(f"--threads must be positive, got {options.threads}")
-    check_output(out, options.resume)
-    if options.threads:
-        torch.set_num_threads(options.threads)
-    device = resolve_device(options.device)
-    if options.resume:
-        run = Run.resume(out, options.data, device)
-    else:
-        run = Run(config, read_corpus(options.data, config.validation_fraction), out, device)
-    run.log_plot = options.log_plot
-    finished = train(run, quiet=options.quiet)
-    if finished:
-        final = run.history.validation[-1][1]
-        print(f"{out}: validation loss {final:.3f} nats per token after {run.step} steps")
-    return 0 if finished else 130

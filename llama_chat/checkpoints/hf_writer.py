@@ -1,4 +1,4 @@
-"""`llama-chat convert SRC DST`: any supported checkpoint to a Hugging Face-style directory.
+"""Writing a checkpoint as a Hugging Face-style directory (what `llama-chat convert` and training save).
 
 The directory holds config.json, model.safetensors (Hugging Face tensor names, so
 transformers can read it too), the tokenizer, tokenizer_config.json with the chat
@@ -8,23 +8,16 @@ tools (transformers among them) read as well, in float32, bfloat16 or float16.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from llama_chat.checkpoints.checkpoint import Checkpoint
 from llama_chat.checkpoints.hf import HF_NAMES
+from llama_chat.directories import staged_directory
 from llama_chat.engine.config import ModelArgs
-from llama_chat.engine.device import resolve_dtype
-from llama_chat.errors import LlamaChatError
-from llama_chat.loading import read_checkpoint
 
 
 def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
@@ -90,56 +83,26 @@ def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torc
 
 
 def write_hf_directory(checkpoint: Checkpoint, destination: Path, dtype: torch.dtype) -> None:
-    """Write the directory next to its final place, then move it in: never half a checkpoint."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=destination.parent))
-    try:
-        tokenizer_config = checkpoint.tokenizer.save(staging)
-        tokenizer_config.update(bos_token=checkpoint.bos_token, eos_token=checkpoint.eos_token)
-        if checkpoint.chat_template:
-            tokenizer_config["chat_template"] = checkpoint.chat_template
-        write_json(staging / "tokenizer_config.json", tokenizer_config)
-        write_json(staging / "config.json", hf_config(checkpoint.args, checkpoint))
-        write_json(staging / "generation_config.json", {
-            "bos_token_id": checkpoint.tokenizer.bos_id,
-            "eos_token_id": sorted(checkpoint.stop_ids),
-        })
-        save_file(to_hf_tensors(checkpoint.state_dict(dtype), checkpoint.args, dtype), staging / "model.safetensors",
-                  metadata={"format": "pt"})
-        give_usual_permissions(staging)
-        staging.rename(destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    """Write the directory beside its final place, then move it in: never half a checkpoint."""
+    with staged_directory(destination) as staging:
+        write_hf_files(checkpoint, staging, dtype)
 
 
-def give_usual_permissions(directory: Path) -> None:
-    """mkdtemp makes a private folder: open it up as far as the umask allows a new one."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
+def write_hf_files(checkpoint: Checkpoint, directory: Path, dtype: torch.dtype) -> None:
+    """The checkpoint's files, written into an existing `directory`."""
+    tokenizer_config = checkpoint.tokenizer.save(directory)
+    tokenizer_config.update(bos_token=checkpoint.bos_token, eos_token=checkpoint.eos_token)
+    if checkpoint.chat_template:
+        tokenizer_config["chat_template"] = checkpoint.chat_template
+    write_json(directory / "tokenizer_config.json", tokenizer_config)
+    write_json(directory / "config.json", hf_config(checkpoint.args, checkpoint))
+    write_json(directory / "generation_config.json", {
+        "bos_token_id": checkpoint.tokenizer.bos_id,
+        "eos_token_id": sorted(checkpoint.stop_ids),
+    })
+    save_file(to_hf_tensors(checkpoint.state_dict(dtype), checkpoint.args, dtype), directory / "model.safetensors",
+              metadata={"format": "pt"})
 
 
 def write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="llama-chat convert", description=__doc__.splitlines()[0])
-    parser.add_argument("source", help="a .gguf file, or a Meta or Hugging Face checkpoint directory")
-    parser.add_argument("destination", help="the directory to create (must not exist yet)")
-    parser.add_argument("--dtype", default="float32", help="float32 (default, exact), bfloat16 or float16")
-    options = parser.parse_args(argv)
-    destination = Path(options.destination).expanduser()
-    if destination.exists():
-        raise LlamaChatError(f"{destination} already exists; give a new directory to convert into")
-    dtype = resolve_dtype(options.dtype, torch.device("cpu"))
-    checkpoint = read_checkpoint(options.source)
-    try:
-        write_hf_directory(checkpoint, destination, dtype)
-    except SafetensorError as error:  # its own I/O errors, a full disk among them
-        raise LlamaChatError(f"{destination}: cannot write the weights ({error})") from None
-    print(destination)
-    return 0

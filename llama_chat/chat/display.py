@@ -1,0 +1,28 @@
+"""A reply as text a front end prints: control characters made visible, and the statistics line."""
+
+from __future__ import annotations
+
+import re
+
+from llama_chat.engine.generation import GenerationStats
+
+# C0 and C1 control characters other than newline and tab: a reply must never steer the terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+_ENDINGS = {"interrupted": "interrupted", "max_tokens": "max tokens reached", "context_full": "context full"}
+
+
+def visible(text: str) -> str:
+    """Model output made safe to print: control characters shown as escapes, not obeyed."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """One line: how the reply ended (if not by itself), speed, and the prompt's cache use."""
+    ending = _ENDINGS.get(stats.stop_reason)
+    line = (
+        f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s, "
+        f"first token {stats.time_to_first_token * 1000:.0f} ms, prompt {stats.prefilled_tokens} new "
+        f"+ {stats.reused_tokens} cached tokens"
+    )
+    return f"[{ending}] {line}" if ending else line

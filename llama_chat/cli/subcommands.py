@@ -1,0 +1,8 @@
+"""The sub-commands of `llama-chat`: the module that runs each (its `main(argv)`), and what it does."""
+
+SUBCOMMANDS = {  # name: (module, what it does)
+    "bench": ("llama_chat.cli.bench", "measure prefill and decode speed"),
+    "download": ("llama_chat.cli.download", "fetch the default model into the weights folder"),
+    "convert": ("llama_chat.cli.convert", "write a Hugging Face-style directory from a GGUF file or a Meta checkpoint"),
+    "train": ("llama_chat.cli.train", "train a small Llama from scratch on text files"),
+}
