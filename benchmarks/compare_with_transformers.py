@@ -22,6 +22,7 @@ from llama_chat.cli.arguments import positive_int
 from llama_chat.cli.bench import random_prompt
 from llama_chat.cli.bench import run as run_llama_chat
 from llama_chat.default_model import require_default_model
+from llama_chat.engine.device import flush_denormals
 
 
 @torch.inference_mode()
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=2)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
+    flush_denormals()  # as the command line does; it holds for every row measured here
     path = options.model or require_default_model()
     common = (options.prompt_tokens, options.new_tokens, options.repeats)
     rows = [

@@ -50,11 +50,6 @@ class Llama:
         self.dtype = first.dtype
         self.decode_step = DecodeStep(self.transformer, self.dtype)
         self.peers: Peers | None = None  # the other ranks, when this is rank 0 of a group
-        if self.device.type == "cpu":
-            # Real weights drive exp() inside silu and softmax into subnormal floats, which
-            # the CPU handles several times slower; flushing them to zero changes no logit
-            # that matters. (This is a process-wide setting of the CPU's float unit.)
-            torch.set_flush_denormal(True)
 
     @classmethod
     def random(

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from llama_chat.checkpoints.checkpoint import Checkpoint, Weight
+from llama_chat.checkpoints.contents import Checkpoint, Weight
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.stored import StoredMatrix
 from llama_chat.engine.device import resolve_device, resolve_dtype

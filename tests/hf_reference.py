@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llama_chat import Llama
-from llama_chat.checkpoints.checkpoint import dense_state_dict
+from llama_chat.checkpoints.contents import dense_state_dict
 from llama_chat.checkpoints.hf import args_from_hf_config, convert_hf_state_dict
 from llama_chat.engine.model import Transformer
 from llama_chat.text.tokenizer import ByteTokenizer

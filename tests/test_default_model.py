@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 
 import llama_chat
 from llama_chat import Llama, SamplingSettings
-from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
 from llama_chat.default_model import download_default_model

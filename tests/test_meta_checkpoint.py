@@ -7,7 +7,7 @@ import torch
 from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim
 from llama_chat.checkpoints.stored import RotaryRows, TensorMatrix
 from llama_chat.engine.config import ModelArgs, RopeScaling
-from llama_chat.engine.model import apply_rotary, rope_inverse_frequencies, rope_tables
+from llama_chat.engine.rope import apply_rotary, rope_inverse_frequencies, rope_tables
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer

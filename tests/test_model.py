@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from llama_chat import Llama
-from llama_chat.checkpoints.checkpoint import dense_state_dict
+from llama_chat.checkpoints.contents import dense_state_dict
 from llama_chat.checkpoints.hf import convert_hf_state_dict
-from llama_chat.engine.model import RMSNorm, Transformer, apply_rotary, rope_tables
+from llama_chat.engine.model import RMSNorm, Transformer
+from llama_chat.engine.rope import apply_rotary, rope_tables
 from llama_chat.text.tokenizer import ByteTokenizer
 
 from . import numpy_reference

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.gguf import GGUF_MAGIC, load_gguf
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.checkpoints.meta import load_meta_directory

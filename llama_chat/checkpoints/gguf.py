@@ -24,19 +24,14 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from llama_chat.checkpoints.checkpoint import (
-    Checkpoint,
-    TensorNames,
-    Weight,
-    assemble_state_dict,
-    expected_shapes,
-)
+from llama_chat.checkpoints.contents import Checkpoint, Weight
 from llama_chat.checkpoints.gguf_blocks import FOUR_BIT_TYPES, int4_groups
 from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
+from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.engine.config import ModelArgs, RopeScaling
-from llama_chat.engine.model import rope_inverse_frequencies
+from llama_chat.engine.rope import rope_inverse_frequencies
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.gguf_tokenizer import tokenizer_from_gguf_metadata
 

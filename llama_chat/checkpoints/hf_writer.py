@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.hf import HF_NAMES
 from llama_chat.directories import staged_directory
 from llama_chat.engine.config import ModelArgs

@@ -9,31 +9,21 @@ rotary layout the model uses.
 from __future__ import annotations
 
 import math
-import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
-from llama_chat.checkpoints.checkpoint import (
-    Checkpoint,
-    TensorNames,
-    Weight,
-    assemble_state_dict,
-    checked_float,
-    expected_shapes,
-    read_json_object,
-)
+from llama_chat.checkpoints.contents import Checkpoint, Weight
+from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.checkpoints.stored import ColumnStacked, StackedRows, TensorMatrix
+from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, checked_float, expected_shapes
+from llama_chat.checkpoints.tokenizer_files import load_tokenizer_model
+from llama_chat.checkpoints.torch_file import load_torch_file
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
-from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer, looks_like_tiktoken
-from llama_chat.text.tokenizer import Tokenizer
+from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer
 
-# Model-parallel layout of Meta's reference: which dimension each weight is split on.
-# Column-parallel layers split their output rows, row-parallel ones their input columns;
-# norms are replicated on every rank. tok_embeddings is decided by shape (see below).
 _SPLIT_DIM = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}
 
 
@@ -176,45 +166,6 @@ def _merged(
             f"{source}: tensor {name!r} has shape {tuple(merged.shape)} but params.json implies {expected}"
         )
     return merged
-
-
-def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
-    """A PyTorch weight file's tensors, memory-mapped, refusing any pickled code."""
-    if not path.is_file():
-        raise LlamaChatError(f"{path}: no such file")
-    with open(path, "rb") as file:
-        header = file.read(4)
-    is_zip = header == b"PK\x03\x04"
-    # PyTorch files are zip archives, or bare pickles (protocol marker 0x80) from before 2020.
-    if not is_zip and header[:1] != b"\x80":
-        raise LlamaChatError(f"{path}: not a readable PyTorch weight file (neither a zip archive nor a pickle)")
-    try:
-        # Files from before PyTorch's zip format cannot be memory-mapped.
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
-    except pickle.UnpicklingError:
-        raise LlamaChatError(
-            f"{path}: refused: needs arbitrary code to load (it holds more than tensors); "
-            "use a safetensors or plain-tensor checkpoint"
-        ) from None
-    except Exception as error:  # torch reports damaged files with many exception types
-        raise LlamaChatError(f"{path}: not a readable PyTorch weight file ({type(error).__name__}: {error})") from None
-    if not isinstance(loaded, dict) or not all(isinstance(key, str) for key in loaded):
-        raise LlamaChatError(f"{path}: expected a dictionary of named tensors, found {type(loaded).__name__}")
-    return loaded
-
-
-def load_tokenizer_model(path: Path, added_tokens: Mapping[str, int] | None = None, **settings) -> Tokenizer:
-    """A tokenizer.model file: Llama 3's tiktoken ranks (text lines) or a SentencePiece protobuf.
-
-    The keyword settings (bos_token, eos_token, end_of_turn_ids, add_bos_token: from a
-    Hugging Face tokenizer_config.json) apply to SentencePiece; a tiktoken file is always
-    Llama 3's, whose settings are known.
-    """
-    if not path.is_file():
-        raise LlamaChatError(f"{path}: no such file (the model's tokenizer)")
-    if looks_like_tiktoken(path):
-        return TiktokenTokenizer.llama3(path)
-    return SentencePieceTokenizer.from_file(path, added_tokens, **settings)
 
 
 def _read_params(path: Path) -> dict:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from llama_chat.cli.subcommands import SUBCOMMANDS
+from llama_chat.engine.device import flush_denormals
 from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.parallel.sharding import RankLost
 
@@ -18,6 +19,7 @@ from llama_chat.parallel.sharding import RankLost
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    flush_denormals()
     try:
         if argv and argv[0] in SUBCOMMANDS:
             command = importlib.import_module(SUBCOMMANDS[argv[0]][0])

@@ -35,7 +35,7 @@ from llama_chat.engine.device import cpu_model_name
 from llama_chat.paths import cache_root
 
 # Code whose changes change the compiled graph, so a package made before is not reused.
-TRACED_SOURCES = ("model.py", "../kernels/packed.py", "compiled_step.py")
+TRACED_SOURCES = ("model.py", "rope.py", "cache.py", "../kernels/packed.py", "compiled_step.py")
 
 
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:

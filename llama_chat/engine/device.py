@@ -74,3 +74,14 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def flush_denormals() -> None:
+    """Have the CPU treat subnormal floats as zero, for the whole process.
+
+    Real weights drive exp() inside silu and softmax into subnormal floats, which the CPU
+    handles several times slower; flushing them changes no logit that matters. Being a
+    setting of the process, it is made by the program that owns the process (the command
+    line, a benchmark), not by a model.
+    """
+    torch.set_flush_denormal(True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.stored import GROUP, StoredMatrix
 from llama_chat.engine.device import DTYPES
 from llama_chat.errors import LlamaChatError

@@ -26,7 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from llama_chat.checkpoints.checkpoint import Checkpoint
+from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.checkpoints.hf_writer import write_hf_files
 from llama_chat.directories import staged_directory
@@ -127,10 +127,6 @@ class Run:
         self.transformer = Transformer(self.args)
         init_for_training(self.transformer, config.seed)
         self.transformer.to(device).train()
-        if device.type == "cpu":
-            # Sampling through Llama flushes subnormal floats process-wide; doing so from the
-            # start keeps a resumed run's arithmetic identical to an uninterrupted one's.
-            torch.set_flush_denormal(True)
         self.optimizer = make_optimizer(self.transformer, config)
         self.data_generator = torch.Generator().manual_seed(config.seed)
         self.step = 0

@@ -1,57 +1,15 @@
-"""What every checkpoint reader returns."""
+"""A checkpoint format's tensor names and layouts, mapped onto this project's."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from llama_chat.checkpoints.contents import Weight
 from llama_chat.checkpoints.stored import RotaryRows, StackedRows, StoredMatrix
 from llama_chat.engine.config import ModelArgs
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.tokenizer import Tokenizer
-
-Weight = torch.Tensor | StoredMatrix  # vectors as tensors, matrices read a block of rows at a time
-
-
-@dataclass
-class Checkpoint:
-    """A model as read from disk, in this project's tensor names and rotary layout."""
-
-    args: ModelArgs
-    # Our names: norms as tensors on the CPU (any float dtype), matrices as StoredMatrix,
-    # read only when the loader packs or converts them.
-    tensors: dict[str, Weight]
-    tokenizer: Tokenizer
-    chat_template: str | None  # Jinja source shipped with the model, if any
-    bos_token: str | None = None  # token names, for templates
-    eos_token: str | None = None
-    # The GGUF type the layers' weights were stored as (e.g. "Q4_1"), whatever form they
-    # reached us in: it tells how far they can be packed again without losing anything.
-    source_quantization: str | None = None
-
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        """Every end-of-turn and end-of-sequence id: the tokenizer's, which the reader set up."""
-        return self.tokenizer.stop_ids
-
-    def state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """Every tensor read and converted to `dtype` (a tied head is the embedding itself)."""
-        return dense_state_dict(self.tensors, dtype)
-
-
-def dense_state_dict(weights: dict[str, Weight], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Weights read into tensors of `dtype`; one weight under two names stays one tensor."""
-    dense: dict[int, torch.Tensor] = {}
-    state = {}
-    for name, weight in weights.items():
-        if id(weight) not in dense:
-            value = weight.dense() if isinstance(weight, StoredMatrix) else weight
-            dense[id(weight)] = value.to(dtype)
-        state[name] = dense[id(weight)]
-    return state
 
 
 @dataclass(frozen=True)
@@ -84,20 +42,6 @@ def checked_float(tensor: object, name: str, source: object) -> torch.Tensor:
             f"{source}: tensor {name!r} is {tensor.dtype}; llama-chat loads float32, float16 or bfloat16 weights"
         )
     return tensor
-
-
-def read_json_object(path: Path) -> dict | None:
-    """A JSON object file's contents, or None when the file does not exist."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            contents = json.load(file)
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise LlamaChatError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(contents, dict):
-        raise LlamaChatError(f"{path}: expected a JSON object")
-    return contents
 
 
 def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int, ...]]:
