@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from llama_chat.errors import LlamaChatError
+
 
 def user_directory(variable: str, default: str) -> Path:
     """llama-chat's folder under an XDG base directory: $variable, else ~/default."""
@@ -35,3 +37,11 @@ def cache_root() -> Path | None:
 def history_path() -> Path:
     """$XDG_STATE_HOME/llama-chat/history (~/.local/state when the variable is not set)."""
     return user_directory("XDG_STATE_HOME", ".local/state") / "history"
+
+
+def expanded(path: str | Path) -> Path:
+    """The path with ~ or ~user expanded; an unknown user is one clear error."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise LlamaChatError(f"cannot expand {path}: no such user") from None

@@ -16,7 +16,7 @@ from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
 
 from .hf_reference import hf_logits, random_hf_model
-from .test_tokenizer_bpe import byte_level_metadata, spm_metadata, train_sentencepiece
+from .test_hf_tokenizer import byte_level_metadata, spm_metadata, train_sentencepiece
 
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 VOCAB = byte_level_metadata(pre="smollm")["tokenizer.ggml.tokens"]

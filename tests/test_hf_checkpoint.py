@@ -8,7 +8,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.fast_tokenizer import BPETokenizer
+from llama_chat.text.hf_tokenizer import HFTokenizer
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 
 from .hf_reference import NotATensor, hf_logits, llama_from_checkpoint, random_hf_model
@@ -74,7 +74,7 @@ def test_tokenizer_and_chat_settings(tmp_path):
     save_model_directory(tmp_path)
     checkpoint = load_hf_directory(tmp_path)
     tokenizer = checkpoint.tokenizer
-    assert isinstance(tokenizer, BPETokenizer)
+    assert isinstance(tokenizer, HFTokenizer)
     assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.vocab_size) == (BOS, EOT, VOCAB)
     assert tokenizer.add_bos_token is True  # found in the post-processor
     assert checkpoint.chat_template == TEMPLATE  # the "default" of the named templates

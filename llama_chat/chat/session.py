@@ -1,5 +1,5 @@
 """A conversation with a model: its messages, the exact token ids in the KV cache, context
-overflow, and saving and opening conversations.
+overflow, and saving and opening conversations (the file itself is conversation_file's).
 
 How a turn's prompt is built
 ----------------------------
@@ -30,32 +30,18 @@ fits but leaves less than the reserve gets the room there is.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
+from llama_chat.chat.exchange import Exchange
 from llama_chat.engine.generation import Generation, GenerationStats, Piece
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.errors import ContextOverflowError, LlamaChatError, SettingError
+from llama_chat.errors import ContextOverflowError, LlamaChatError
 from llama_chat.llama import Llama
+from llama_chat.paths import expanded
 from llama_chat.text.chat_format import ChatFormat, Message
-from llama_chat.text.undecodable import has_undecodable
-
-FILE_KIND = "llama-chat conversation"
-FILE_VERSION = 1
-
-
-@dataclass
-class Exchange:
-    """A user message and the reply to it, with the token ids each added to the conversation."""
-
-    user: str
-    reply: str = ""
-    interrupted: bool = False
-    user_ids: list[int] | None = None  # the user turn and the assistant's cue; None: not known
-    reply_ids: list[int] | None = None  # the reply as generated, then the end-of-turn ids
 
 
 def _user(text: str) -> dict[str, str]:
@@ -338,53 +324,32 @@ class Session:
     # Saving and opening
 
     def save(self, path: str | Path) -> Path:
-        """Write the conversation, its token ids, the settings and the model path as JSON."""
-        path = _expanded(path)
-        try:
-            path.write_text(_dumps(self._to_json()), encoding="utf-8")
-        except OSError as error:
-            raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
+        """Write the conversation, its token ids, the settings and the model path (see conversation_file)."""
+        path = expanded(path)
+        model = {"path": self.model_path, "name": self.model.name, "chat_format": self.model.chat_format.name,
+                 "vocab_size": self.model.tokenizer.vocab_size}
+        write_conversation(path, SavedConversation(self.system, self.exchanges, self.head_ids, self.settings, model))
         return path
 
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation and settings with a saved one. Returns a note when the
         file was made with another model (its token ids are then rebuilt for this one)."""
-        path = _expanded(path)
-        data = _read_json(path)
-        system, exchanges, head_ids = _conversation_from(data, path)
-        settings = _settings_from(data.get("settings"), path)
-        saved_model = data.get("model") if isinstance(data.get("model"), dict) else {}
-        same_model = self._is_same_model(saved_model)
+        path = expanded(path)
+        saved = read_conversation(path)
+        exchanges, head_ids = saved.exchanges, saved.head_ids
+        same_model = self._is_same_model(saved.model)
         if not same_model:  # another tokenizer's ids mean nothing here
             head_ids = None
             for exchange in exchanges:
                 exchange.user_ids = exchange.reply_ids = None
-        self.system, self.exchanges, self.settings, self.head_ids = system, exchanges, settings, head_ids
+        self.system, self.exchanges, self.settings, self.head_ids = saved.system, exchanges, saved.settings, head_ids
         if not self._ids_fit_vocabulary():
             self._rebuild_ids()
         self._trim_cache()
         if same_model:
             return None
-        saved_name = saved_model.get("path") or saved_model.get("name") or "an unknown model"
+        saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
         return f"{path} was saved with {saved_name}; its token ids were rebuilt for {self.model.name}"
-
-    def _to_json(self) -> dict:
-        messages: list[dict] = self._system_messages()
-        for exchange in self.exchanges:
-            messages.append({"role": "user", "content": exchange.user, "token_ids": exchange.user_ids})
-            messages.append({
-                "role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
-                "token_ids": exchange.reply_ids,
-            })
-        return {
-            "kind": FILE_KIND,
-            "version": FILE_VERSION,
-            "model": {"path": self.model_path, "name": self.model.name, "chat_format": self.model.chat_format.name,
-                      "vocab_size": self.model.tokenizer.vocab_size},
-            "settings": dataclasses.asdict(self.settings),
-            "head_ids": self.head_ids,
-            "messages": messages,
-        }
 
     def _is_same_model(self, saved: dict) -> bool:
         return (
@@ -405,88 +370,7 @@ def _messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
     return messages
 
 
-def _expanded(path: str | Path) -> Path:
-    """The path with ~ or ~user expanded; an unknown user is one clear error."""
-    try:
-        return Path(path).expanduser()
-    except RuntimeError:
-        raise LlamaChatError(f"cannot expand {path}: no such user") from None
-
-
 def _absolute(path: str | Path | None) -> str | None:
-    return str(_expanded(path).absolute()) if path is not None else None
+    return str(expanded(path).absolute()) if path is not None else None
 
 
-def _dumps(data: dict) -> str:
-    """Indented JSON with one message per line (token id lists would take a line per id)."""
-    header = json.dumps({key: value for key, value in data.items() if key != "messages"}, ensure_ascii=False, indent=1)
-    messages = ",\n  ".join(json.dumps(message, ensure_ascii=False) for message in data["messages"])
-    return header[: -len("\n}")] + ',\n "messages": [\n  ' + messages + "\n ]\n}\n"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise LlamaChatError(f"cannot read {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise LlamaChatError(f"{path} is not a llama-chat conversation (not UTF-8 text)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise LlamaChatError(f"{path} is not a llama-chat conversation (bad JSON on line {error.lineno})") from None
-    if not isinstance(data, dict) or data.get("kind") != FILE_KIND:
-        raise LlamaChatError(f"{path} is not a llama-chat conversation (made by /save)")
-    if data.get("version") != FILE_VERSION:
-        raise LlamaChatError(
-            f"{path} has conversation format version {data.get('version')}; this llama-chat reads {FILE_VERSION}"
-        )
-    return data
-
-
-def _token_ids(value: object, path: Path) -> list[int] | None:
-    if value is None:
-        return None
-    if isinstance(value, list) and all(isinstance(token, int) and not isinstance(token, bool) for token in value):
-        return list(value)
-    raise LlamaChatError(f"{path}: token_ids must be a list of whole numbers")
-
-
-def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchange], list[int] | None]:
-    """System prompt, exchanges and head ids from a saved conversation, checked."""
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise LlamaChatError(f"{path}: 'messages' must be a list of messages")
-    if not all(isinstance(m.get("content"), str) for m in messages):
-        raise LlamaChatError(f"{path}: every message needs a text 'content'")
-    for number, message in enumerate(messages, 1):
-        if has_undecodable(message["content"]):
-            raise LlamaChatError(
-                f"{path}: message {number} holds characters that are not text (lone surrogates); not opened"
-            )
-    system = None
-    if messages and messages[0].get("role") == "system":
-        system, messages = messages[0]["content"], messages[1:]
-    roles = [m.get("role") for m in messages]
-    if len(roles) % 2 or roles != ["user", "assistant"] * (len(roles) // 2):
-        raise LlamaChatError(
-            f"{path}: after an optional system message, messages must alternate user, assistant"
-        )
-    exchanges = [
-        Exchange(
-            user=asked["content"], reply=answered["content"], interrupted=bool(answered.get("interrupted")),
-            user_ids=_token_ids(asked.get("token_ids"), path), reply_ids=_token_ids(answered.get("token_ids"), path),
-        )
-        for asked, answered in zip(messages[::2], messages[1::2])
-    ]
-    return system, exchanges, _token_ids(data.get("head_ids"), path)
-
-
-def _settings_from(values: object, path: Path) -> SamplingSettings:
-    if not isinstance(values, dict):
-        raise LlamaChatError(f"{path}: 'settings' must be an object")
-    known = {field.name for field in dataclasses.fields(SamplingSettings)}
-    try:
-        return SamplingSettings(**{name: value for name, value in values.items() if name in known})
-    except SettingError as error:
-        raise LlamaChatError(f"{path}: {error}") from None

@@ -10,7 +10,7 @@ import tokenizers
 
 from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.fast_tokenizer import BPETokenizer
+from llama_chat.text.hf_tokenizer import HFTokenizer
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer, looks_like_tiktoken
 from llama_chat.text.tokenizer import Tokenizer
@@ -50,7 +50,7 @@ def hf_tokenizer(directory: Path, tokenizer_config: Mapping, end_ids: Iterable[i
 
 def tokenizer_from_tokenizer_json(
     path: Path, tokenizer_config: Mapping, end_of_turn_ids: Iterable[int] = ()
-) -> BPETokenizer:
+) -> HFTokenizer:
     """A tokenizer.json with the bos/eos names and add_bos_token of its tokenizer_config.json."""
     try:
         backend = tokenizers.Tokenizer.from_file(str(path))
@@ -63,7 +63,7 @@ def tokenizer_from_tokenizer_json(
     if add_bos_token is None:
         # Not configured: the tokenizer's own post-processor says whether it adds bos.
         add_bos_token = bos_id is not None and backend.encode("a").ids[:1] == [bos_id]
-    return BPETokenizer(
+    return HFTokenizer(
         backend,
         bos_id=bos_id,
         eos_id=backend.token_to_id(eos_name) if eos_name else None,

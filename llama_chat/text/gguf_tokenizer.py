@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import Tokenizer as BackendTokenizer
 
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.fast_tokenizer import BPETokenizer
+from llama_chat.text.hf_tokenizer import HFTokenizer
 from llama_chat.text.tiktoken_tokenizer import LLAMA3_PATTERN
 from llama_chat.text.tokenizer import END_OF_GENERATION_NAMES
 
@@ -90,7 +90,7 @@ def pre_tokenizer_for(name: str | None, source: str = "model.gguf") -> pre_token
     return build()
 
 
-def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "model.gguf") -> BPETokenizer:
+def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "model.gguf") -> HFTokenizer:
     """The tokenizer a GGUF file's tokenizer.ggml.* metadata describes."""
     kind = metadata.get("tokenizer.ggml.model")
     tokens = metadata.get("tokenizer.ggml.tokens")
@@ -121,7 +121,7 @@ def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "mod
         for index, (token, token_type) in enumerate(zip(tokens, token_types))
         if token_type == CONTROL and token in END_OF_GENERATION_NAMES
     ]
-    return BPETokenizer(
+    return HFTokenizer(
         tokenizer,
         bos_id=_token_id(metadata, "bos", len(tokens), source),
         eos_id=_token_id(metadata, "eos", len(tokens), source),
@@ -151,13 +151,13 @@ def _first_ids(tokens: Sequence[str]) -> dict[str, int]:
     return vocab
 
 
-def _byte_level_tokenizer(tokens: Sequence[str], metadata: Mapping[str, Any], source: str) -> HFTokenizer:
+def _byte_level_tokenizer(tokens: Sequence[str], metadata: Mapping[str, Any], source: str) -> BackendTokenizer:
     pairs = [tuple(merge.split(" ")) for merge in metadata.get("tokenizer.ggml.merges") or ()]
     if any(len(pair) != 2 for pair in pairs):
         raise LlamaChatError(f"{source}: a tokenizer merge is not two tokens apart; the file is corrupt")
     name = metadata.get("tokenizer.ggml.pre")
     model = models.BPE(vocab=_first_ids(tokens), merges=pairs, ignore_merges=name in LLAMA3_NAMES)
-    tokenizer = HFTokenizer(model)
+    tokenizer = BackendTokenizer(model)
     tokenizer.pre_tokenizer = pre_tokenizer_for(name, source)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
@@ -165,7 +165,7 @@ def _byte_level_tokenizer(tokens: Sequence[str], metadata: Mapping[str, Any], so
 
 def _sentencepiece_tokenizer(
     tokens: Sequence[str], token_types: Sequence[int], metadata: Mapping[str, Any], source: str
-) -> HFTokenizer:
+) -> BackendTokenizer:
     scores = metadata.get("tokenizer.ggml.scores")
     if scores is None or len(scores) != len(tokens):
         raise LlamaChatError(
@@ -180,9 +180,9 @@ def _sentencepiece_tokenizer(
         fuse_unk=True,
         byte_fallback=True,
     )
-    tokenizer = HFTokenizer(model)
+    tokenizer = BackendTokenizer(model)
     # Spaces are written "▁"; the dummy prefix (a space before the text) is added by
-    # BPETokenizer, since tokenizers' Metaspace skips it when the text starts with a space,
+    # HFTokenizer, since tokenizers' Metaspace skips it when the text starts with a space,
     # and a Prepend normalizer would also put it after every user-defined token.
     tokenizer.normalizer = normalizers.Replace(" ", "▁")
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -215,7 +215,7 @@ def merges_from_scores(
     return [(left, right) for *_, left, right in candidates]
 
 
-def _add_named_tokens(tokenizer: HFTokenizer, tokens: Sequence[str], token_types: Sequence[int]) -> None:
+def _add_named_tokens(tokenizer: BackendTokenizer, tokens: Sequence[str], token_types: Sequence[int]) -> None:
     """Control and unknown tokens become special (never read from text, decoded by name);
     user-defined tokens become added tokens that are matched whole in text, as llama.cpp does."""
     special = [

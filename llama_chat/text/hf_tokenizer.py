@@ -1,4 +1,4 @@
-"""BPE tokenizers run by the Hugging Face `tokenizers` library.
+"""Tokenizers run by Hugging Face's `tokenizers` library (what a tokenizer.json describes).
 
 One backend for byte-level BPE vocabularies (GPT-2 style: Llama 3, SmolLM) and for
 SentencePiece-style BPE with byte fallback, whether the vocabulary came from a GGUF
@@ -15,7 +15,7 @@ import tokenizers
 from llama_chat.text.tokenizer import Tokenizer
 
 
-class BPETokenizer(Tokenizer):
+class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer` behind llama-chat's Tokenizer interface.
 
     The tokenizer's added tokens are its named tokens: the special ones are control

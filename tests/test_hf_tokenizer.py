@@ -1,4 +1,4 @@
-"""BPETokenizer and the tokenizers built from GGUF vocabulary metadata."""
+"""HFTokenizer and the tokenizers built from GGUF vocabulary metadata."""
 
 import random
 import warnings
@@ -10,7 +10,6 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.detokenizer import StreamingDetokenizer
-from llama_chat.text.fast_tokenizer import BPETokenizer
 from llama_chat.text.gguf_tokenizer import (
     BYTE,
     CONTROL,
@@ -22,6 +21,7 @@ from llama_chat.text.gguf_tokenizer import (
     pre_tokenizer_for,
     tokenizer_from_gguf_metadata,
 )
+from llama_chat.text.hf_tokenizer import HFTokenizer
 
 ALPHABET = sorted(pre_tokenizers.ByteLevel.alphabet())
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -49,7 +49,7 @@ def words(pre: str, text: str) -> list[str]:
     return [word for word, _ in pre_tokenizer_for(pre).pre_tokenize_str(text)]
 
 
-# --- BPETokenizer over a hand-made tokenizers.Tokenizer --------------------------------
+# --- HFTokenizer over a hand-made tokenizers.Tokenizer --------------------------------
 
 
 def small_hf_tokenizer() -> Tokenizer:
@@ -62,7 +62,7 @@ def small_hf_tokenizer() -> Tokenizer:
 
 
 def test_bpe_tokenizer_reads_special_tokens_as_plain_text():
-    tokenizer = BPETokenizer(small_hf_tokenizer(), bos_id=0, eos_id=1, end_of_turn_ids=[2])
+    tokenizer = HFTokenizer(small_hf_tokenizer(), bos_id=0, eos_id=1, end_of_turn_ids=[2])
     ids = tokenizer.encode("a <eot> t")
     vocab = {i: t for t, i in tokenizer.tokenizer.get_vocab().items()}
     assert [vocab[i] for i in ids] == ["a", "Ġ", "<", "e", "o", "t", ">", "Ġt"]
@@ -72,7 +72,7 @@ def test_bpe_tokenizer_reads_special_tokens_as_plain_text():
 
 
 def test_bpe_tokenizer_names_and_stop_ids():
-    tokenizer = BPETokenizer(small_hf_tokenizer(), bos_id=0, eos_id=1, end_of_turn_ids=[2], add_bos_token=True)
+    tokenizer = HFTokenizer(small_hf_tokenizer(), bos_id=0, eos_id=1, end_of_turn_ids=[2], add_bos_token=True)
     assert tokenizer.token_id("<eot>") == 2
     assert tokenizer.token_id("Ġt") is None  # ordinary vocabulary is not a named token
     assert tokenizer.stop_ids == frozenset({1, 2})
