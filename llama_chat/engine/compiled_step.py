@@ -34,8 +34,8 @@ from torch import nn
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.paths import cache_root
 
-# Code whose changes change the compiled graph, so a package made before is not reused.
-TRACED_SOURCES = ("model.py", "rope.py", "cache.py", "../kernels/packed.py", "compiled_step.py")
+# Code a package is traced from (paths inside llama_chat/): a change to any of it makes a new package.
+TRACED_SOURCES = ("engine/model.py", "engine/rope.py", "engine/cache.py", "kernels/packed.py", "engine/compiled_step.py")
 
 
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
@@ -62,13 +62,13 @@ class _Decode(nn.Module):
 def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
     """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
     this CPU and the threads it runs on, PyTorch and the traced code."""
-    here = Path(__file__).parent
+    package = Path(__file__).resolve().parent.parent
     spec = {
         "weights": [[name, list(t.shape), str(t.dtype)] for name, t in step_weights(transformer).items()],
         "cache": str(cache_dtype),
         "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
         "torch": torch.__version__,
-        "code": [hashlib.sha256((here / name).read_bytes()).hexdigest() for name in TRACED_SOURCES],
+        "code": [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in TRACED_SOURCES],
     }
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 
