@@ -1,4 +1,4 @@
-"""llama_chat.load: find out what a path holds, read it, and put the model on a device.
+"""llama_chat.load: read a checkpoint (checkpoints/detect picks the reader) and put the model on a device.
 
 Readers hand out matrices that are read only when asked for, so the model is built one
 weight at a time: on the cpu each matrix is packed (int4 or int8) as it is read, with

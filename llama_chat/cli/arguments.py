@@ -1,4 +1,4 @@
-"""Command-line argument types and choices shared by the chat and its sub-commands."""
+"""Command-line argument types shared by the chat and its sub-commands."""
 
 from __future__ import annotations
 
