@@ -1,11 +1,13 @@
-"""A model's own Jinja template ("template" format) is rendered in a sandbox with every
-message's content replaced by a placeholder marker made of private-use characters. The
-rendered string is cut at the markers: the template's own text is scanned for special-token
-names (which become control ids), while the real contents are put back in as plain text.
-Adjacent plain text (template text and contents) is encoded in one `encode` call, the way
-Hugging Face tokenizes a rendered template, so subword merges and SentencePiece's leading
-space come out the same. A template that trims a content (`| trim`, `.strip()`) is followed:
-the markers are padded with a whitespace character and the padding's fate tells how the
+"""A model's own Jinja chat template ("template" format).
+
+The template is rendered in a sandbox (template_sandbox.py) with every message's content
+replaced by a placeholder marker made of private-use characters. The rendered string is
+cut at the markers: the template's own text is scanned for special-token names (which
+become control ids), while the real contents are put back in as plain text. Adjacent plain
+text (template text and contents) is encoded in one `encode` call, the way Hugging Face
+tokenizes a rendered template, so subword merges and SentencePiece's leading space come
+out the same. A template that trims a content (`| trim`, `.strip()`) is followed: the
+markers are padded with a whitespace character and the padding's fate tells how the
 template treated the text. Other transformations of the content text (upper-casing, search
 and replace) are not followed; a template that mangles a marker gives a LlamaChatError.
 """
