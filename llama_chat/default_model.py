@@ -25,12 +25,6 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FETCH_COMMAND = "llama-chat download"
 
 
-
-
-
-
-
-
 def default_model_path() -> Path:
     return weights_dir() / DEFAULT_MODEL_FILE
 

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from llama_chat.checkpoints.contents import Checkpoint, Weight
+from llama_chat.checkpoints.contents import Checkpoint, Weight, stored_bytes
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.stored import StoredMatrix
 from llama_chat.engine.device import resolve_device, resolve_dtype
@@ -144,10 +144,6 @@ def place_packed(transformer: Transformer, module_name: str, packed: PackedLinea
         transformer.output = PackedHead(packed)
     else:
         transformer.set_submodule(module_name, packed)
-
-
-def stored_bytes(weight) -> int:
-    return weight.stored_bytes if isinstance(weight, StoredMatrix) else weight.numel() * weight.element_size()
 
 
 def load(

@@ -15,6 +15,7 @@ def user_directory(variable: str, default: str) -> Path:
     """llama-chat's folder under an XDG base directory: $variable, else ~/default."""
     return Path(os.environ.get(variable) or Path.home() / default) / "llama-chat"
 
+
 def weights_dir() -> Path:
     """$LLAMA_CHAT_WEIGHTS, else the checkout's weights/ folder, else the user's data folder."""
     if os.environ.get("LLAMA_CHAT_WEIGHTS"):
@@ -23,6 +24,7 @@ def weights_dir() -> Path:
     if (checkout / "README.md").is_file():
         return checkout
     return user_directory("XDG_DATA_HOME", ".local/share") / "weights"
+
 
 def cache_root() -> Path | None:
     """Where measurements worth keeping go: $LLAMA_CHAT_CACHE ("off" for nowhere), else
@@ -33,6 +35,7 @@ def cache_root() -> Path | None:
     if configured:
         return Path(configured)
     return user_directory("XDG_CACHE_HOME", ".cache")
+
 
 def history_path() -> Path:
     """$XDG_STATE_HOME/llama-chat/history (~/.local/state when the variable is not set)."""

@@ -26,7 +26,7 @@ FLOORS = [
     {"repl", "train"},
     {"cli", "__main__", "__init__"},
 ]
-SESSION_FLOOR = 6
+SESSION_FLOOR = next(number for number, floor in enumerate(FLOORS) if "chat" in floor)
 TERMINAL_MODULES = {"rich", "prompt_toolkit", "termios", "tty", "curses"}
 
 

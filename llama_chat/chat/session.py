@@ -372,5 +372,3 @@ def _messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
 
 def _absolute(path: str | Path | None) -> str | None:
     return str(expanded(path).absolute()) if path is not None else None
-
-

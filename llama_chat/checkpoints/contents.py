@@ -14,6 +14,11 @@ from llama_chat.text.tokenizer import Tokenizer
 Weight = torch.Tensor | StoredMatrix  # vectors as tensors, matrices read a block of rows at a time
 
 
+def stored_bytes(weight: Weight) -> int:
+    """Bytes a weight takes in its file (what a load's progress counts)."""
+    return weight.stored_bytes if isinstance(weight, StoredMatrix) else weight.numel() * weight.element_size()
+
+
 @dataclass
 class Checkpoint:
     """A model as read from disk, in this project's tensor names and rotary layout."""

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from llama_chat.loading import stored_bytes
+from llama_chat.checkpoints.contents import stored_bytes
 
 PROGRESS_AFTER_SECONDS = 1.0
 

@@ -64,6 +64,7 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
         raise DeviceError(f"unknown dtype {name!r}: use auto, float32, bfloat16 or float16")
     return DTYPES[name]
 
+
 def cpu_model_name() -> str:
     """The CPU's model name, as measurements and packages made on it are keyed by it."""
     try:

@@ -67,8 +67,6 @@ class CpuPaths:
         return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step; {self.reason}"
 
 
-
-
 def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
     """A dtype named on the command line or in the environment; None for auto."""
     name = (value or "auto").lower()

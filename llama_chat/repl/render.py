@@ -22,6 +22,7 @@ from llama_chat.engine.generation import Piece
 if TYPE_CHECKING:
     from llama_chat.chat.session import Turn
 
+
 class Renderer:
     """Writes the chat to a rich Console (stdout by default)."""
 

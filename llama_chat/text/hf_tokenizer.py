@@ -97,4 +97,3 @@ class HFTokenizer(Tokenizer):
             tokenizer.normalizer = tokenizers.normalizers.Sequence(steps)
         tokenizer.save(str(Path(directory) / "tokenizer.json"))
         return {"add_bos_token": self.add_bos_token}
-

@@ -76,7 +76,6 @@ class SentencePieceTokenizer(Tokenizer):
             parts.append(self.processor.decode(run))
         return "".join(parts)
 
-
     def token_id(self, name: str) -> int | None:
         if name in self.added_tokens:
             return self.added_tokens[name]
@@ -115,4 +114,3 @@ class SentencePieceTokenizer(Tokenizer):
         if 0 <= token < self._piece_count and self.processor.IsControl(token):
             return self.processor.id_to_piece(token)
         return None
-

@@ -266,5 +266,3 @@ def train(run: Run, *, quiet: bool = False) -> bool:
     if stop.requested:
         console.print(f"interrupted: saved step {run.step} to {run.out}; continue with --resume")
     return not stop.requested
-
-
