@@ -1,0 +1,154 @@
+// GGUF weight blocks, decoded one block at a time into small integer levels and float
+// scales: w[j] = scale[j / S] * level[j] + offset[j / 32], where S is the type's scale
+// group (16 for Q6_K, 32 otherwise). Kernels read blocks as the file stores them and
+// call these decoders; nothing here depends on PyTorch, so every instruction-set variant
+// compiles it under its own target (the loops vectorise to that target); so each
+// function is static, a copy per variant, never one shared by the linker.
+//
+// Layouts as ggml defines them (bytes per block / weights per block):
+//   Q4_0  18/32   f16 d, 16 bytes of nibbles                 w = (q - 8) d
+//   Q4_1  20/32   f16 d, f16 m, 16 bytes                     w = q d + m
+//   Q8_0  34/32   f16 d, 32 int8                             w = q d
+//   Q4_K 144/256  f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums for 8 groups of
+//                 32, 128 bytes of nibbles                   w = q d sc - dmin mn
+//   Q5_K 176/256  as Q4_K plus 32 bytes holding each weight's fifth bit
+//   Q6_K 210/256  128 bytes of low nibbles, 64 of high pairs, 16 int8 scales (one per 16
+//                 weights), f16 d                            w = (q - 32) d sc
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace llama_chat_kernels {
+
+enum BlockType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+struct TypeInfo {
+    int block_weights;  // weights per block
+    int block_bytes;
+    int scale_group;    // weights sharing one scale (S)
+    bool has_offsets;   // whether offset[] is used
+    int max_level;      // largest |level|
+};
+
+static inline bool known_type(int type) {
+    return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K || type == Q6_K;
+}
+
+static inline TypeInfo type_info(int type) {
+    switch (type) {
+        case Q4_0: return {32, 18, 32, false, 8};
+        case Q4_1: return {32, 20, 32, true, 15};
+        case Q8_0: return {32, 34, 32, false, 127};
+        case Q4_K: return {256, 144, 32, true, 15};
+        case Q5_K: return {256, 176, 32, true, 31};
+        default: return {256, 210, 16, false, 32};  // Q6_K
+    }
+}
+
+// IEEE half to float, without relying on F16C (the portable variant has none).
+static inline float half_to_float(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000 | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else {  // subnormal: normalise
+        int shift = 0;
+        while (!(mantissa & 0x400)) {
+            mantissa <<= 1;
+            ++shift;
+        }
+        bits = sign | uint32_t(113 - shift) << 23 | ((mantissa & 0x3ff) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Q4_K and Q5_K: group j's 6-bit scale and minimum from the 12 packed bytes.
+static inline void k_scale_min(int j, const uint8_t* q, int& scale, int& minimum) {
+    if (j < 4) {
+        scale = q[j] & 63;
+        minimum = q[j + 4] & 63;
+    } else {
+        scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        minimum = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Byte vectors (GCC and clang vector extensions): each variant compiles them to its own
+// instructions, and the decoders read and write whole vectors, never byte by byte.
+typedef uint8_t Bytes16 __attribute__((vector_size(16)));
+typedef uint8_t Bytes32 __attribute__((vector_size(32)));
+
+template <class V>
+static inline V load_bytes(const uint8_t* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+}
+
+template <class V>
+static inline void store_bytes(int8_t* p, V v) {
+    std::memcpy(p, &v, sizeof(V));
+}
+
+// One block into level[block_weights], scale[block_weights / S], offset[block_weights / 32].
+template <int TYPE>
+static inline void decode_block(const uint8_t* __restrict block, int8_t* __restrict level, float* __restrict scale,
+                                float* __restrict offset) {
+    if constexpr (TYPE == Q4_0 || TYPE == Q4_1) {
+        const Bytes16 q = load_bytes<Bytes16>(block + (TYPE == Q4_0 ? 2 : 4));
+        const uint8_t shift = TYPE == Q4_0 ? 8 : 0;  // Q4_0's levels are signed around 8
+        store_bytes(level, Bytes16((q & 15) - shift));
+        store_bytes(level + 16, Bytes16((q >> 4) - shift));
+        scale[0] = half_to_float(block);
+        if constexpr (TYPE == Q4_1) offset[0] = half_to_float(block + 2);
+    } else if constexpr (TYPE == Q8_0) {
+        std::memcpy(level, block + 2, 32);
+        scale[0] = half_to_float(block);
+    } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+        const float d = half_to_float(block), dmin = half_to_float(block + 2);
+        const uint8_t* packed = block + 4;
+        Bytes32 fifth = load_bytes<Bytes32>(block + 16);  // Q5_K: bit g of byte l is weight l's of group g
+        const uint8_t* q = block + (TYPE == Q4_K ? 16 : 48);
+        for (int group = 0; group < 8; ++group) {
+            int sc, mn;
+            k_scale_min(group, packed, sc, mn);
+            scale[group] = d * float(sc);
+            offset[group] = -dmin * float(mn);
+        }
+        for (int chunk = 0; chunk < 4; ++chunk) {  // 64 weights: the low nibbles, then the high
+            const Bytes32 bytes = load_bytes<Bytes32>(q + 32 * chunk);
+            Bytes32 low = bytes & 15, high = bytes >> 4;
+            if constexpr (TYPE == Q5_K) {
+                low |= (fifth & 1) << 4;
+                high |= (fifth & 2) << 3;
+                fifth >>= 2;
+            }
+            store_bytes(level + 64 * chunk, low);
+            store_bytes(level + 64 * chunk + 32, high);
+        }
+    } else {  // Q6_K
+        const float d = half_to_float(block + 208);
+        const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+        for (int g = 0; g < 16; ++g) scale[g] = d * float(scales[g]);
+        for (int half = 0; half < 2; ++half) {  // 128 weights from 64 low and 32 high bytes
+            const Bytes32 low_a = load_bytes<Bytes32>(block + 64 * half);
+            const Bytes32 low_b = load_bytes<Bytes32>(block + 64 * half + 32);
+            const Bytes32 high = load_bytes<Bytes32>(block + 128 + 32 * half);
+            int8_t* out = level + 128 * half;
+            store_bytes(out, Bytes32(((low_a & 15) | ((high & 3) << 4)) - 32));
+            store_bytes(out + 32, Bytes32(((low_b & 15) | (((high >> 2) & 3) << 4)) - 32));
+            store_bytes(out + 64, Bytes32(((low_a >> 4) | (((high >> 4) & 3) << 4)) - 32));
+            store_bytes(out + 96, Bytes32(((low_b >> 4) | (((high >> 6) & 3) << 4)) - 32));
+        }
+    }
+}
+
+}  // namespace llama_chat_kernels

@@ -1,0 +1,44 @@
+// The kernels each instruction-set variant provides, as plain functions over raw memory
+// (the variants are compiled for their own targets and must not include PyTorch headers:
+// inline functions of a header compiled for AVX-512 could be linked into code that runs
+// on a CPU without it). ops.cpp splits the work over threads and calls one variant.
+#pragma once
+
+#include <cstdint>
+
+namespace llama_chat_kernels {
+
+constexpr int PANEL = 16;       // weight rows a multi-token tile interleaves
+constexpr int X_GROUP = 32;     // activations sharing one int8 scale
+
+// Activations quantised for the multi-token kernels: x ~ (xu - 128) * xscale per group
+// of 32 along a row; xsum is the exact float sum of each group (for types with offsets).
+struct QuantizedRows {
+    const uint8_t* xu;     // [rows][columns]
+    const float* xscale;   // [rows][columns / 32]
+    const float* xsum;     // [rows][columns / 32]
+    int64_t rows;
+    int64_t columns;
+};
+
+struct KernelSet {
+    const char* name;
+    // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1), float activations.
+    void (*float_rows)(int type, const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
+                       int64_t out_features, int64_t n0, int64_t n1);
+    // Rows m0..m1 of x into the quantised form.
+    void (*quantize_rows)(const float* x, int64_t columns, uint8_t* xu, float* xscale, float* xsum, int64_t m0,
+                          int64_t m1);
+    // y for the output rows of panels p0..p1 (PANEL rows each), int8 activations; scratch
+    // holds panel_bytes(type, columns).
+    void (*int8_panels)(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
+                        int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch);
+};
+
+int64_t panel_bytes(int type, int64_t columns);
+
+const KernelSet& kernels_portable();
+const KernelSet& kernels_avx2();
+const KernelSet& kernels_avx512_vnni();
+
+}  // namespace llama_chat_kernels

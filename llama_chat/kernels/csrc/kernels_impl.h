@@ -1,0 +1,378 @@
+// The kernels, written once and compiled once per instruction set: a variant's file sets
+// VARIANT (0 portable, 1 AVX2, 2 AVX-512 with VNNI) and its target, then includes this.
+//
+// float_rows (single tokens): each weight block is decoded to levels and multiplied
+// with float32 activations, so decode keeps float32 numerics and reads each weight once.
+//
+// int8_panels (several tokens): activations are int8 in groups of 32 (as ggml's Q8_0),
+// and weights are decoded a panel of 16 rows at a time into an interleaved tile,
+// [scale group][4 columns][16 rows][4 bytes], so that one 64-byte load feeds 16 rows'
+// integer dot products (vpdpbusd: 4 unsigned x signed byte products per 32-bit lane)
+// and the float work (one convert, one multiply-add per scale group) is shared by 16
+// rows. Activations go in unsigned (x + 128), so each row group starts from
+// -128 * sum(levels), which the tile keeps beside the levels.
+#include "blocks.h"
+#include "kernels.h"
+
+namespace llama_chat_kernels {
+namespace VARIANT_NAMESPACE {
+
+// ---- float vectors: W lanes ----------------------------------------------------------
+#if VARIANT == 2
+constexpr int W = 16;
+using VecF = __m512;
+inline VecF zero() { return _mm512_setzero_ps(); }
+inline VecF load(const float* p) { return _mm512_loadu_ps(p); }
+inline VecF broadcast(float v) { return _mm512_set1_ps(v); }
+inline VecF levels(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline float sum(VecF v) { return _mm512_reduce_add_ps(v); }
+#elif VARIANT == 1
+constexpr int W = 8;
+using VecF = __m256;
+inline VecF zero() { return _mm256_setzero_ps(); }
+inline VecF load(const float* p) { return _mm256_loadu_ps(p); }
+inline VecF broadcast(float v) { return _mm256_set1_ps(v); }
+inline VecF levels(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline float sum(VecF v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#else
+constexpr int W = 1;
+using VecF = float;
+inline VecF zero() { return 0.0f; }
+inline VecF load(const float* p) { return *p; }
+inline VecF broadcast(float v) { return v; }
+inline VecF levels(const int8_t* p) { return float(*p); }
+inline VecF fma(VecF a, VecF b, VecF c) { return a * b + c; }
+inline VecF mul(VecF a, VecF b) { return a * b; }
+inline float sum(VecF v) { return v; }
+#endif
+
+constexpr int MAX_BLOCK = 256;
+constexpr int FLOAT_ROWS_AT_ONCE = 8;  // token rows sharing one decoded block
+
+inline void group_sums(const float* x, int64_t columns, float* sums) {
+    for (int64_t g = 0; g < columns / X_GROUP; ++g) {
+        float s = 0.0f;
+        for (int j = 0; j < X_GROUP; ++j) s += x[g * X_GROUP + j];
+        sums[g] = s;
+    }
+}
+
+template <int TYPE>
+void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
+                      int64_t out_features, int64_t n0, int64_t n1) {
+    const TypeInfo info = type_info(TYPE);
+    const int S = info.scale_group, BW = info.block_weights;
+    const int64_t blocks = columns / BW, row_bytes = blocks * info.block_bytes;
+    std::unique_ptr<float[]> sums;
+    if (info.has_offsets) {
+        sums.reset(new float[rows * (columns / X_GROUP)]);
+        for (int64_t m = 0; m < rows; ++m) group_sums(x + m * columns, columns, sums.get() + m * (columns / X_GROUP));
+    }
+    alignas(64) int8_t level[MAX_BLOCK];
+    float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
+    for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* row = weight + n * row_bytes;
+        for (int64_t m0 = 0; m0 < rows; m0 += FLOAT_ROWS_AT_ONCE) {
+            const int count = int(std::min<int64_t>(FLOAT_ROWS_AT_ONCE, rows - m0));
+            VecF acc[FLOAT_ROWS_AT_ONCE];
+            float offset_acc[FLOAT_ROWS_AT_ONCE];
+            for (int r = 0; r < count; ++r) {
+                acc[r] = zero();
+                offset_acc[r] = 0.0f;
+            }
+            for (int64_t b = 0; b < blocks; ++b) {
+                decode_block<TYPE>(row + b * info.block_bytes, level, scale, offset);
+                for (int r = 0; r < count; ++r) {
+                    const float* xb = x + (m0 + r) * columns + b * BW;
+                    for (int g = 0; g < BW / S; ++g) {
+                        VecF part = zero();
+                        for (int j = 0; j < S; j += W) part = fma(levels(level + g * S + j), load(xb + g * S + j), part);
+                        acc[r] = fma(part, broadcast(scale[g]), acc[r]);
+                    }
+                    if (info.has_offsets) {
+                        const float* s = sums.get() + (m0 + r) * (columns / X_GROUP) + b * (BW / X_GROUP);
+                        for (int g = 0; g < BW / X_GROUP; ++g) offset_acc[r] += offset[g] * s[g];
+                    }
+                }
+            }
+            for (int r = 0; r < count; ++r) y[(m0 + r) * out_features + n] = sum(acc[r]) + offset_acc[r];
+        }
+    }
+}
+
+void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
+                int64_t out_features, int64_t n0, int64_t n1) {
+    switch (type) {
+        case Q4_0: return float_rows_typed<Q4_0>(weight, columns, x, rows, y, out_features, n0, n1);
+        case Q4_1: return float_rows_typed<Q4_1>(weight, columns, x, rows, y, out_features, n0, n1);
+        case Q8_0: return float_rows_typed<Q8_0>(weight, columns, x, rows, y, out_features, n0, n1);
+        case Q4_K: return float_rows_typed<Q4_K>(weight, columns, x, rows, y, out_features, n0, n1);
+        case Q5_K: return float_rows_typed<Q5_K>(weight, columns, x, rows, y, out_features, n0, n1);
+        default: return float_rows_typed<Q6_K>(weight, columns, x, rows, y, out_features, n0, n1);
+    }
+}
+
+void quantize_rows(const float* x, int64_t columns, uint8_t* xu, float* xscale, float* xsum, int64_t m0, int64_t m1) {
+    const int64_t groups = columns / X_GROUP;
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t g = 0; g < groups; ++g) {
+            const float* v = x + m * columns + g * X_GROUP;
+            float largest = 0.0f, total = 0.0f;
+            for (int j = 0; j < X_GROUP; ++j) {
+                largest = std::max(largest, std::fabs(v[j]));
+                total += v[j];
+            }
+            const float step = largest / 127.0f, inverse = step > 0.0f ? 1.0f / step : 0.0f;
+            uint8_t* out = xu + m * columns + g * X_GROUP;
+            for (int j = 0; j < X_GROUP; ++j) {
+                const float q = std::nearbyint(v[j] * inverse);
+                out[j] = uint8_t(int(std::min(127.0f, std::max(-127.0f, q))) + 128);
+            }
+            xscale[m * groups + g] = step;
+            xsum[m * groups + g] = total;
+        }
+    }
+}
+
+// ---- the interleaved tile of one panel ---------------------------------------------------
+struct Panel {
+    int8_t* level;    // [groups][S/4][PANEL][4]
+    int32_t* start;   // [groups][PANEL]: -128 * the group's level sum (unsigned activations)
+    float* scale;     // [groups][PANEL]
+    float* offset;    // [columns/32][PANEL]
+};
+
+inline Panel carve(uint8_t* scratch, int64_t columns, int S) {
+    const int64_t groups = columns / S;
+    Panel p;
+    p.level = reinterpret_cast<int8_t*>(scratch);
+    p.start = reinterpret_cast<int32_t*>(scratch + columns * PANEL);
+    p.scale = reinterpret_cast<float*>(p.start + groups * PANEL);
+    p.offset = p.scale + groups * PANEL;
+    return p;
+}
+
+template <int TYPE>
+void unpack_panel(const uint8_t* weight, int64_t columns, int64_t first_row, int count, const Panel& p) {
+    const TypeInfo info = type_info(TYPE);
+    const int S = info.scale_group, BW = info.block_weights;
+    const int64_t blocks = columns / BW, row_bytes = blocks * info.block_bytes, groups = columns / S;
+    alignas(64) int8_t level[MAX_BLOCK];
+    float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
+    for (int r = 0; r < PANEL; ++r) {
+        if (r >= count) {  // rows past the matrix's end: zero weights
+            for (int64_t g = 0; g < groups; ++g) {
+                for (int k = 0; k < S / 4; ++k) std::memset(p.level + ((g * (S / 4) + k) * PANEL + r) * 4, 0, 4);
+                p.start[g * PANEL + r] = 0;
+                p.scale[g * PANEL + r] = 0.0f;
+            }
+            if (info.has_offsets)
+                for (int64_t g = 0; g < columns / X_GROUP; ++g) p.offset[g * PANEL + r] = 0.0f;
+            continue;
+        }
+        const uint8_t* row = weight + (first_row + r) * row_bytes;
+        for (int64_t b = 0; b < blocks; ++b) {
+            decode_block<TYPE>(row + b * info.block_bytes, level, scale, offset);
+            for (int gb = 0; gb < BW / S; ++gb) {
+                const int64_t g = b * (BW / S) + gb;
+                int total = 0;
+                for (int k = 0; k < S / 4; ++k) {
+                    const int8_t* four = level + gb * S + 4 * k;
+                    std::memcpy(p.level + ((g * (S / 4) + k) * PANEL + r) * 4, four, 4);
+                    total += four[0] + four[1] + four[2] + four[3];
+                }
+                p.start[g * PANEL + r] = -128 * total;
+                p.scale[g * PANEL + r] = scale[gb];
+            }
+            if (info.has_offsets)
+                for (int g = 0; g < BW / X_GROUP; ++g) p.offset[(b * (BW / X_GROUP) + g) * PANEL + r] = offset[g];
+        }
+    }
+}
+
+// R token rows against one panel: out[r][0..16) for rows m..m+R.
+template <int R, int S, bool OFFSETS, bool SIGNED_LEVELS>
+void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) {
+    const int64_t columns = xq.columns, groups = columns / S, x_groups = columns / X_GROUP;
+    const uint8_t* xu[R];
+    const float* xscale[R];
+    for (int r = 0; r < R; ++r) {
+        xu[r] = xq.xu + (m + r) * columns;
+        xscale[r] = xq.xscale + (m + r) * x_groups;
+    }
+#if VARIANT == 2
+    (void)SIGNED_LEVELS;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        const __m512i start = _mm512_loadu_si512(p.start + g * PANEL);
+        __m512i dot[R];
+        for (int r = 0; r < R; ++r) dot[r] = start;
+        const int8_t* w = p.level + g * S * PANEL;
+        for (int k = 0; k < S / 4; ++k) {
+            const __m512i weights = _mm512_loadu_si512(w + k * 4 * PANEL);
+            for (int r = 0; r < R; ++r) {
+                int32_t four;
+                std::memcpy(&four, xu[r] + g * S + 4 * k, 4);
+                dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(four), weights);
+            }
+        }
+        const __m512 scale = _mm512_loadu_ps(p.scale + g * PANEL);
+        for (int r = 0; r < R; ++r) {
+            const __m512 both = _mm512_mul_ps(scale, _mm512_set1_ps(xscale[r][g * S / X_GROUP]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), both, acc[r]);
+        }
+    }
+    if (OFFSETS) {
+        for (int64_t g = 0; g < x_groups; ++g) {
+            const __m512 offset = _mm512_loadu_ps(p.offset + g * PANEL);
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xq.xsum[(m + r) * x_groups + g]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * PANEL, acc[r]);
+#elif VARIANT == 1
+    // vpmaddubsw adds pairs of unsigned x signed byte products into saturating 16 bits:
+    // safe for levels up to 64 with x + 128 (255 * 64 * 2 < 32768). Q8_0's levels reach
+    // 127, so there the levels' magnitudes go in unsigned and their signs move onto x.
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m256i dot[R][2];
+        for (int h = 0; h < 2; ++h) {
+            const __m256i start = SIGNED_LEVELS ? _mm256_setzero_si256()
+                                                : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.start + g * PANEL + 8 * h));
+            for (int r = 0; r < R; ++r) dot[r][h] = start;
+        }
+        const int8_t* w = p.level + g * S * PANEL;
+        for (int k = 0; k < S / 4; ++k) {
+            for (int h = 0; h < 2; ++h) {
+                const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k * 4 * PANEL + 32 * h));
+                const __m256i magnitudes = SIGNED_LEVELS ? _mm256_abs_epi8(weights) : weights;
+                for (int r = 0; r < R; ++r) {
+                    int32_t four;
+                    std::memcpy(&four, xu[r] + g * S + 4 * k, 4);
+                    __m256i xv = _mm256_set1_epi32(four);
+                    __m256i pairs;
+                    if (SIGNED_LEVELS)
+                        pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(_mm256_xor_si256(xv, flip), weights));
+                    else
+                        pairs = _mm256_maddubs_epi16(xv, weights);
+                    dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256 scale = _mm256_loadu_ps(p.scale + g * PANEL + 8 * h);
+            for (int r = 0; r < R; ++r) {
+                const __m256 both = _mm256_mul_ps(scale, _mm256_set1_ps(xscale[r][g * S / X_GROUP]));
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), both, acc[r][h]);
+            }
+        }
+    }
+    if (OFFSETS) {
+        for (int64_t g = 0; g < x_groups; ++g) {
+            for (int h = 0; h < 2; ++h) {
+                const __m256 offset = _mm256_loadu_ps(p.offset + g * PANEL + 8 * h);
+                for (int r = 0; r < R; ++r)
+                    acc[r][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(xq.xsum[(m + r) * x_groups + g]), acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * PANEL + 8 * h, acc[r][h]);
+#else
+    (void)SIGNED_LEVELS;
+    for (int r = 0; r < R; ++r) {
+        for (int n = 0; n < PANEL; ++n) {
+            float total = 0.0f;
+            for (int64_t g = 0; g < groups; ++g) {
+                int32_t dot = p.start[g * PANEL + n];
+                for (int k = 0; k < S / 4; ++k)
+                    for (int b = 0; b < 4; ++b)
+                        dot += int32_t(xu[r][g * S + 4 * k + b]) * p.level[((g * (S / 4) + k) * PANEL + n) * 4 + b];
+                total += float(dot) * (p.scale[g * PANEL + n] * xscale[r][g * S / X_GROUP]);
+            }
+            if (OFFSETS)
+                for (int64_t g = 0; g < x_groups; ++g)
+                    total += p.offset[g * PANEL + n] * xq.xsum[(m + r) * x_groups + g];
+            out[r * PANEL + n] = total;
+        }
+    }
+#endif
+}
+
+#if VARIANT == 2
+constexpr int ROWS_AT_ONCE = 6;
+#elif VARIANT == 1
+constexpr int ROWS_AT_ONCE = 2;
+#else
+constexpr int ROWS_AT_ONCE = 1;
+#endif
+
+template <int TYPE>
+void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
+                       int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
+    const TypeInfo info = type_info(TYPE);
+    constexpr int S = TYPE == Q6_K ? 16 : 32;
+    constexpr bool OFFSETS = TYPE == Q4_1 || TYPE == Q4_K || TYPE == Q5_K;
+    constexpr bool SIGNED = TYPE == Q8_0;
+    (void)info;
+    const Panel p = carve(scratch, columns, S);
+    alignas(64) float out[ROWS_AT_ONCE * PANEL];
+    for (int64_t panel = p0; panel < p1; ++panel) {
+        const int64_t first = panel * PANEL;
+        const int count = int(std::min<int64_t>(PANEL, out_features - first));
+        unpack_panel<TYPE>(weight, columns, first, count, p);
+        for (int64_t m = 0; m < xq.rows;) {
+            const int64_t left = xq.rows - m;
+            int rows;
+            if (left >= ROWS_AT_ONCE) {
+                panel_rows<ROWS_AT_ONCE, S, OFFSETS, SIGNED>(p, xq, m, out);
+                rows = ROWS_AT_ONCE;
+            } else {
+                panel_rows<1, S, OFFSETS, SIGNED>(p, xq, m, out);
+                rows = 1;
+            }
+            for (int r = 0; r < rows; ++r)
+                std::memcpy(y + (m + r) * out_features + first, out + r * PANEL, count * sizeof(float));
+            m += rows;
+        }
+    }
+}
+
+void int8_panels(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
+                 int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
+    switch (type) {
+        case Q4_0: return int8_panels_typed<Q4_0>(weight, columns, xq, y, out_features, p0, p1, scratch);
+        case Q4_1: return int8_panels_typed<Q4_1>(weight, columns, xq, y, out_features, p0, p1, scratch);
+        case Q8_0: return int8_panels_typed<Q8_0>(weight, columns, xq, y, out_features, p0, p1, scratch);
+        case Q4_K: return int8_panels_typed<Q4_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
+        case Q5_K: return int8_panels_typed<Q5_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
+        default: return int8_panels_typed<Q6_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
+    }
+}
+
+}  // namespace VARIANT_NAMESPACE
+
+const KernelSet& KERNEL_SET_FUNCTION() {
+    static const KernelSet set{VARIANT_LABEL, VARIANT_NAMESPACE::float_rows, VARIANT_NAMESPACE::quantize_rows,
+                               VARIANT_NAMESPACE::int8_panels};
+    return set;
+}
+
+}  // namespace llama_chat_kernels

@@ -1,0 +1,109 @@
+// The operators PyTorch sees: llama_chat::block_linear and llama_chat::supported_variants.
+// Work is split over PyTorch's own threads; each piece runs one instruction-set variant.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "blocks.h"
+#include "kernels.h"
+
+namespace llama_chat_kernels {
+
+enum Variant : int64_t { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };
+
+int64_t panel_bytes(int type, int64_t columns) {
+    const TypeInfo info = type_info(type);
+    const int64_t groups = columns / info.scale_group;
+    return columns * PANEL + groups * PANEL * 8 + (columns / X_GROUP) * PANEL * 4;
+}
+
+// Bit v set: this CPU runs variant v.
+int64_t supported_variants() {
+    int64_t bits = 1 << PORTABLE;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) bits |= 1 << AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        bits |= 1 << AVX512_VNNI;
+#endif
+    return bits;
+}
+
+static const KernelSet& kernel_set(int64_t variant) {
+    TORCH_CHECK(variant >= 0 && variant <= AVX512_VNNI, "llama_chat: unknown kernel variant ", variant);
+    TORCH_CHECK(supported_variants() & (int64_t(1) << variant), "llama_chat: this CPU cannot run kernel variant ",
+                variant);
+    switch (variant) {
+        case AVX2: return kernels_avx2();
+        case AVX512_VNNI: return kernels_avx512_vnni();
+        default: return kernels_portable();
+    }
+}
+
+// y = x w^T, w [out_features, columns] stored as GGUF blocks of `block_type`, one row of
+// blocks after another. int8_activations: quantise x to int8 groups (the multi-token
+// kernels); otherwise x stays float32.
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t block_type, int64_t out_features,
+                        int64_t variant, bool int8_activations) {
+    TORCH_CHECK(known_type(int(block_type)), "llama_chat: unsupported block type ", block_type);
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "llama_chat: x must be contiguous float32");
+    TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous(), "llama_chat: weight must be contiguous uint8");
+    const TypeInfo info = type_info(int(block_type));
+    const int64_t columns = x.size(-1);
+    TORCH_CHECK(columns % info.block_weights == 0, "llama_chat: width ", columns, " is not whole blocks");
+    TORCH_CHECK(weight.numel() == out_features * (columns / info.block_weights) * info.block_bytes,
+                "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features, " rows of ", columns);
+    const KernelSet& kernels = kernel_set(variant);
+    const int64_t rows = x.numel() / columns;
+    auto out_shape = x.sizes().vec();
+    out_shape.back() = out_features;
+    at::Tensor y = at::empty(out_shape, x.options());
+    const float* xp = x.const_data_ptr<float>();
+    const uint8_t* wp = weight.const_data_ptr<uint8_t>();
+    float* yp = y.mutable_data_ptr<float>();
+    if (rows == 0 || out_features == 0) return y;
+
+    if (!int8_activations) {
+        at::parallel_for(0, out_features, 16, [&](int64_t n0, int64_t n1) {
+            kernels.float_rows(int(block_type), wp, columns, xp, rows, yp, out_features, n0, n1);
+        });
+        return y;
+    }
+    const int64_t groups = columns / X_GROUP;
+    std::unique_ptr<uint8_t[]> xu(new uint8_t[rows * columns]);
+    std::unique_ptr<float[]> xscale(new float[rows * groups]), xsum(new float[rows * groups]);
+    at::parallel_for(0, rows, 1, [&](int64_t m0, int64_t m1) {
+        kernels.quantize_rows(xp, columns, xu.get(), xscale.get(), xsum.get(), m0, m1);
+    });
+    const QuantizedRows xq{xu.get(), xscale.get(), xsum.get(), rows, columns};
+    const int64_t panels = (out_features + PANEL - 1) / PANEL;
+    const int64_t scratch_bytes = panel_bytes(int(block_type), columns);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+        void* scratch = std::aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
+        TORCH_CHECK(scratch != nullptr, "llama_chat: out of memory for a weight tile");
+        kernels.int8_panels(int(block_type), wp, columns, xq, yp, out_features, p0, p1, static_cast<uint8_t*>(scratch));
+        std::free(scratch);
+    });
+    return y;
+}
+
+}  // namespace llama_chat_kernels
+
+TORCH_LIBRARY(llama_chat, m) {
+    m.def("block_linear(Tensor x, Tensor weight, int block_type, int out_features, int variant, "
+          "bool int8_activations) -> Tensor");
+    m.def("supported_variants() -> int");
+}
+
+TORCH_LIBRARY_IMPL(llama_chat, CPU, m) { m.impl("block_linear", &llama_chat_kernels::block_linear); }
+
+TORCH_LIBRARY_IMPL(llama_chat, CompositeExplicitAutograd, m) {
+    m.impl("supported_variants", &llama_chat_kernels::supported_variants);
+}
