@@ -26,7 +26,8 @@ from llama_chat.checkpoints.stored import StoredMatrix
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
-from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths
+from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear
+from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
 from llama_chat.kernels.packed import (
     Int8Table,
     PackedEmbedding,
@@ -116,9 +117,13 @@ def build_packed_transformer(
         if head is not embedding:
             packing["output.weight"] = pool.submit(Int8Table, head, scratch)
         for name, mode in modes.items():
-            packing[name] = pool.submit(
-                PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows, paths.matmul_dtype
-            )
+            if mode in BLOCK_TYPES:
+                packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number)
+            else:
+                packing[name] = pool.submit(
+                    PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows,
+                    paths.matmul_dtype,
+                )
         for name, weight in tensors.items():
             if name == "output.weight" and head is embedding:
                 continue  # the embedding's table, placed with it
@@ -184,9 +189,13 @@ def load(
     try:
         with reading_errors(source):
             if packed:
-                modes = layer_matrix_modes(checkpoint, quantize)
-                most_used = Counter(modes.values()).most_common(1)[0][0]
-                paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype)
+                variant, native_reason = choose_native(args)
+                modes = layer_matrix_modes(checkpoint, quantize, blocks=variant is not None)
+                if variant is not None:
+                    paths = native_paths(variant, native_reason)
+                else:
+                    most_used = Counter(modes.values()).most_common(1)[0][0]
+                    paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype, native_reason)
                 transformer = build_packed_transformer(checkpoint, paths, modes, reporter)
                 weights_note, quantization = paths.describe(), describe_packing(modes)
             else:

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from llama_chat.checkpoints.contents import Checkpoint, Weight
-from llama_chat.checkpoints.gguf_blocks import FOUR_BIT_TYPES, int4_groups
+from llama_chat.checkpoints.gguf_blocks import FOUR_BIT_TYPES, KERNEL_BLOCK_TYPES, int4_groups
 from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
@@ -263,11 +263,19 @@ class GGUFMatrix(StoredMatrix):
         self.four_bit = self.type_name in FOUR_BIT_TYPES
         self.float_storage = self.type_name in ("F32", "F16", "BF16")
         self.stored_bytes = int(tensor.n_bytes)
+        self.block_type = self.type_name if self.type_name in KERNEL_BLOCK_TYPES else None
+
+    def _raw(self, start: int, stop: int) -> np.ndarray:
+        count = stop - start
+        data = read_range(self.path, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
+        return np.frombuffer(data, dtype=np.uint8).reshape(count, self.row_bytes)
+
+    def blocks(self, start: int, stop: int) -> torch.Tensor:
+        return torch.from_numpy(self._raw(start, stop))
 
     def rows(self, start: int, stop: int) -> Rows:
         count = stop - start
-        data = read_range(self.path, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
-        raw = np.frombuffer(data, dtype=np.uint8).reshape(count, self.row_bytes)
+        raw = self._raw(start, stop)
         if self.four_bit:
             return int4_groups(raw, self.type_name, self.shape[1])
         return torch.from_numpy(_float_rows(raw, self.tensor.tensor_type).reshape(count, self.shape[1]))

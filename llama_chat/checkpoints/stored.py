@@ -65,8 +65,13 @@ class StoredMatrix:
     float_storage: bool = True  # stored as floats (not as some other quantised type)
     row_alignment: int = 1  # reads must start and stop at multiples of this (or at the end)
     stored_bytes: int = 0  # its size in the file, for progress
+    block_type: str | None = None  # the GGUF block type blocks() hands out as stored, if any
 
     def rows(self, start: int, stop: int) -> Rows:
+        raise NotImplementedError
+
+    def blocks(self, start: int, stop: int) -> torch.Tensor:
+        """Rows start..stop as the file's bytes, uint8 [rows, bytes a row] (block_type set)."""
         raise NotImplementedError
 
     def dense(self) -> torch.Tensor:
@@ -103,8 +108,12 @@ class RotaryRows(StoredMatrix):
         self.four_bit = source.four_bit
         self.float_storage = source.float_storage
         self.stored_bytes = source.stored_bytes
+        self.block_type = source.block_type
         self.head_dim = source.shape[0] // n_heads
         self.row_alignment = math.lcm(self.head_dim, source.row_alignment)
+
+    def blocks(self, start: int, stop: int) -> torch.Tensor:
+        return self._half_split(self.source.blocks(start, stop))
 
     def rows(self, start: int, stop: int) -> Rows:
         stored = self.source.rows(start, stop)
@@ -127,16 +136,25 @@ class StackedRows(StoredMatrix):
         self.float_storage = all(p.float_storage for p in parts)
         self.stored_bytes = sum(p.stored_bytes for p in parts)
         self.row_alignment = math.lcm(*(p.row_alignment for p in parts))
+        types = {p.block_type for p in parts}
+        self.block_type = types.pop() if len(types) == 1 else None
         self._starts = [0]
         for part in parts:
             self._starts.append(self._starts[-1] + part.shape[0])
 
-    def rows(self, start: int, stop: int) -> Rows:
+    def _pieces(self, start: int, stop: int, read: Callable[[StoredMatrix, int, int], Rows]) -> list[Rows]:
         pieces = []
         for part, offset in zip(self.parts, self._starts):
             low, high = max(start, offset), min(stop, offset + part.shape[0])
             if low < high:
-                pieces.append(part.rows(low - offset, high - offset))
+                pieces.append(read(part, low - offset, high - offset))
+        return pieces
+
+    def blocks(self, start: int, stop: int) -> torch.Tensor:
+        return torch.cat(self._pieces(start, stop, lambda part, low, high: part.blocks(low, high)))
+
+    def rows(self, start: int, stop: int) -> Rows:
+        pieces = self._pieces(start, stop, lambda part, low, high: part.rows(low, high))
         if len(pieces) == 1:
             return pieces[0]
         if self.four_bit:
@@ -171,6 +189,10 @@ class RowRange(StoredMatrix):
         self.float_storage = source.float_storage
         self.row_alignment = source.row_alignment
         self.stored_bytes = source.stored_bytes * count // source.shape[0]
+        self.block_type = source.block_type
+
+    def blocks(self, start: int, stop: int) -> torch.Tensor:
+        return self.source.blocks(self.first + start, self.first + stop)
 
     def rows(self, start: int, stop: int) -> Rows:
         return self.source.rows(self.first + start, self.first + stop)

@@ -11,6 +11,11 @@ choices matter, and CPUs differ on them by up to a hundred times:
   build can be a hundred times slower in one dtype than in the other);
 - up to how many tokens a step runs the packed kernels rather than dequantising each
   weight and multiplying (a chat turn of 20 tokens is faster one way, a long prompt the other).
+Where llama-chat's own kernels are built (native.py), they come first: the probe times
+each variant this CPU runs on a layer of Q4_0 blocks at the model's widths, a single
+token and a 16-token step, against PyTorch's int4 kernel on the single token, and
+uses the faster family. LLAMA_CHAT_KERNELS (ours or aten) and LLAMA_CHAT_KERNEL_VARIANT
+(portable, avx2, avx512-vnni) force the family and the variant.
 A short probe times the candidates at the model's own widths, on one thread, and the
 result is kept per CPU model, PyTorch version and shape in the cache folder.
 LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
@@ -32,7 +37,9 @@ from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
 from llama_chat.errors import DeviceError
-from llama_chat.kernels.packed import PackedLinear, Scratch
+from llama_chat.kernels import native
+from llama_chat.kernels.block_linear import BlockLinear, q8_0_blocks
+from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
 from llama_chat.paths import cache_root
 
 CANDIDATES = (torch.bfloat16, torch.float32)
@@ -57,9 +64,16 @@ class CpuPaths:
     kernel_dtype: torch.dtype
     kernel_rows: int  # steps of up to this many tokens use the packed kernels
     reason: str  # how each was chosen, for people
+    variant: str | None = None  # llama-chat's kernels in this variant, or None for PyTorch's
+
+    @property
+    def variant_number(self) -> int:
+        return native.variant_number(self.variant)
 
     def describe(self) -> str:
         """"bfloat16 products and kernels ...; measured here: ..." and the like."""
+        if self.variant is not None:
+            return f"llama-chat's {self.variant} kernels; {self.reason}"
         if self.matmul_dtype == self.kernel_dtype:
             dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
         else:
@@ -170,9 +184,66 @@ def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
     return winner, f"{kind} {ratio:.1f}x faster in {dtype_name(winner)} than {dtype_name(loser)}"
 
 
-def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None) -> CpuPaths:
-    """The matmul and kernel dtypes, and the kernel's row limit, for a packed model of
-    these shapes on this CPU."""
+VARIANT_TIMES_ROWS = (1, 16)  # a single token and a chat turn's step, for each variant of ours
+
+
+def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
+    """Seconds for a single token and a 16-token step through each variant of ours, and
+    for a single token through PyTorch's int4 kernel (or int8 where it has none)."""
+    out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
+    calls = {}
+    for variant in variants:
+        layer = BlockLinear(TensorMatrix.of(weight), "Q8_0", native.variant_number(variant))
+        layer.blocks.copy_(q8_0_blocks(weight))
+        for rows in VARIANT_TIMES_ROWS:
+            calls[f"{variant} {rows}"] = lambda layer=layer, x=torch.randn(rows, in_features): layer(x)
+    mode = "int4" if in_features % 32 == 0 and int4_layout() is not None else "int8"
+    for dtype in CANDIDATES:  # PyTorch's kernel in each dtype it takes; the faster counts
+        aten = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), dtype)
+        calls[f"aten 1 {dtype_name(dtype)}"] = lambda aten=aten, x=torch.randn(1, in_features): aten(x)
+    times = one_thread(lambda: fastest_of(calls))
+    times["aten 1"] = min(times.pop(f"aten 1 {dtype_name(dtype)}") for dtype in CANDIDATES)
+    return times
+
+
+def choose_native(args: ModelArgs) -> tuple[str | None, str]:
+    """The variant of llama-chat's kernels to run, or None for PyTorch's, and why."""
+    family = os.environ.get("LLAMA_CHAT_KERNELS", "auto").lower()
+    if family not in ("auto", "ours", "aten"):
+        raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
+    state = native.status()
+    if not state.loaded:
+        if family == "ours":
+            raise DeviceError(f"LLAMA_CHAT_KERNELS=ours, but llama-chat's kernels are not in use: {state.detail}")
+        return None, f"llama-chat's kernels: {state.detail}"
+    variants = native.runnable_variants()
+    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
+    if forced:
+        if forced not in variants:
+            raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}: this CPU runs {', '.join(variants)}")
+        variants = [forced]
+    names = frozenset({"aten 1"} | {f"{v} {rows}" for v in variants for rows in VARIANT_TIMES_ROWS})
+    times = remembered(f"native {' '.join(variants)} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}",
+                       lambda: measure_native(args, variants), names)
+    best = min(variants, key=lambda v: sum(times[f"{v} {rows}"] for rows in VARIANT_TIMES_ROWS))
+    ratio = times["aten 1"] / max(times[f"{best} 1"], 1e-12)
+    how = "forced" if forced else "measured fastest here"
+    if family == "ours" or ratio >= 1:
+        return best, f"{best} {how}, a single token {ratio:.1f}x PyTorch's kernel"
+    return None, f"PyTorch's kernels: a single token {1 / ratio:.1f}x faster than llama-chat's {best}"
+
+
+def native_paths(variant: str, reason: str) -> CpuPaths:
+    """llama-chat's kernels in `variant` (they take float32 in and out)."""
+    return CpuPaths(torch.float32, torch.float32, 1, reason, variant)
+
+
+def choose_cpu_paths(
+    args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None, native_reason: str = ""
+) -> CpuPaths:
+    """The matmul and kernel dtypes, and the kernel's row limit, for a model packed for
+    PyTorch's kernels with these shapes on this CPU."""
     forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
     forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
     forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
@@ -192,7 +263,7 @@ def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kern
         row_times = remembered(f"{shape} {dtype_name(matmul_dtype)} {dtype_name(kernel_dtype)}",
                                lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
         rows = kernel_rows(row_times)
-    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
+    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}" + (f"; {native_reason}" if native_reason else ""))
 
 
 def forced_row_limit(value: str | None) -> int | None:

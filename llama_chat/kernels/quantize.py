@@ -58,15 +58,35 @@ def matrix_mode(source: StoredMatrix, quantize: str, source_quantization: str | 
     return "int4" if four_bit and fits_int4(source) else "int8"
 
 
-def layer_matrix_modes(checkpoint: Checkpoint, quantize: str) -> dict[str, str]:
-    """How each of the layers' matrices will be packed, by name (nothing is read)."""
+def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | None, name: str) -> str:
+    """The GGUF block type llama-chat's kernels hold a matrix in: the file's own where they
+    read it (and it fits what was asked), else Q4_1 for 4-bit and Q8_0 for 8-bit; "int8"
+    (PyTorch's int8 rows) for widths that are not whole groups of 32."""
+    stored = source.block_type
+    if source.shape[1] % GROUP:
+        if quantize == "int4":
+            raise LlamaChatError(f"{name} ({source.shape[1]} columns) does not split into groups of 32; use --quantize int8")
+        return "int8"
+    if quantize == "int4":
+        return stored if stored in FOUR_BIT_SOURCES else "Q4_1"
+    if quantize == "int8":
+        return "Q8_0"
+    if stored is not None:
+        return stored
+    return "Q4_1" if source.float_storage and source_quantization in FOUR_BIT_SOURCES else "Q8_0"
+
+
+def layer_matrix_modes(checkpoint: Checkpoint, quantize: str, blocks: bool = False) -> dict[str, str]:
+    """How each of the layers' matrices will be packed, by name (nothing is read): for
+    PyTorch's kernels (int4, int8), or as blocks for llama-chat's (`blocks`)."""
+    choose = block_mode if blocks else matrix_mode
     return {
-        name: matrix_mode(weight, quantize, checkpoint.source_quantization, name)
+        name: choose(weight, quantize, checkpoint.source_quantization, name)
         for name, weight in checkpoint.tensors.items()
         if isinstance(weight, StoredMatrix) and name not in ("tok_embeddings.weight", "output.weight")
     }
 
 
 def describe_packing(modes: dict[str, str]) -> str:
-    """'int4', 'int8', or 'int4 and int8' by what the layers' matrices are packed as."""
+    """'int4', 'int8', 'Q4_K and Q6_K' and the like, by what the layers' matrices are packed as."""
     return " and ".join(sorted(set(modes.values()))) or "none"

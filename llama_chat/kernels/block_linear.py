@@ -1,0 +1,102 @@
+"""Weights held as GGUF blocks and multiplied by llama-chat's own kernels (native.py).
+
+A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are kept as the file stores
+them, byte for byte, so each weight costs what it costs in the file. Float weights are
+quantised into blocks the same kernels read: Q8_0 (int8 with a scale per 32 weights), or
+Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit blocks.
+
+A single token multiplies float32 activations with the decoded blocks (decode keeps
+float32 numerics); several tokens (a prompt, a chat turn) quantise the activations to
+int8 in groups of 32 and use integer dot products, from `int8_rows` rows on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llama_chat.checkpoints.stored import GROUP, StoredMatrix, as_float
+from llama_chat.kernels import native
+
+# The GGUF types the kernels read, with their ggml numbers and (weights, bytes) a block.
+BLOCK_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+BLOCK_SIZES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
+               "Q6_K": (256, 210)}
+CHUNK_WEIGHTS = 1 << 18  # weights converted at a time: bounds a load's temporaries
+
+
+def row_bytes(block_type: str, columns: int) -> int:
+    weights, size = BLOCK_SIZES[block_type]
+    return columns // weights * size
+
+
+def fits(block_type: str, columns: int) -> bool:
+    return columns % BLOCK_SIZES[block_type][0] == 0
+
+
+def _halves(values: torch.Tensor) -> torch.Tensor:
+    """float32 [..., n] as float16's bytes [..., n, 2]."""
+    return values.to(torch.float16).view(torch.uint8).view(*values.shape, 2)
+
+
+def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """float32 [rows, columns] as Q8_0 bytes [rows, columns / 32 * 34]: levels -127..127
+    against the group's largest magnitude / 127, rounded to the scale as stored."""
+    rows, columns = weight.shape
+    groups = weight.view(rows, -1, GROUP)
+    scale = (groups.abs().amax(-1) / 127).to(torch.float16).float()
+    levels = torch.round(groups / scale.clamp_min(1e-30)[..., None]).clamp_(-127, 127).to(torch.int8)
+    return torch.cat([_halves(scale), levels.view(torch.uint8)], dim=-1).view(rows, -1)
+
+
+def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """float32 [rows, columns] as Q4_1 bytes: levels 0..15 spanning each group's minimum to
+    maximum, against the scale and minimum as stored."""
+    rows, columns = weight.shape
+    groups = weight.view(rows, -1, GROUP)
+    low = groups.amin(-1).to(torch.float16).float()
+    scale = ((groups.amax(-1) - low) / 15).to(torch.float16).float()
+    levels = torch.round((groups - low[..., None]) / scale.clamp_min(1e-30)[..., None]).clamp_(0, 15).to(torch.uint8)
+    packed = levels[..., :16] | (levels[..., 16:] << 4)
+    return torch.cat([_halves(scale), _halves(low), packed], dim=-1).view(rows, -1)
+
+
+QUANTISERS = {"Q8_0": q8_0_blocks, "Q4_1": q4_1_blocks}
+
+
+class BlockLinear(nn.Module):
+    """y = x W^T with W held once as GGUF blocks of `block_type`."""
+
+    def __init__(self, source: StoredMatrix, block_type: str, variant: int, int8_rows: int = 2) -> None:
+        super().__init__()
+        self.out_features, self.in_features = source.shape
+        self.block_type = block_type
+        self.type_number = BLOCK_TYPES[block_type]
+        self.variant = variant
+        self.int8_rows = int8_rows  # steps of this many tokens or more quantise activations to int8
+        self.register_buffer(
+            "blocks", torch.empty(self.out_features, row_bytes(block_type, self.in_features), dtype=torch.uint8)
+        )
+        step = max(source.row_alignment, CHUNK_WEIGHTS // self.in_features // source.row_alignment * source.row_alignment)
+        for start in range(0, self.out_features, step):
+            stop = min(start + step, self.out_features)
+            if source.block_type == block_type:
+                self.blocks[start:stop] = source.blocks(start, stop)
+            else:
+                self.blocks[start:stop] = QUANTISERS[block_type](as_float(source.rows(start, stop)))
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        # Unpickled in another process (the decode step's compiler): it calls the operator.
+        native.load_built()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        out = torch.ops.llama_chat.block_linear(
+            flat, self.blocks, self.type_number, self.out_features, self.variant, flat.shape[0] >= self.int8_rows
+        )
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.block_type} blocks"
+

@@ -1,0 +1,210 @@
+"""llama-chat's own CPU kernels (csrc/): built on this machine, kept, loaded, or not.
+
+The C++ sources are compiled with PyTorch's extension tooling (a C++ compiler and the
+`ninja` package) into one library that registers `llama_chat::block_linear`. A build is
+kept per CPU model, PyTorch version and source text, in `kernels/` of the cache folder
+(LLAMA_CHAT_KERNELS_DIR moves it), so it is made once: by `scripts/setup`, by
+`python -m llama_chat.kernels.native`, or in the background on first use, while that
+first run goes on with PyTorch's own kernels. Without a compiler, or when a build fails,
+PyTorch's kernels run and `status()` says why in one line.
+
+Variants: portable C++, AVX2 (with FMA) and AVX-512 with VNNI; the library reports which
+this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT forces one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llama_chat.engine.device import cpu_model_name
+from llama_chat.paths import cache_root
+
+SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
+VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the library's numbering
+LIBRARY_NAME = "llama_chat_kernels"
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    loaded: bool
+    detail: str  # the variants this CPU runs, or why the kernels are not in use
+
+
+def build_key() -> str:
+    """What a build depends on: the sources, this CPU and PyTorch."""
+    digest = hashlib.sha256()
+    for source in sorted(SOURCE_DIR.iterdir()):
+        digest.update(source.name.encode() + source.read_bytes())
+    digest.update(" | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__]).encode())
+    return digest.hexdigest()[:20]
+
+
+def build_directory() -> Path | None:
+    configured = os.environ.get("LLAMA_CHAT_KERNELS_DIR")
+    if configured:
+        return Path(configured).expanduser() / build_key()
+    root = cache_root()
+    return None if root is None else root / "kernels" / build_key()
+
+
+def library_file(directory: Path) -> Path:
+    return directory / f"{LIBRARY_NAME}.so"
+
+
+def missing_tools() -> str | None:
+    """Why this machine cannot build the kernels, or None."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler}) found; install g++ or clang to build llama-chat's kernels"
+    try:
+        import ninja  # noqa: F401  (the extension tooling runs the ninja program it ships)
+    except ImportError:
+        return "the ninja package is missing (pip install ninja) to build llama-chat's kernels"
+    return None
+
+
+def build(directory: Path) -> Path:
+    """Compile the library into `directory` (whole or not at all); its path."""
+    from torch.utils import cpp_extension  # heavy; only a build needs it
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory.parent) as staging:
+        sources = [str(p) for p in sorted(SOURCE_DIR.glob("*.cpp"))]
+        built = cpp_extension.load(
+            name=LIBRARY_NAME, sources=sources, build_directory=staging,
+            extra_cflags=["-O3", "-std=c++17"], is_python_module=False, verbose=False,
+        )
+        staged = Path(built if isinstance(built, str) else library_file(Path(staging)))
+        directory.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, library_file(directory))
+    return library_file(directory)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no output"])[0][:200]
+
+
+def build_in_child(directory: Path) -> subprocess.Popen:
+    """Start a build in a child process (so a chat never waits on it, nor fails with it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "llama_chat.kernels.native", str(directory)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )
+
+
+def _operators_registered() -> bool:
+    try:
+        torch.ops.llama_chat.block_linear
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+@functools.cache
+def _load_library(path: str) -> None:
+    if _operators_registered():  # an equal build loaded from another folder (a second registration aborts)
+        return
+    torch.ops.load_library(path)
+    # Shapes for tracing (the compiled decode step calls the operator too).
+    torch.library.register_fake("llama_chat::block_linear")(
+        lambda x, weight, block_type, out_features, variant, int8_activations: x.new_empty(
+            (*x.shape[:-1], out_features)
+        )
+    )
+
+
+@functools.cache
+def _started_build(directory: Path) -> subprocess.Popen:
+    """The one build this process starts into `directory`."""
+    return build_in_child(directory)
+
+
+def status(wait: bool = False) -> NativeStatus:
+    """Load the kernels if a build is on disk; otherwise start one (in the background, or
+    waited for with `wait`) and say so. Never raises: PyTorch's kernels are the fallback."""
+    if os.environ.get("LLAMA_CHAT_KERNELS", "").lower() == "aten":
+        return NativeStatus(False, "PyTorch's kernels forced (LLAMA_CHAT_KERNELS=aten)")
+    directory = build_directory()
+    if directory is None:
+        return NativeStatus(False, "not built: the cache is off (LLAMA_CHAT_CACHE=off)")
+    library = library_file(directory)
+    if not library.exists():
+        failed = directory / "build-failed.txt"
+        if failed.exists():
+            line = failed.read_text(encoding="utf-8").strip()
+            return NativeStatus(False, f"build failed: {line} (remove {directory} to try again)")
+        reason = missing_tools()
+        if reason:
+            return NativeStatus(False, reason)
+        child = _started_build(directory)
+        if not wait:
+            return NativeStatus(False, "building in the background (PyTorch's kernels meanwhile)")
+        _, errors = child.communicate()
+        if not library.exists():
+            return NativeStatus(False, f"build failed: {_first_line(errors or '')}")
+    try:
+        _load_library(str(library))
+    except (OSError, RuntimeError) as error:
+        return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}")
+    return NativeStatus(True, "variants here: " + ", ".join(runnable_variants()))
+
+
+def load_built() -> bool:
+    """Load a build already on disk (nothing is built); whether the kernels are loaded."""
+    directory = build_directory()
+    if directory is None or not library_file(directory).exists():
+        return False
+    _load_library(str(library_file(directory)))
+    return True
+
+
+def runnable_variants() -> list[str]:
+    bits = torch.ops.llama_chat.supported_variants()
+    return [name for number, name in enumerate(VARIANTS) if bits >> number & 1]
+
+
+def variant_number(name: str) -> int:
+    return VARIANTS.index(name)
+
+
+def main(argv: list[str]) -> int:
+    """Build into the folder given (a child of `status`), or into the cache folder."""
+    directory = Path(argv[0]) if argv else build_directory()
+    if directory is None:
+        print("llama-chat kernels: the cache is off (LLAMA_CHAT_CACHE=off); nothing built", file=sys.stderr)
+        return 1
+    if library_file(directory).exists():
+        return 0
+    reason = missing_tools()
+    if reason:
+        print(f"llama-chat kernels: {reason}", file=sys.stderr)
+        return 1
+    started = time.perf_counter()
+    try:
+        build(directory)
+    except Exception as error:  # any failure of the compiler: recorded in one line
+        line = _first_line(str(error))
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "build-failed.txt").write_text(line + "\n", encoding="utf-8")
+        print(f"llama-chat kernels: build failed: {line}", file=sys.stderr)
+        return 1
+    if not argv:
+        print(f"llama-chat kernels built in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

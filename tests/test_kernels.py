@@ -1,0 +1,172 @@
+"""llama-chat's own kernels (kernels/csrc) against float32 references, in every variant
+this CPU can run, with gguf's own dequantisation as the oracle for the blocks; the float
+quantisers; the build, its cache and the fallback to PyTorch's kernels."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+from gguf import quants
+
+import llama_chat
+from llama_chat.checkpoints.stored import TensorMatrix
+from llama_chat.kernels import native
+from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, q4_1_blocks, q8_0_blocks
+
+from .conftest import tiny_args
+from .test_gguf import tiny_hf_model, write_gguf
+
+TYPES = list(BLOCK_TYPES)
+# Where each type keeps float16 fields, and a spread for them that gives weights near 0.1.
+HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q8_0": [(0, 0.001)],
+          "Q4_K": [(0, 0.001), (2, 0.001)], "Q5_K": [(0, 0.001), (2, 0.001)], "Q6_K": [(208, 0.0005)]}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def loaded(kernels_dir):
+    import os
+
+    os.environ["LLAMA_CHAT_KERNELS_DIR"] = str(kernels_dir)
+    assert native.load_built()
+
+
+def variants():
+    # Every variant this CPU runs: an AVX-512 machine also runs the AVX2 and portable code.
+    native.load_built()
+    return native.runnable_variants()
+
+
+def random_blocks(block_type: str, rows: int, columns: int, seed: int = 0) -> np.ndarray:
+    """Random bytes [rows, bytes a row] with sane float16 scales where the type keeps them."""
+    generator = np.random.default_rng(seed)
+    qtype = QType[block_type]
+    weights, size = quants.GGML_QUANT_SIZES[qtype]
+    raw = generator.integers(0, 256, size=(rows, columns // weights, size), dtype=np.uint8)
+    for offset, spread in HALVES[block_type]:
+        halves = (generator.standard_normal((rows, columns // weights)) * spread).astype(np.float16)
+        raw[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(rows, columns // weights, 2)
+    return raw.reshape(rows, -1)
+
+
+def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor:
+    weight = torch.from_numpy(quants.dequantize(raw, QType[block_type]).astype(np.float64))
+    return x.double() @ weight.reshape(raw.shape[0], -1).t()
+
+
+def run(x, raw, block_type, variant, int8):
+    return torch.ops.llama_chat.block_linear(
+        x, torch.from_numpy(raw), BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), int8
+    )
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_float_activations_match_gguf_dequantisation(block_type, rows):
+    """Single-token kernels: float32 activations, so within float32 rounding of the exact
+    product (37 output rows: two panels and an odd remainder)."""
+    columns = 512
+    raw = random_blocks(block_type, 37, columns)
+    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(1))
+    exact = reference(raw, block_type, x)
+    for variant in variants():
+        got = run(x, raw, block_type, variant, False).double()
+        assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5, variant
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+@pytest.mark.parametrize("rows", [2, 7, 16])
+def test_int8_activations_stay_within_int8_rounding(block_type, rows):
+    """Multi-token kernels: each activation rounded to int8 per group of 32 moves by at most
+    half a step (the group's largest magnitude / 127 / 2), so each output is within the sum
+    of |weight| times that; and every variant gives the portable one's result up to float
+    rounding."""
+    columns = 768 if block_type in ("Q4_0", "Q4_1", "Q8_0") else 512
+    raw = random_blocks(block_type, 21, columns, seed=2)
+    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(3))
+    exact = reference(raw, block_type, x)
+    weight = torch.from_numpy(quants.dequantize(raw, QType[block_type]).astype(np.float64)).reshape(21, columns)
+    half_step = (x.double().view(rows, -1, 32).abs().amax(-1, keepdim=True) / 254).expand(-1, -1, 32)
+    bound = half_step.reshape(rows, columns) @ weight.abs().t()
+    portable = run(x, raw, block_type, "portable", True).double()
+    assert ((portable - exact).abs() <= bound * 1.001 + 1e-4).all()
+    for variant in variants():
+        got = run(x, raw, block_type, variant, True).double()
+        assert ((got - portable).abs().max() / exact.abs().max()) < 1e-5, variant
+
+
+def test_the_variants_seen_on_this_cpu_include_the_portable_one():
+    assert variants()[0] == "portable"
+    with pytest.raises(RuntimeError, match="unknown kernel variant"):
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 18, dtype=torch.uint8), 2, 1, 7, False)
+
+
+@pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])
+def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, tolerance):
+    """Q8_0 and Q4_1 written from float32: gguf's dequantisation gives each weight back
+    within half a step (plus float16 rounding of the scales)."""
+    weight = torch.randn(9, 96, generator=torch.Generator().manual_seed(4))
+    raw = quantise(weight).numpy()
+    back = torch.from_numpy(quants.dequantize(raw, qtype).reshape(9, 96))
+    groups = weight.view(9, -1, 32)
+    spread = (groups.amax(-1) - groups.amin(-1)) if qtype == QType.Q4_1 else groups.abs().amax(-1) * 2
+    error = (back - weight).abs().view(9, -1, 32).amax(-1)
+    assert (error <= spread * tolerance * 1.01 + 1e-3 * spread).all()
+
+
+def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
+    raw = random_blocks("Q4_K", 16, 256)
+    stored = TensorMatrix.of(torch.from_numpy(quants.dequantize(raw, QType.Q4_K).reshape(16, 256)))
+    stored.block_type = "Q4_K"
+    stored.blocks = lambda start, stop: torch.from_numpy(raw[start:stop])
+    layer = BlockLinear(stored, "Q4_K", native.variant_number("portable"))
+    assert torch.equal(layer.blocks, torch.from_numpy(raw))
+    floats = BlockLinear(TensorMatrix.of(torch.randn(16, 256)), "Q8_0", native.variant_number("portable"))
+    assert floats.blocks.shape == (16, 256 // 32 * 34)
+    x = torch.randn(1, 4, 256)
+    assert layer(x).shape == (1, 4, 16)
+
+
+def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch):
+    """A tiny Q4_1 model through each variant: the same greedy tokens as the float32 model
+    over a prompt step and single tokens."""
+    path = write_gguf(tmp_path / "q4_1.gguf", tiny_hf_model(seed=5), qtype=QType.Q4_1)
+    exact = llama_chat.load(path, device="cpu", dtype="float32")
+    ids = list(range(3, 23))
+    expected = exact.logits(ids)
+    for variant in variants():
+        monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
+        monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+        fast = llama_chat.load(path, device="cpu")
+        assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
+        cache = fast.new_cache(64)
+        first = fast.feed(cache, ids[:12])
+        singles = [fast.feed(cache, [token]) for token in ids[12:]]
+        got = torch.stack([first, *singles])
+        assert torch.allclose(got, expected[11:], atol=0.05 * float(expected.abs().max())), variant
+
+
+def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    state = native.status(wait=True)
+    assert not state.loaded
+    assert state.detail == "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels"
+    from llama_chat.kernels.cpu_paths import choose_native
+
+    variant, reason = choose_native(tiny_args())
+    assert variant is None and "no C++ compiler" in reason
+
+
+def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
+    """A compiler that fails: one line naming the failure, recorded so later runs do not
+    build again; the aten kernels run meanwhile."""
+    compiler = tmp_path / "broken-c++"
+    compiler.write_text("#!/bin/sh\necho 'error: this compiler is broken' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("CXX", str(compiler))
+    first = native.status(wait=True)
+    assert not first.loaded and first.detail.startswith("build failed: ")
+    assert "\n" not in first.detail
+    again = native.status(wait=True)
+    assert again.detail.startswith("build failed: ") and "to try again" in again.detail
