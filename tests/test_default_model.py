@@ -130,6 +130,7 @@ def test_packed_weights_agree_with_float32(default_gguf, model, matmul, kernel_r
     step sees the same history, so every position is a fair comparison."""
     if kernel_rows:
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", kernel_rows)
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # PyTorch's kernels (llama-chat's: the test below)
     fast = llama_chat.load(default_gguf, device="cpu", dtype=matmul, kernel_dtype="bfloat16", quantize="int4")
     assert fast.quantization == "int4"
     ids = model.tokenizer.encode(" ".join(TEXTS[:6]) + " The Roman Empire was one of the largest empires in history.")

@@ -30,6 +30,13 @@ from llama_chat.kernels.packed import (
 
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
+
+@pytest.fixture(autouse=True)
+def _pytorch_kernels(monkeypatch):
+    """These tests cover the packing for PyTorch's kernels, what runs where llama-chat's
+    own cannot be built (tests/test_kernels.py covers those)."""
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
+
 CAPABILITIES = ["default", "avx2", "avx512"]
 
 

@@ -255,7 +255,7 @@ def test_load_of_a_real_file_switches_weights_and_keeps_the_conversation(tmp_pat
                         load_model=lambda path: llama_chat.load(path, device="cpu"))
     assert session.model is not model and session.model.name == "tiny.gguf"
     assert session.model_path == str(path) and session.capacity == 128  # the file's context is 128
-    assert "loaded tiny.gguf on cpu (int8 weights, " in output and "), context 128 tokens" in output
+    assert "loaded tiny.gguf on cpu (Q8_0 weights, llama-chat's " in output and "), context 128 tokens" in output
     assert [e.user for e in session.exchanges] == ["one", "two"]
     assert_consistent(session)
 

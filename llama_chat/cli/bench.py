@@ -21,6 +21,7 @@ from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import UsageError
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
+from llama_chat.kernels import native
 from llama_chat.loading import load, model_memory_bytes
 from llama_chat.parallel.ranks import (
     follow,
@@ -154,6 +155,7 @@ def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> L
 
 
 def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:
+    kernels = native.status(wait=True)  # a first build is measured with the kernels it makes
     memory_before = peak_memory_mb()
     started = time.perf_counter()
     if options.random_shapes:
@@ -177,6 +179,7 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         peak_memory_after_load_mb=memory_after_load,
         model_memory_mb=model_memory_bytes(model) / 2**20,
         tensor_parallel=options.tp if peers is not None else 1,
+        kernels=kernels.detail if not kernels.loaded else "built",
     )
     if peers is not None:
         result["peak_memory_mb_per_rank"] = [result["peak_memory_mb"], *peers.peak_memory_mb()]

@@ -33,6 +33,11 @@ from llama_chat.paths import cache_root
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the library's numbering
 LIBRARY_NAME = "llama_chat_kernels"
+# at::parallel_for is inline OpenMP in PyTorch's Linux builds: without -fopenmp it runs on
+# one thread. The library then asks for libgomp.so.1, which the loader finds already
+# loaded with PyTorch (one OpenMP runtime, one thread pool).
+OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
+COMPILE_FLAGS = ["-O3", "-std=c++17", *OPENMP]
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,8 @@ class NativeStatus:
 
 
 def build_key() -> str:
-    """What a build depends on: the sources, this CPU and PyTorch."""
-    digest = hashlib.sha256()
+    """What a build depends on: the sources and flags, this CPU and PyTorch."""
+    digest = hashlib.sha256(" ".join(COMPILE_FLAGS).encode())
     for source in sorted(SOURCE_DIR.iterdir()):
         digest.update(source.name.encode() + source.read_bytes())
     digest.update(" | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__]).encode())
@@ -83,7 +88,7 @@ def build(directory: Path) -> Path:
         sources = [str(p) for p in sorted(SOURCE_DIR.glob("*.cpp"))]
         built = cpp_extension.load(
             name=LIBRARY_NAME, sources=sources, build_directory=staging,
-            extra_cflags=["-O3", "-std=c++17"], is_python_module=False, verbose=False,
+            extra_cflags=COMPILE_FLAGS, extra_ldflags=OPENMP, is_python_module=False, verbose=False,
         )
         staged = Path(built if isinstance(built, str) else library_file(Path(staging)))
         directory.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ constexpr int PANEL = 16;       // weight rows a multi-token tile interleaves
 constexpr int X_GROUP = 32;     // activations sharing one int8 scale
 
 // Activations quantised for the multi-token kernels: x ~ (xu - 128) * xscale per group
-// of 32 along a row; xsum is the exact float sum of each group (for types with offsets).
+// of 32 along a row; xsum is each group's sum of those values (for types with offsets).
 struct QuantizedRows {
     const uint8_t* xu;     // [rows][columns]
     const float* xscale;   // [rows][columns / 32]

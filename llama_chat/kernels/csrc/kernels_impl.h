@@ -70,6 +70,147 @@ inline void group_sums(const float* x, int64_t columns, float* sums) {
     }
 }
 
+#if VARIANT == 2
+// Single-token fast paths for AVX-512: levels go from bytes to floats in registers.
+// vpermps picks lane i of a table by the low 4 bits of each index, so a nibble becomes its
+// float (minus 8 for Q4_0) without masking; the high nibble after one shift.
+inline __m512 nibble_table(float first) {
+    return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(first));
+}
+
+inline float half(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// sum_k w[k] x[k] over ROWS rows of 32-weight blocks (Q4_0, Q4_1, Q8_0), `stride` bytes
+// apart, into out[ROWS]; for Q4_1 also sum m * (sum of x over the block), from `sums`.
+// Four rows at once share each load of x and keep four multiply-add chains in flight
+// (measured: 15 GB/s on two threads with one row, 22 with two or four).
+template <int TYPE, int ROWS>
+void rows_dot_32(const uint8_t* row, int64_t stride, const float* x, const float* sums, int64_t blocks, float* out) {
+    const __m512 table = nibble_table(TYPE == Q4_0 ? -8.0f : 0.0f);
+    const int size = type_info(TYPE).block_bytes;
+    __m512 acc[ROWS];
+    float offsets[ROWS];
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r] = _mm512_setzero_ps();
+        offsets[r] = 0.0f;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        for (int r = 0; r < ROWS; ++r) {
+            const uint8_t* block = row + r * stride + b * size;
+            __m512 low, high;
+            if constexpr (TYPE == Q8_0) {
+                low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
+                high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
+            } else {
+                const __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (TYPE == Q4_0 ? 2 : 4))));
+                low = _mm512_permutexvar_ps(bytes, table);
+                high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+            }
+            const __m512 part = _mm512_fmadd_ps(high, x1, _mm512_mul_ps(low, x0));
+            acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[r]);
+            if constexpr (TYPE == Q4_1) offsets[r] += half(block + 2) * sums[b];
+        }
+    }
+    for (int r = 0; r < ROWS; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + offsets[r];
+}
+
+// Q4_K: 8 groups of 32 a block, each from 32 nibbles (the low ones of a 32-byte run, then
+// the high ones), scaled by d * scale and offset by -dmin * minimum.
+float row_dot_q4_k(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
+    const __m512 table = nibble_table(0.0f);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    float offsets = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + b * 144;
+        const float* xb = x + 256 * b;
+        const float d = half(block), dmin = half(block + 2);
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            const uint8_t* q = block + 16 + 32 * chunk;
+            const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+            const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+            const float* xc = xb + 64 * chunk;
+            const __m512 low = _mm512_fmadd_ps(_mm512_permutexvar_ps(second, table), _mm512_loadu_ps(xc + 16),
+                                               _mm512_mul_ps(_mm512_permutexvar_ps(first, table), _mm512_loadu_ps(xc)));
+            const __m512 high = _mm512_fmadd_ps(
+                _mm512_permutexvar_ps(_mm512_srli_epi32(second, 4), table), _mm512_loadu_ps(xc + 48),
+                _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(first, 4), table), _mm512_loadu_ps(xc + 32)));
+            int sc0, mn0, sc1, mn1;
+            k_scale_min(2 * chunk, block + 4, sc0, mn0);
+            k_scale_min(2 * chunk + 1, block + 4, sc1, mn1);
+            acc[0] = _mm512_fmadd_ps(low, _mm512_set1_ps(d * float(sc0)), acc[0]);
+            acc[1] = _mm512_fmadd_ps(high, _mm512_set1_ps(d * float(sc1)), acc[1]);
+            offsets -= dmin * (float(mn0) * sums[8 * b + 2 * chunk] + float(mn1) * sums[8 * b + 2 * chunk + 1]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + offsets;
+}
+
+// Q6_K: per half block, 16 weights at a time from four places (low nibbles of two 32-byte
+// runs, two bits each of one 32-byte run of high bits), minus 32, one int8 scale per 16.
+float row_dot_q6_k(const uint8_t* row, const float* x, int64_t blocks) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    const __m512i fifteen = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + b * 210;
+        const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+        const float d = half(block + 208);
+        for (int halfblock = 0; halfblock < 2; ++halfblock) {
+            const uint8_t* low = block + 64 * halfblock;
+            const uint8_t* high = block + 128 + 32 * halfblock;
+            const float* xh = x + 256 * b + 128 * halfblock;
+            const int8_t* sc = scales + 8 * halfblock;
+            for (int l = 0; l < 32; l += 16) {
+                auto bytes = [](const uint8_t* p) {
+                    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+                };
+                const __m512i a = bytes(low + l), c = bytes(low + 32 + l), h = bytes(high + l);
+                const __m512i q[4] = {
+                    _mm512_or_si512(_mm512_and_si512(a, fifteen), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
+                    _mm512_or_si512(_mm512_and_si512(c, fifteen),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
+                    _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
+                    _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4)),
+                };
+                for (int j = 0; j < 4; ++j) {
+                    const __m512 w = _mm512_cvtepi32_ps(_mm512_sub_epi32(q[j], bias));
+                    const __m512 part = _mm512_mul_ps(w, _mm512_loadu_ps(xh + 32 * j + l));
+                    acc[j & 1] = _mm512_fmadd_ps(part, _mm512_set1_ps(d * float(sc[2 * j + l / 16])), acc[j & 1]);
+                }
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+
+// Whether TYPE has a single-token fast path here, and its dot product.
+template <int TYPE>
+constexpr bool has_row_dot = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 || TYPE == Q4_K || TYPE == Q6_K;
+
+template <int TYPE>
+float row_dot(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
+    if constexpr (TYPE == Q4_K) return row_dot_q4_k(row, x, sums, blocks);
+    else if constexpr (TYPE == Q6_K) return row_dot_q6_k(row, x, blocks);
+    else {
+        float out;
+        rows_dot_32<TYPE, 1>(row, 0, x, sums, blocks, &out);
+        return out;
+    }
+}
+#else
+template <int TYPE>
+constexpr bool has_row_dot = false;
+
+template <int TYPE>
+float row_dot(const uint8_t*, const float*, const float*, int64_t) { return 0.0f; }
+#endif
+
 template <int TYPE>
 void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
                       int64_t out_features, int64_t n0, int64_t n1) {
@@ -80,6 +221,15 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, in
     if (info.has_offsets) {
         sums.reset(new float[rows * (columns / X_GROUP)]);
         for (int64_t m = 0; m < rows; ++m) group_sums(x + m * columns, columns, sums.get() + m * (columns / X_GROUP));
+    }
+    if (has_row_dot<TYPE> && rows == 1) {
+        int64_t n = n0;
+#if VARIANT == 2
+        if constexpr (TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0)
+            for (; n + 4 <= n1; n += 4) rows_dot_32<TYPE, 4>(weight + n * row_bytes, row_bytes, x, sums.get(), blocks, y + n);
+#endif
+        for (; n < n1; ++n) y[n] = row_dot<TYPE>(weight + n * row_bytes, x, sums.get(), blocks);
+        return;
     }
     alignas(64) int8_t level[MAX_BLOCK];
     float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
@@ -130,19 +280,21 @@ void quantize_rows(const float* x, int64_t columns, uint8_t* xu, float* xscale, 
     for (int64_t m = m0; m < m1; ++m) {
         for (int64_t g = 0; g < groups; ++g) {
             const float* v = x + m * columns + g * X_GROUP;
-            float largest = 0.0f, total = 0.0f;
-            for (int j = 0; j < X_GROUP; ++j) {
-                largest = std::max(largest, std::fabs(v[j]));
-                total += v[j];
-            }
+            float largest = 0.0f;
+            for (int j = 0; j < X_GROUP; ++j) largest = std::max(largest, std::fabs(v[j]));
             const float step = largest / 127.0f, inverse = step > 0.0f ? 1.0f / step : 0.0f;
             uint8_t* out = xu + m * columns + g * X_GROUP;
+            int level_sum = 0;
             for (int j = 0; j < X_GROUP; ++j) {
-                const float q = std::nearbyint(v[j] * inverse);
-                out[j] = uint8_t(int(std::min(127.0f, std::max(-127.0f, q))) + 128);
+                const int q = int(std::min(127.0f, std::max(-127.0f, std::nearbyint(v[j] * inverse))));
+                out[j] = uint8_t(q + 128);
+                level_sum += q;
             }
             xscale[m * groups + g] = step;
-            xsum[m * groups + g] = total;
+            // The sum of the rounded values, not of x: a weight d q + m then sees one rounded
+            // x in both terms, whose errors cancel as the weight's own are small (m is near
+            // -8 d in 4-bit blocks; with the exact sum the error would scale with d q).
+            xsum[m * groups + g] = step * float(level_sum);
         }
     }
 }
