@@ -118,7 +118,7 @@ def build_packed_transformer(
             packing["output.weight"] = pool.submit(Int8Table, head, scratch)
         for name, mode in modes.items():
             if mode in BLOCK_TYPES:
-                packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number)
+                packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number, paths.activation_bits)
             else:
                 packing[name] = pool.submit(
                     PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows,

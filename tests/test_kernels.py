@@ -53,9 +53,9 @@ def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor
     return x.double() @ weight.reshape(raw.shape[0], -1).t()
 
 
-def run(x, raw, block_type, variant, int8):
+def run(x, raw, block_type, variant, bits):
     return torch.ops.llama_chat.block_linear(
-        x, torch.from_numpy(raw), BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), int8
+        x, torch.from_numpy(raw), BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), bits
     )
 
 
@@ -69,35 +69,37 @@ def test_float_activations_match_gguf_dequantisation(block_type, rows):
     x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(1))
     exact = reference(raw, block_type, x)
     for variant in variants():
-        got = run(x, raw, block_type, variant, False).double()
+        got = run(x, raw, block_type, variant, 0).double()
         assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
 @pytest.mark.parametrize("block_type", TYPES)
 @pytest.mark.parametrize("rows", [2, 7, 16])
-def test_int8_activations_stay_within_int8_rounding(block_type, rows):
-    """Multi-token kernels: each activation rounded to int8 per group of 32 moves by at most
-    half a step (the group's largest magnitude / 127 / 2), so each output is within the sum
-    of |weight| times that; and every variant gives the portable one's result up to float
-    rounding."""
+@pytest.mark.parametrize("bits", [8, 16])
+def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits):
+    """Multi-token kernels: each activation, rounded in groups of 32 to levels of the
+    group's largest magnitude / 127 (8 bits) or / 32385 (16 bits, as two int8 halves),
+    moves by at most half a level, so each output is within the sum of |weight| times
+    that; and every variant gives the portable one's result up to float rounding."""
     columns = 768 if block_type in ("Q4_0", "Q4_1", "Q8_0") else 512
     raw = random_blocks(block_type, 21, columns, seed=2)
     x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(3))
     exact = reference(raw, block_type, x)
     weight = torch.from_numpy(quants.dequantize(raw, QType[block_type]).astype(np.float64)).reshape(21, columns)
-    half_step = (x.double().view(rows, -1, 32).abs().amax(-1, keepdim=True) / 254).expand(-1, -1, 32)
-    bound = half_step.reshape(rows, columns) @ weight.abs().t()
-    portable = run(x, raw, block_type, "portable", True).double()
-    assert ((portable - exact).abs() <= bound * 1.001 + 1e-4).all()
+    top = 127 if bits == 8 else 32385
+    half_level = (x.double().view(rows, -1, 32).abs().amax(-1, keepdim=True) / top / 2).expand(-1, -1, 32)
+    bound = half_level.reshape(rows, columns) @ weight.abs().t()
+    portable = run(x, raw, block_type, "portable", bits).double()
+    assert ((portable - exact).abs() <= bound * 1.001 + 1e-5 * exact.abs().max()).all()
     for variant in variants():
-        got = run(x, raw, block_type, variant, True).double()
+        got = run(x, raw, block_type, variant, bits).double()
         assert ((got - portable).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
 def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
-        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 18, dtype=torch.uint8), 2, 1, 7, False)
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 18, dtype=torch.uint8), 2, 1, 7, 0)
 
 
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])

@@ -11,10 +11,10 @@ choices matter, and CPUs differ on them by up to a hundred times:
   build can be a hundred times slower in one dtype than in the other);
 - up to how many tokens a step runs the packed kernels rather than dequantising each
   weight and multiplying (a chat turn of 20 tokens is faster one way, a long prompt the other).
-Where llama-chat's own kernels are built (native.py), they come first: the probe times
-each variant this CPU runs on a layer of Q4_0 blocks at the model's widths, a single
-token and a 16-token step, against PyTorch's int4 kernel on the single token, and
-uses the faster family. LLAMA_CHAT_KERNELS (ours or aten) and LLAMA_CHAT_KERNEL_VARIANT
+Where llama-chat's own kernels are built (native.py), the probe times each variant this
+CPU runs on a layer of 4-bit blocks at the model's widths, a single token and a 16-token
+step, against PyTorch's int4 kernel and dequantised products on the same two steps, and
+uses the family with the smaller sum. LLAMA_CHAT_KERNELS (ours or aten) and LLAMA_CHAT_KERNEL_VARIANT
 (portable, avx2, avx512-vnni) force the family and the variant.
 A short probe times the candidates at the model's own widths, on one thread, and the
 result is kept per CPU model, PyTorch version and shape in the cache folder.
@@ -38,7 +38,7 @@ from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
 from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
-from llama_chat.kernels.block_linear import BlockLinear, q8_0_blocks
+from llama_chat.kernels.block_linear import BlockLinear, q4_1_blocks
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
 from llama_chat.paths import cache_root
 
@@ -65,6 +65,7 @@ class CpuPaths:
     kernel_rows: int  # steps of up to this many tokens use the packed kernels
     reason: str  # how each was chosen, for people
     variant: str | None = None  # llama-chat's kernels in this variant, or None for PyTorch's
+    activation_bits: int = 16  # of several tokens' activations in llama-chat's kernels
 
     @property
     def variant_number(self) -> int:
@@ -73,7 +74,7 @@ class CpuPaths:
     def describe(self) -> str:
         """"bfloat16 products and kernels ...; measured here: ..." and the like."""
         if self.variant is not None:
-            return f"llama-chat's {self.variant} kernels; {self.reason}"
+            return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps; {self.reason}"
         if self.matmul_dtype == self.kernel_dtype:
             dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
         else:
@@ -188,22 +189,26 @@ VARIANT_TIMES_ROWS = (1, 16)  # a single token and a chat turn's step, for each 
 
 
 def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
-    """Seconds for a single token and a 16-token step through each variant of ours, and
-    for a single token through PyTorch's int4 kernel (or int8 where it has none)."""
+    """Seconds for a single token and a 16-token step through each variant of ours (4-bit
+    blocks), and through PyTorch's int4 kernel (each dtype; the step dequantises)."""
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
+    blocks = q4_1_blocks(weight)
+    inputs = {rows: torch.randn(rows, in_features) for rows in VARIANT_TIMES_ROWS}
     calls = {}
     for variant in variants:
-        layer = BlockLinear(TensorMatrix.of(weight), "Q8_0", native.variant_number(variant))
-        layer.blocks.copy_(q8_0_blocks(weight))
-        for rows in VARIANT_TIMES_ROWS:
-            calls[f"{variant} {rows}"] = lambda layer=layer, x=torch.randn(rows, in_features): layer(x)
+        layer = BlockLinear(TensorMatrix.of(weight), "Q4_1", native.variant_number(variant))
+        layer.blocks.copy_(blocks)
+        for rows, x in inputs.items():
+            calls[f"{variant} {rows}"] = lambda layer=layer, x=x: layer(x)
     mode = "int4" if in_features % 32 == 0 and int4_layout() is not None else "int8"
-    for dtype in CANDIDATES:  # PyTorch's kernel in each dtype it takes; the faster counts
-        aten = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), dtype)
-        calls[f"aten 1 {dtype_name(dtype)}"] = lambda aten=aten, x=torch.randn(1, in_features): aten(x)
+    for dtype in CANDIDATES:
+        aten = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), dtype, matmul_dtype=dtype)
+        for rows, x in inputs.items():
+            calls[f"aten {dtype_name(dtype)} {rows}"] = lambda aten=aten, x=x: aten(x)
     times = one_thread(lambda: fastest_of(calls))
-    times["aten 1"] = min(times.pop(f"aten 1 {dtype_name(dtype)}") for dtype in CANDIDATES)
+    for rows in VARIANT_TIMES_ROWS:  # PyTorch's path in its faster dtype for each step
+        times[f"aten {rows}"] = min(times.pop(f"aten {dtype_name(d)} {rows}") for d in CANDIDATES)
     return times
 
 
@@ -223,20 +228,30 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
         if forced not in variants:
             raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}: this CPU runs {', '.join(variants)}")
         variants = [forced]
-    names = frozenset({"aten 1"} | {f"{v} {rows}" for v in variants for rows in VARIANT_TIMES_ROWS})
-    times = remembered(f"native {' '.join(variants)} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}",
+    names = frozenset({f"{v} {rows}" for v in ["aten", *variants] for rows in VARIANT_TIMES_ROWS})
+    shape = f"{args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
+    times = remembered(f"native {native.build_key()} {' '.join(variants)} {shape}",
                        lambda: measure_native(args, variants), names)
-    best = min(variants, key=lambda v: sum(times[f"{v} {rows}"] for rows in VARIANT_TIMES_ROWS))
-    ratio = times["aten 1"] / max(times[f"{best} 1"], 1e-12)
+
+    def cost(family: str) -> float:  # a single token and a chat turn's step, weighed alike
+        return sum(times[f"{family} {rows}"] for rows in VARIANT_TIMES_ROWS)
+
+    best = min(variants, key=cost)
+    single, step = (times[f"aten {rows}"] / max(times[f"{best} {rows}"], 1e-12) for rows in VARIANT_TIMES_ROWS)
     how = "forced" if forced else "measured fastest here"
-    if family == "ours" or ratio >= 1:
-        return best, f"{best} {how}, a single token {ratio:.1f}x PyTorch's kernel"
-    return None, f"PyTorch's kernels: a single token {1 / ratio:.1f}x faster than llama-chat's {best}"
+    speeds = f"a single token {single:.1f}x and a 16-token step {step:.1f}x PyTorch's kernels"
+    if family == "ours" or cost(best) <= cost("aten"):
+        return best, f"{best} {how}: {speeds}"
+    return None, f"PyTorch's kernels: llama-chat's {best} ran {speeds}"
 
 
 def native_paths(variant: str, reason: str) -> CpuPaths:
-    """llama-chat's kernels in `variant` (they take float32 in and out)."""
-    return CpuPaths(torch.float32, torch.float32, 1, reason, variant)
+    """llama-chat's kernels in `variant` (they take float32 in and out); LLAMA_CHAT_ACTIVATION_BITS
+    (16 or 8) sets how several tokens' activations are quantised."""
+    bits = os.environ.get("LLAMA_CHAT_ACTIVATION_BITS", "16")
+    if bits not in ("8", "16"):
+        raise DeviceError(f"LLAMA_CHAT_ACTIVATION_BITS={bits!r}: use 16 or 8")
+    return CpuPaths(torch.float32, torch.float32, 1, reason, variant, int(bits))
 
 
 def choose_cpu_paths(

@@ -125,7 +125,7 @@ def _load_library(path: str) -> None:
     torch.ops.load_library(path)
     # Shapes for tracing (the compiled decode step calls the operator too).
     torch.library.register_fake("llama_chat::block_linear")(
-        lambda x, weight, block_type, out_features, variant, int8_activations: x.new_empty(
+        lambda x, weight, block_type, out_features, variant, activation_bits: x.new_empty(
             (*x.shape[:-1], out_features)
         )
     )

@@ -11,10 +11,13 @@ namespace llama_chat_kernels {
 constexpr int PANEL = 16;       // weight rows a multi-token tile interleaves
 constexpr int X_GROUP = 32;     // activations sharing one int8 scale
 
-// Activations quantised for the multi-token kernels: x ~ (xu - 128) * xscale per group
-// of 32 along a row; xsum is each group's sum of those values (for types with offsets).
+// Activations quantised for the multi-token kernels, per group of 32 along a row: with
+// 8 bits, x ~ (high - 128) * xscale; with 16 bits, x ~ (255 (high - 128) + low - 128) *
+// xscale, the two halves going through the same byte products. xsum is each group's sum
+// of those values (for types with offsets).
 struct QuantizedRows {
-    const uint8_t* xu;     // [rows][columns]
+    const uint8_t* high;   // [rows][columns]
+    const uint8_t* low;    // [rows][columns], or null with 8 bits
     const float* xscale;   // [rows][columns / 32]
     const float* xsum;     // [rows][columns / 32]
     int64_t rows;
@@ -26,9 +29,9 @@ struct KernelSet {
     // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1), float activations.
     void (*float_rows)(int type, const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
                        int64_t out_features, int64_t n0, int64_t n1);
-    // Rows m0..m1 of x into the quantised form.
-    void (*quantize_rows)(const float* x, int64_t columns, uint8_t* xu, float* xscale, float* xsum, int64_t m0,
-                          int64_t m1);
+    // Rows m0..m1 of x into the quantised form (low null: 8 bits).
+    void (*quantize_rows)(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
+                          int64_t m0, int64_t m1);
     // y for the output rows of panels p0..p1 (PANEL rows each), int8 activations; scratch
     // holds panel_bytes(type, columns).
     void (*int8_panels)(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,

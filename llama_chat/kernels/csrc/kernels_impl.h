@@ -84,40 +84,35 @@ inline float half(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
-// sum_k w[k] x[k] over ROWS rows of 32-weight blocks (Q4_0, Q4_1, Q8_0), `stride` bytes
-// apart, into out[ROWS]; for Q4_1 also sum m * (sum of x over the block), from `sums`.
-// Four rows at once share each load of x and keep four multiply-add chains in flight
-// (measured: 15 GB/s on two threads with one row, 22 with two or four).
-template <int TYPE, int ROWS>
-void rows_dot_32(const uint8_t* row, int64_t stride, const float* x, const float* sums, int64_t blocks, float* out) {
+// sum_k w[k] x[k] over one row of 32-weight blocks (Q4_0, Q4_1, Q8_0); for Q4_1 also
+// sum m * (sum of x over the block), from the blocks' sums in `sums`. One row at a time,
+// so that each thread reads its share of the matrix as one sequential stream (four rows
+// in step, four streams, were measured 1.4x slower from memory), with two chains of
+// multiply-adds to hide their latency.
+template <int TYPE>
+float row_dot_32(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
     const __m512 table = nibble_table(TYPE == Q4_0 ? -8.0f : 0.0f);
     const int size = type_info(TYPE).block_bytes;
-    __m512 acc[ROWS];
-    float offsets[ROWS];
-    for (int r = 0; r < ROWS; ++r) {
-        acc[r] = _mm512_setzero_ps();
-        offsets[r] = 0.0f;
-    }
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    float offsets = 0.0f;
     for (int64_t b = 0; b < blocks; ++b) {
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-        for (int r = 0; r < ROWS; ++r) {
-            const uint8_t* block = row + r * stride + b * size;
-            __m512 low, high;
-            if constexpr (TYPE == Q8_0) {
-                low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
-                high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
-            } else {
-                const __m512i bytes = _mm512_cvtepu8_epi32(
-                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (TYPE == Q4_0 ? 2 : 4))));
-                low = _mm512_permutexvar_ps(bytes, table);
-                high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-            }
-            const __m512 part = _mm512_fmadd_ps(high, x1, _mm512_mul_ps(low, x0));
-            acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[r]);
-            if constexpr (TYPE == Q4_1) offsets[r] += half(block + 2) * sums[b];
+        const uint8_t* block = row + b * size;
+        __m512 low, high;
+        if constexpr (TYPE == Q8_0) {
+            low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
+            high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
+        } else {
+            const __m512i bytes = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (TYPE == Q4_0 ? 2 : 4))));
+            low = _mm512_permutexvar_ps(bytes, table);
+            high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
         }
+        const __m512 part =
+            _mm512_fmadd_ps(high, _mm512_loadu_ps(x + 32 * b + 16), _mm512_mul_ps(low, _mm512_loadu_ps(x + 32 * b)));
+        acc[b & 1] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[b & 1]);
+        if constexpr (TYPE == Q4_1) offsets += half(block + 2) * sums[b];
     }
-    for (int r = 0; r < ROWS; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + offsets[r];
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + offsets;
 }
 
 // Q4_K: 8 groups of 32 a block, each from 32 nibbles (the low ones of a 32-byte run, then
@@ -197,11 +192,7 @@ template <int TYPE>
 float row_dot(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
     if constexpr (TYPE == Q4_K) return row_dot_q4_k(row, x, sums, blocks);
     else if constexpr (TYPE == Q6_K) return row_dot_q6_k(row, x, blocks);
-    else {
-        float out;
-        rows_dot_32<TYPE, 1>(row, 0, x, sums, blocks, &out);
-        return out;
-    }
+    else return row_dot_32<TYPE>(row, x, sums, blocks);
 }
 #else
 template <int TYPE>
@@ -223,12 +214,7 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, in
         for (int64_t m = 0; m < rows; ++m) group_sums(x + m * columns, columns, sums.get() + m * (columns / X_GROUP));
     }
     if (has_row_dot<TYPE> && rows == 1) {
-        int64_t n = n0;
-#if VARIANT == 2
-        if constexpr (TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0)
-            for (; n + 4 <= n1; n += 4) rows_dot_32<TYPE, 4>(weight + n * row_bytes, row_bytes, x, sums.get(), blocks, y + n);
-#endif
-        for (; n < n1; ++n) y[n] = row_dot<TYPE>(weight + n * row_bytes, x, sums.get(), blocks);
+        for (int64_t n = n0; n < n1; ++n) y[n] = row_dot<TYPE>(weight + n * row_bytes, x, sums.get(), blocks);
         return;
     }
     alignas(64) int8_t level[MAX_BLOCK];
@@ -275,20 +261,30 @@ void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x
     }
 }
 
-void quantize_rows(const float* x, int64_t columns, uint8_t* xu, float* xscale, float* xsum, int64_t m0, int64_t m1) {
+void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
+                   int64_t m0, int64_t m1) {
     const int64_t groups = columns / X_GROUP;
+    // 8 bits: levels -127..127. 16 bits: levels -32385..32385 = 255 h + l with h and l
+    // each in -127..127 (base 255 keeps -128 out: vpsignb cannot negate it), stored plus 128.
+    const float top = low ? 32385.0f : 127.0f;
     for (int64_t m = m0; m < m1; ++m) {
         for (int64_t g = 0; g < groups; ++g) {
             const float* v = x + m * columns + g * X_GROUP;
             float largest = 0.0f;
             for (int j = 0; j < X_GROUP; ++j) largest = std::max(largest, std::fabs(v[j]));
-            const float step = largest / 127.0f, inverse = step > 0.0f ? 1.0f / step : 0.0f;
-            uint8_t* out = xu + m * columns + g * X_GROUP;
+            const float step = largest / top, inverse = step > 0.0f ? 1.0f / step : 0.0f;
+            const int64_t at = m * columns + g * X_GROUP;
             int level_sum = 0;
             for (int j = 0; j < X_GROUP; ++j) {
-                const int q = int(std::min(127.0f, std::max(-127.0f, std::nearbyint(v[j] * inverse))));
-                out[j] = uint8_t(q + 128);
+                const int q = int(std::min(top, std::max(-top, std::nearbyint(v[j] * inverse))));
                 level_sum += q;
+                if (low) {
+                    const int h = q >= 0 ? (q + 127) / 255 : -((127 - q) / 255);  // q / 255, rounded
+                    high[at + j] = uint8_t(h + 128);
+                    low[at + j] = uint8_t(q - 255 * h + 128);
+                } else {
+                    high[at + j] = uint8_t(q + 128);
+                }
             }
             xscale[m * groups + g] = step;
             // The sum of the rounded values, not of x: a weight d q + m then sees one rounded
@@ -355,37 +351,48 @@ void unpack_panel(const uint8_t* weight, int64_t columns, int64_t first_row, int
     }
 }
 
-// R token rows against one panel: out[r][0..16) for rows m..m+R.
-template <int R, int S, bool OFFSETS, bool SIGNED_LEVELS>
+// R token rows against one panel: out[r][0..16) for rows m..m+R. TWO: 16-bit activations
+// (each group's dot product is 255 * the high halves' + the low halves').
+template <int R, int S, bool OFFSETS, bool SIGNED_LEVELS, bool TWO>
 void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) {
     const int64_t columns = xq.columns, groups = columns / S, x_groups = columns / X_GROUP;
-    const uint8_t* xu[R];
+    constexpr int PLANES = TWO ? 2 : 1;
+    const uint8_t* xu[PLANES][R];
     const float* xscale[R];
     for (int r = 0; r < R; ++r) {
-        xu[r] = xq.xu + (m + r) * columns;
+        xu[0][r] = xq.high + (m + r) * columns;
+        if (TWO) xu[PLANES - 1][r] = xq.low + (m + r) * columns;
         xscale[r] = xq.xscale + (m + r) * x_groups;
     }
+    auto four_bytes = [](const uint8_t* p) {
+        int32_t four;
+        std::memcpy(&four, p, 4);
+        return four;
+    };
 #if VARIANT == 2
     (void)SIGNED_LEVELS;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
         const __m512i start = _mm512_loadu_si512(p.start + g * PANEL);
-        __m512i dot[R];
-        for (int r = 0; r < R; ++r) dot[r] = start;
+        __m512i dot[PLANES][R];
+        for (int plane = 0; plane < PLANES; ++plane)
+            for (int r = 0; r < R; ++r) dot[plane][r] = start;
         const int8_t* w = p.level + g * S * PANEL;
         for (int k = 0; k < S / 4; ++k) {
             const __m512i weights = _mm512_loadu_si512(w + k * 4 * PANEL);
-            for (int r = 0; r < R; ++r) {
-                int32_t four;
-                std::memcpy(&four, xu[r] + g * S + 4 * k, 4);
-                dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(four), weights);
-            }
+            for (int plane = 0; plane < PLANES; ++plane)
+                for (int r = 0; r < R; ++r)
+                    dot[plane][r] = _mm512_dpbusd_epi32(
+                        dot[plane][r], _mm512_set1_epi32(four_bytes(xu[plane][r] + g * S + 4 * k)), weights);
         }
         const __m512 scale = _mm512_loadu_ps(p.scale + g * PANEL);
         for (int r = 0; r < R; ++r) {
+            const __m512i total =
+                TWO ? _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(dot[0][r], 8), dot[0][r]), dot[PLANES - 1][r])
+                    : dot[0][r];
             const __m512 both = _mm512_mul_ps(scale, _mm512_set1_ps(xscale[r][g * S / X_GROUP]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), both, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), both, acc[r]);
         }
     }
     if (OFFSETS) {
@@ -404,35 +411,37 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-        __m256i dot[R][2];
+        __m256i dot[PLANES][R][2];
         for (int h = 0; h < 2; ++h) {
             const __m256i start = SIGNED_LEVELS ? _mm256_setzero_si256()
                                                 : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.start + g * PANEL + 8 * h));
-            for (int r = 0; r < R; ++r) dot[r][h] = start;
+            for (int plane = 0; plane < PLANES; ++plane)
+                for (int r = 0; r < R; ++r) dot[plane][r][h] = start;
         }
         const int8_t* w = p.level + g * S * PANEL;
         for (int k = 0; k < S / 4; ++k) {
             for (int h = 0; h < 2; ++h) {
                 const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k * 4 * PANEL + 32 * h));
                 const __m256i magnitudes = SIGNED_LEVELS ? _mm256_abs_epi8(weights) : weights;
-                for (int r = 0; r < R; ++r) {
-                    int32_t four;
-                    std::memcpy(&four, xu[r] + g * S + 4 * k, 4);
-                    __m256i xv = _mm256_set1_epi32(four);
-                    __m256i pairs;
-                    if (SIGNED_LEVELS)
-                        pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(_mm256_xor_si256(xv, flip), weights));
-                    else
-                        pairs = _mm256_maddubs_epi16(xv, weights);
-                    dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
+                for (int plane = 0; plane < PLANES; ++plane) {
+                    for (int r = 0; r < R; ++r) {
+                        const __m256i xv = _mm256_set1_epi32(four_bytes(xu[plane][r] + g * S + 4 * k));
+                        const __m256i pairs =
+                            SIGNED_LEVELS ? _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(_mm256_xor_si256(xv, flip), weights))
+                                          : _mm256_maddubs_epi16(xv, weights);
+                        dot[plane][r][h] = _mm256_add_epi32(dot[plane][r][h], _mm256_madd_epi16(pairs, ones));
+                    }
                 }
             }
         }
         for (int h = 0; h < 2; ++h) {
             const __m256 scale = _mm256_loadu_ps(p.scale + g * PANEL + 8 * h);
             for (int r = 0; r < R; ++r) {
+                const __m256i total = TWO ? _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(dot[0][r][h], 8), dot[0][r][h]),
+                                                             dot[PLANES - 1][r][h])
+                                          : dot[0][r][h];
                 const __m256 both = _mm256_mul_ps(scale, _mm256_set1_ps(xscale[r][g * S / X_GROUP]));
-                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), both, acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), both, acc[r][h]);
             }
         }
     }
@@ -449,15 +458,21 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * PANEL + 8 * h, acc[r][h]);
 #else
     (void)SIGNED_LEVELS;
+    (void)four_bytes;
     for (int r = 0; r < R; ++r) {
         for (int n = 0; n < PANEL; ++n) {
             float total = 0.0f;
             for (int64_t g = 0; g < groups; ++g) {
-                int32_t dot = p.start[g * PANEL + n];
-                for (int k = 0; k < S / 4; ++k)
-                    for (int b = 0; b < 4; ++b)
-                        dot += int32_t(xu[r][g * S + 4 * k + b]) * p.level[((g * (S / 4) + k) * PANEL + n) * 4 + b];
-                total += float(dot) * (p.scale[g * PANEL + n] * xscale[r][g * S / X_GROUP]);
+                int32_t dot[PLANES];
+                for (int plane = 0; plane < PLANES; ++plane) {
+                    dot[plane] = p.start[g * PANEL + n];
+                    for (int k = 0; k < S / 4; ++k)
+                        for (int b = 0; b < 4; ++b)
+                            dot[plane] += int32_t(xu[plane][r][g * S + 4 * k + b]) *
+                                          p.level[((g * (S / 4) + k) * PANEL + n) * 4 + b];
+                }
+                const int32_t combined = TWO ? dot[0] * 255 + dot[PLANES - 1] : dot[0];
+                total += float(combined) * (p.scale[g * PANEL + n] * xscale[r][g * S / X_GROUP]);
             }
             if (OFFSETS)
                 for (int64_t g = 0; g < x_groups; ++g)
@@ -476,14 +491,13 @@ constexpr int ROWS_AT_ONCE = 2;
 constexpr int ROWS_AT_ONCE = 1;
 #endif
 
-template <int TYPE>
+template <int TYPE, bool TWO>
 void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                        int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
-    const TypeInfo info = type_info(TYPE);
     constexpr int S = TYPE == Q6_K ? 16 : 32;
     constexpr bool OFFSETS = TYPE == Q4_1 || TYPE == Q4_K || TYPE == Q5_K;
     constexpr bool SIGNED = TYPE == Q8_0;
-    (void)info;
+    constexpr int AT_ONCE = TWO ? (ROWS_AT_ONCE + 1) / 2 : ROWS_AT_ONCE;  // registers for both halves
     const Panel p = carve(scratch, columns, S);
     alignas(64) float out[ROWS_AT_ONCE * PANEL];
     for (int64_t panel = p0; panel < p1; ++panel) {
@@ -491,20 +505,27 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
         const int count = int(std::min<int64_t>(PANEL, out_features - first));
         unpack_panel<TYPE>(weight, columns, first, count, p);
         for (int64_t m = 0; m < xq.rows;) {
-            const int64_t left = xq.rows - m;
-            int rows;
-            if (left >= ROWS_AT_ONCE) {
-                panel_rows<ROWS_AT_ONCE, S, OFFSETS, SIGNED>(p, xq, m, out);
-                rows = ROWS_AT_ONCE;
+            int rows = 1;
+            if (xq.rows - m >= AT_ONCE) {
+                panel_rows<AT_ONCE, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
+                rows = AT_ONCE;
             } else {
-                panel_rows<1, S, OFFSETS, SIGNED>(p, xq, m, out);
-                rows = 1;
+                panel_rows<1, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
             }
             for (int r = 0; r < rows; ++r)
                 std::memcpy(y + (m + r) * out_features + first, out + r * PANEL, count * sizeof(float));
             m += rows;
         }
     }
+}
+
+template <int TYPE>
+void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
+                       int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
+    if (xq.low)
+        int8_panels_typed<TYPE, true>(weight, columns, xq, y, out_features, p0, p1, scratch);
+    else
+        int8_panels_typed<TYPE, false>(weight, columns, xq, y, out_features, p0, p1, scratch);
 }
 
 void int8_panels(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,

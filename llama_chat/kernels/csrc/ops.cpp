@@ -48,10 +48,12 @@ static const KernelSet& kernel_set(int64_t variant) {
 }
 
 // y = x w^T, w [out_features, columns] stored as GGUF blocks of `block_type`, one row of
-// blocks after another. int8_activations: quantise x to int8 groups (the multi-token
-// kernels); otherwise x stays float32.
+// blocks after another. activation_bits 0: x stays float32 (the single-token kernels);
+// 8 or 16: x is quantised in groups of 32 for the integer kernels.
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t block_type, int64_t out_features,
-                        int64_t variant, bool int8_activations) {
+                        int64_t variant, int64_t activation_bits) {
+    TORCH_CHECK(activation_bits == 0 || activation_bits == 8 || activation_bits == 16,
+                "llama_chat: activation_bits must be 0, 8 or 16, not ", activation_bits);
     TORCH_CHECK(known_type(int(block_type)), "llama_chat: unsupported block type ", block_type);
     TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "llama_chat: x must be contiguous float32");
     TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous(), "llama_chat: weight must be contiguous uint8");
@@ -70,19 +72,20 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     float* yp = y.mutable_data_ptr<float>();
     if (rows == 0 || out_features == 0) return y;
 
-    if (!int8_activations) {
+    if (activation_bits == 0) {
         at::parallel_for(0, out_features, 16, [&](int64_t n0, int64_t n1) {
             kernels.float_rows(int(block_type), wp, columns, xp, rows, yp, out_features, n0, n1);
         });
         return y;
     }
     const int64_t groups = columns / X_GROUP;
-    std::unique_ptr<uint8_t[]> xu(new uint8_t[rows * columns]);
+    std::unique_ptr<uint8_t[]> high(new uint8_t[rows * columns]);
+    std::unique_ptr<uint8_t[]> low(activation_bits == 16 ? new uint8_t[rows * columns] : nullptr);
     std::unique_ptr<float[]> xscale(new float[rows * groups]), xsum(new float[rows * groups]);
     at::parallel_for(0, rows, 1, [&](int64_t m0, int64_t m1) {
-        kernels.quantize_rows(xp, columns, xu.get(), xscale.get(), xsum.get(), m0, m1);
+        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), m0, m1);
     });
-    const QuantizedRows xq{xu.get(), xscale.get(), xsum.get(), rows, columns};
+    const QuantizedRows xq{high.get(), low.get(), xscale.get(), xsum.get(), rows, columns};
     const int64_t panels = (out_features + PANEL - 1) / PANEL;
     const int64_t scratch_bytes = panel_bytes(int(block_type), columns);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
@@ -98,7 +101,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
 
 TORCH_LIBRARY(llama_chat, m) {
     m.def("block_linear(Tensor x, Tensor weight, int block_type, int out_features, int variant, "
-          "bool int8_activations) -> Tensor");
+          "int activation_bits) -> Tensor");
     m.def("supported_variants() -> int");
 }
 
