@@ -146,6 +146,39 @@ def test_packed_weights_agree_with_float32(default_gguf, model, matmul, kernel_r
     assert difference.max() <= 1.5 and difference.mean() <= 0.15
 
 
+@pytest.mark.parametrize("bits, least", [("16", 0.99), ("8", 0.90)])
+def test_llama_chats_kernels_agree_with_float32(default_gguf, model, bits, least, monkeypatch):
+    """llama-chat's kernels on the file's own Q4_1 blocks, teacher-forced against float32:
+    single tokens take float32 activations; 16-token steps take 16-bit activations (two
+    int8 halves) by default, or int8 with LLAMA_CHAT_ACTIVATION_BITS=8."""
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    monkeypatch.setenv("LLAMA_CHAT_ACTIVATION_BITS", bits)
+    fast = llama_chat.load(default_gguf, device="cpu")
+    assert fast.quantization == "Q4_1" and f"{bits}-bit prompt steps" in fast.weights_note
+    ids = model.tokenizer.encode(" ".join(TEXTS))
+    reference = model.logits(ids)
+    cache = fast.new_cache(512)
+    singles = torch.stack([fast.feed(cache, [token]) for token in ids])
+    cache = fast.new_cache(512)
+    steps = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), 16):
+            chunk = ids[start : start + 16]
+            steps.append(fast.transformer(torch.tensor([chunk]), start_pos=len(cache), cache=cache)[0])
+            cache.tokens.extend(chunk)
+    steps = torch.cat(steps)
+
+    def agreement(logits):
+        return float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
+
+    # Measured here: single tokens 1.000 (logits within 0.01); 16-bit steps 1.000 (within
+    # 0.02); int8 steps 0.96 on benchmarks/fidelity.py's 256 positions.
+    assert agreement(singles) == 1.0 and (singles - reference).abs().max() < 0.05
+    assert agreement(steps) >= least
+    if bits == "16":
+        assert (steps - reference).abs().max() < 0.1
+
+
 QUESTIONS = {
     "What is the capital of France?": "Paris",
     "Which planet is known as the Red Planet?": "Mars",

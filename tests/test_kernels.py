@@ -2,6 +2,7 @@
 this CPU can run, with gguf's own dequantisation as the oracle for the blocks; the float
 quantisers; the build, its cache and the fallback to PyTorch's kernels."""
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -172,3 +173,28 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     assert "\n" not in first.detail
     again = native.status(wait=True)
     assert again.detail.startswith("build failed: ") and "to try again" in again.detail
+
+
+def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_path, monkeypatch):
+    """Each matrix of a Q4_1 file is held as the file's bytes (q and k rows reordered for
+    the half-split rotary layout, nothing else), read in pieces of at most a chunk."""
+    from llama_chat.checkpoints import gguf as gguf_reader
+    from llama_chat.kernels import block_linear
+
+    path = write_gguf(tmp_path / "q4_1.gguf", tiny_hf_model(seed=6), qtype=QType.Q4_1)
+    reads = []
+    original = gguf_reader.GGUFMatrix.blocks
+
+    def recording(self, start, stop):
+        reads.append((self.tensor.name, start, stop, self.shape[1]))
+        return original(self, start, stop)
+
+    monkeypatch.setattr(gguf_reader.GGUFMatrix, "blocks", recording)
+    monkeypatch.setattr(block_linear, "CHUNK_WEIGHTS", 2048)
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    model = llama_chat.load(path, device="cpu")
+    assert all(stop - start <= max(2048 // columns, 1) * 2 + 16 for _, start, stop, columns in reads)
+    w2 = model.transformer.layers[1].feed_forward.w2
+    info = gguf.GGUFReader(path).tensors
+    stored = next(t for t in info if t.name == "blk.1.ffn_down.weight")
+    assert torch.equal(w2.blocks, torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.blocks.shape))

@@ -22,6 +22,7 @@ from llama_chat.errors import UsageError
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.kernels import native
+from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_gb_per_second
 from llama_chat.loading import load, model_memory_bytes
 from llama_chat.parallel.ranks import (
     follow,
@@ -148,6 +149,34 @@ def main(argv: list[str]) -> int:
             peers.close()
 
 
+def weight_bytes_a_token(model: Llama) -> int:
+    """Bytes of weights a decode step reads: all the model holds but an untied embedding
+    table (one row of it is read)."""
+    total = model_memory_bytes(model)
+    embedding, head = model.transformer.tok_embeddings, model.transformer.output
+    table = getattr(embedding, "table", None)
+    if table is not None and getattr(head, "table", None) is not table:
+        total -= sum(t.numel() * t.element_size() for t in table.buffers())
+    return total
+
+
+def add_machine_limits(result: dict, model: Llama) -> None:
+    """This machine's read bandwidth and int8 rate, measured now, and the share of each
+    that decode and prefill reach."""
+    bandwidth, gops = read_bandwidth_gb_per_second(), int8_matrix_gops()
+    bytes_a_token = weight_bytes_a_token(model)
+    multiply_adds = sum(  # the layers' matrices, what prefill multiplies
+        m.in_features * m.out_features for m in model.transformer.layers.modules() if hasattr(m, "out_features")
+    )
+    result.update(
+        read_bandwidth_gb_per_second=bandwidth,
+        int8_gops=gops,
+        weight_bytes_a_token=bytes_a_token,
+        decode_share_of_bandwidth=result["decode_tokens_per_second"] * bytes_a_token / 1e9 / bandwidth,
+        prefill_share_of_int8_rate=result["prefill_tokens_per_second"] * 2 * multiply_adds / 1e9 / gops,
+    )
+
+
 def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> Llama:
     """The model (or one rank's share of it) as the command line asks."""
     return load(path, device=options.device, dtype=options.dtype, quantize=options.quantize,
@@ -181,6 +210,7 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         tensor_parallel=options.tp if peers is not None else 1,
         kernels=kernels.detail if not kernels.loaded else "built",
     )
+    add_machine_limits(result, model)
     if peers is not None:
         result["peak_memory_mb_per_rank"] = [result["peak_memory_mb"], *peers.peak_memory_mb()]
     if options.json:
@@ -197,6 +227,10 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
     print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms after the "
           f"{result['prompt_tokens']}-token prompt; {result['chat_turn_first_token'] * 1000:.0f} ms for a "
           "20-token chat turn after 200 cached")
+    print(f"this machine now: memory read {result['read_bandwidth_gb_per_second']:.1f} GB/s, int8 products "
+          f"{result['int8_gops']:.0f} GOPS; decode reads {result['weight_bytes_a_token'] / 1e6:.0f} MB a token, "
+          f"{result['decode_share_of_bandwidth']:.0%} of that bandwidth; prefill at "
+          f"{result['prefill_share_of_int8_rate']:.0%} of that int8 rate")
     print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
           f"{result['memory_before_load_mb']:.0f} MB before loading, "
           f"{result['peak_memory_after_load_mb']:.0f} MB right after")
