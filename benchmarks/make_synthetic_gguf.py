@@ -47,8 +47,9 @@ PRESETS = {
     "8b": Preset(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn=14336, context=8192),
 }
 
-QUANT_TYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0}
-FILE_TYPES = {"q4_0": LlamaFileType.MOSTLY_Q4_0, "q8_0": LlamaFileType.MOSTLY_Q8_0}
+QUANT_TYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0,
+               "f16": GGMLQuantizationType.F16}
+FILE_TYPES = {"q4_0": LlamaFileType.MOSTLY_Q4_0, "q8_0": LlamaFileType.MOSTLY_Q8_0, "f16": LlamaFileType.MOSTLY_F16}
 
 # Root mean square of the raw integers, uniform over all byte values: sqrt((n^2 - 1) / 12 + 1/4).
 Q4_RMS = math.sqrt((16**2 - 1) / 12 + 0.25)
@@ -71,6 +72,7 @@ def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType) 
     d, head_dim = preset.dim, preset.dim // preset.n_heads
     kv = preset.n_kv_heads * head_dim
     f32 = GGMLQuantizationType.F32
+    head_kind = matrix_type if matrix_type == GGMLQuantizationType.F16 else GGMLQuantizationType.Q8_0
 
     def matrix(name: str, rows: int, cols: int) -> TensorPlan:
         return TensorPlan(name, (rows, cols), matrix_type, 1 / math.sqrt(cols))
@@ -91,8 +93,9 @@ def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType) 
         ]
     plans += [
         TensorPlan("output_norm.weight", (d,), f32, 0.0),
-        # The output head stays in Q8_0 as llama.cpp's own Q4_0 conversions do.
-        TensorPlan("output.weight", (vocab, d), GGMLQuantizationType.Q8_0, 1 / math.sqrt(d)),
+        # The output head stays in Q8_0 as llama.cpp's own Q4_0 conversions do (F16 in an F16
+        # file, which llama.cpp's quantizer will not take from Q8_0).
+        TensorPlan("output.weight", (vocab, d), head_kind, 1 / math.sqrt(d)),
     ]
     return plans
 
@@ -100,6 +103,8 @@ def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType) 
 def byte_shape(plan: TensorPlan) -> tuple[int, ...]:
     if plan.kind == GGMLQuantizationType.F32:
         return plan.shape
+    if plan.kind == GGMLQuantizationType.F16:  # two bytes a weight
+        return (plan.shape[0], plan.shape[1] * 2)
     rows, cols = plan.shape
     per_block = 18 if plan.kind == GGMLQuantizationType.Q4_0 else 34
     return (rows, cols // BLOCK * per_block)
@@ -122,6 +127,9 @@ def random_blocks(rng: np.random.Generator, plan: TensorPlan) -> np.ndarray:
 def generate(rng: np.random.Generator, plan: TensorPlan) -> np.ndarray:
     if plan.kind == GGMLQuantizationType.F32:
         return (1.0 + 0.02 * rng.standard_normal(plan.shape)).astype(np.float32)
+    if plan.kind == GGMLQuantizationType.F16:  # normal weights, for llama.cpp's quantizer to make K-quant mixes of
+        weights = rng.standard_normal(plan.shape, dtype=np.float32) * plan.std
+        return weights.astype("<f2").view(np.uint8).reshape(byte_shape(plan))
     return random_blocks(rng, plan)
 
 
@@ -197,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="GGUF file to write")
     parser.add_argument("--size", choices=sorted(PRESETS), default="1b")
     parser.add_argument("--type", dest="matrix_type", choices=sorted(QUANT_TYPES), default="q4_0",
-                        help="format of the 2-D weights (the output head is always q8_0)")
+                        help="format of the 2-D weights (the output head is always q8_0); f16 makes a file for "
+                             "llama.cpp's quantizer (benchmarks/README.md)")
     parser.add_argument("--vocab-from", type=Path, default=default_vocab_source(),
                         help="GGUF whose tokenizer is copied (default: the default model)")
     parser.add_argument("--seed", type=int, default=0)

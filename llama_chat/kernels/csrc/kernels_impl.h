@@ -120,74 +120,81 @@ void group_dot_32(const uint8_t* group, const float* x, const float* sums, int64
     for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + offsets[r];
 }
 
-// Q4_K: 8 groups of 32 a block, each from 32 nibbles (the low ones of a 32-byte run, then
-// the high ones), scaled by d * scale and offset by -dmin * minimum. One row, its blocks
-// `stride` bytes apart (the other rows of its group in between, read from cache).
-float row_dot_q4_k(const uint8_t* row, int64_t stride, const float* x, const float* sums, int64_t blocks) {
+// Q4_K, a group of 4 rows in step: 8 groups of 32 a block, each from 32 nibbles (the low
+// ones of a 32-byte run, then the high ones), scaled by d * scale and offset by
+// -dmin * minimum.
+void group_dot_q4_k(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
     const __m512 table = nibble_table(0.0f);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    float offsets = 0.0f;
+    __m512 acc[ROW_GROUP][2];
+    float offsets[ROW_GROUP];
+    for (int r = 0; r < ROW_GROUP; ++r) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        offsets[r] = 0.0f;
+    }
+    auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + b * stride;
-        const float* xb = x + 256 * b;
-        const float d = half(block), dmin = half(block + 2);
         for (int chunk = 0; chunk < 4; ++chunk) {
-            const uint8_t* q = block + 16 + 32 * chunk;
-            const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-            const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
-            const float* xc = xb + 64 * chunk;
-            const __m512 low = _mm512_fmadd_ps(_mm512_permutexvar_ps(second, table), _mm512_loadu_ps(xc + 16),
-                                               _mm512_mul_ps(_mm512_permutexvar_ps(first, table), _mm512_loadu_ps(xc)));
-            const __m512 high = _mm512_fmadd_ps(
-                _mm512_permutexvar_ps(_mm512_srli_epi32(second, 4), table), _mm512_loadu_ps(xc + 48),
-                _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(first, 4), table), _mm512_loadu_ps(xc + 32)));
-            int sc0, mn0, sc1, mn1;
-            k_scale_min(2 * chunk, block + 4, sc0, mn0);
-            k_scale_min(2 * chunk + 1, block + 4, sc1, mn1);
-            acc[0] = _mm512_fmadd_ps(low, _mm512_set1_ps(d * float(sc0)), acc[0]);
-            acc[1] = _mm512_fmadd_ps(high, _mm512_set1_ps(d * float(sc1)), acc[1]);
-            offsets -= dmin * (float(mn0) * sums[8 * b + 2 * chunk] + float(mn1) * sums[8 * b + 2 * chunk + 1]);
+            const float* xc = x + 256 * b + 64 * chunk;
+            const __m512 x0 = _mm512_loadu_ps(xc), x1 = _mm512_loadu_ps(xc + 16);
+            const __m512 x2 = _mm512_loadu_ps(xc + 32), x3 = _mm512_loadu_ps(xc + 48);
+            for (int r = 0; r < ROW_GROUP; ++r) {
+                const uint8_t* block = group + (ROW_GROUP * b + r) * 144;
+                const __m512i first = bytes(block + 16 + 32 * chunk), second = bytes(block + 32 + 32 * chunk);
+                const __m512 low = _mm512_fmadd_ps(_mm512_permutexvar_ps(second, table), x1,
+                                                   _mm512_mul_ps(_mm512_permutexvar_ps(first, table), x0));
+                const __m512 high =
+                    _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(second, 4), table), x3,
+                                    _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(first, 4), table), x2));
+                int sc0, mn0, sc1, mn1;
+                k_scale_min(2 * chunk, block + 4, sc0, mn0);
+                k_scale_min(2 * chunk + 1, block + 4, sc1, mn1);
+                const float d = half(block), dmin = half(block + 2);
+                acc[r][0] = _mm512_fmadd_ps(low, _mm512_set1_ps(d * float(sc0)), acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(high, _mm512_set1_ps(d * float(sc1)), acc[r][1]);
+                offsets[r] -= dmin * (float(mn0) * sums[8 * b + 2 * chunk] + float(mn1) * sums[8 * b + 2 * chunk + 1]);
+            }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + offsets;
+    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + offsets[r];
 }
 
-// Q6_K: per half block, 16 weights at a time from four places (low nibbles of two 32-byte
-// runs, two bits each of one 32-byte run of high bits), minus 32, one int8 scale per 16.
-float row_dot_q6_k(const uint8_t* row, int64_t stride, const float* x, int64_t blocks) {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+// Q6_K, a group of 4 rows in step: per half block, 16 weights at a time from four places
+// (low nibbles of two 32-byte runs, two bits each of one 32-byte run of high bits), minus
+// 32, one int8 scale per 16.
+void group_dot_q6_k(const uint8_t* group, const float* x, int64_t blocks, float* out) {
+    __m512 acc[ROW_GROUP][2];
+    for (int r = 0; r < ROW_GROUP; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     const __m512i fifteen = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+    auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + b * stride;
-        const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
-        const float d = half(block + 208);
         for (int halfblock = 0; halfblock < 2; ++halfblock) {
-            const uint8_t* low = block + 64 * halfblock;
-            const uint8_t* high = block + 128 + 32 * halfblock;
-            const float* xh = x + 256 * b + 128 * halfblock;
-            const int8_t* sc = scales + 8 * halfblock;
             for (int l = 0; l < 32; l += 16) {
-                auto bytes = [](const uint8_t* p) {
-                    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-                };
-                const __m512i a = bytes(low + l), c = bytes(low + 32 + l), h = bytes(high + l);
-                const __m512i q[4] = {
-                    _mm512_or_si512(_mm512_and_si512(a, fifteen), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
-                    _mm512_or_si512(_mm512_and_si512(c, fifteen),
-                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
-                    _mm512_or_si512(_mm512_srli_epi32(a, 4),
-                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
-                    _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4)),
-                };
-                for (int j = 0; j < 4; ++j) {
-                    const __m512 w = _mm512_cvtepi32_ps(_mm512_sub_epi32(q[j], bias));
-                    const __m512 part = _mm512_mul_ps(w, _mm512_loadu_ps(xh + 32 * j + l));
-                    acc[j & 1] = _mm512_fmadd_ps(part, _mm512_set1_ps(d * float(sc[2 * j + l / 16])), acc[j & 1]);
+                const float* xh = x + 256 * b + 128 * halfblock + l;
+                const __m512 xs[4] = {_mm512_loadu_ps(xh), _mm512_loadu_ps(xh + 32), _mm512_loadu_ps(xh + 64),
+                                      _mm512_loadu_ps(xh + 96)};
+                for (int r = 0; r < ROW_GROUP; ++r) {
+                    const uint8_t* block = group + (ROW_GROUP * b + r) * 210;
+                    const uint8_t* low = block + 64 * halfblock;
+                    const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192) + 8 * halfblock;
+                    const float d = half(block + 208);
+                    const __m512i a = bytes(low + l), c = bytes(low + 32 + l), h = bytes(block + 128 + 32 * halfblock + l);
+                    const __m512i q[4] = {
+                        _mm512_or_si512(_mm512_and_si512(a, fifteen), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
+                        _mm512_or_si512(_mm512_and_si512(c, fifteen),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
+                        _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
+                        _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4)),
+                    };
+                    for (int j = 0; j < 4; ++j) {
+                        const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q[j], bias)), xs[j]);
+                        acc[r][j & 1] = _mm512_fmadd_ps(part, _mm512_set1_ps(d * float(sc[2 * j + l / 16])), acc[r][j & 1]);
+                    }
                 }
             }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
 // Whether TYPE has a single-token fast path here, and the dot products of a group's rows.
@@ -196,11 +203,10 @@ constexpr bool has_group_dot = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 || T
 
 template <int TYPE>
 void group_dot(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
-    if constexpr (TYPE == Q4_K || TYPE == Q6_K) {
-        const int size = type_info(TYPE).block_bytes;
-        for (int r = 0; r < ROW_GROUP; ++r)
-            out[r] = TYPE == Q4_K ? row_dot_q4_k(group + r * size, ROW_GROUP * size, x, sums, blocks)
-                                  : row_dot_q6_k(group + r * size, ROW_GROUP * size, x, blocks);
+    if constexpr (TYPE == Q4_K) {
+        group_dot_q4_k(group, x, sums, blocks, out);
+    } else if constexpr (TYPE == Q6_K) {
+        group_dot_q6_k(group, x, blocks, out);
     } else {
         group_dot_32<TYPE>(group, x, sums, blocks, out);
     }
@@ -327,11 +333,49 @@ inline Panel carve(uint8_t* scratch, int64_t columns, int S) {
     return p;
 }
 
+#if VARIANT == 2
+// A whole panel for AVX-512: the 16 rows' levels of a block are decoded side by side, then
+// each 4-column slice of all 16 rows is one gather (and one vpdpbusd adds up the levels).
+template <int TYPE>
+void unpack_full_panel(const uint8_t* weight, int64_t columns, int64_t first_row, const Panel& p) {
+    const TypeInfo info = type_info(TYPE);
+    constexpr int S = TYPE == Q6_K ? 16 : 32;
+    constexpr int BW = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 ? 32 : 256;
+    const int64_t blocks = columns / BW;
+    alignas(64) int8_t level[PANEL][BW];
+    float scale[PANEL][BW / 16], offset[PANEL][BW / 32];
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(BW));
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < blocks; ++b) {
+        for (int r = 0; r < PANEL; ++r)
+            decode_block<TYPE>(block_at(weight, first_row + r, b, blocks, info.block_bytes), level[r], scale[r], offset[r]);
+        for (int gb = 0; gb < BW / S; ++gb) {
+            const int64_t g = b * (BW / S) + gb;
+            __m512i total = _mm512_setzero_si512();
+            for (int k = 0; k < S / 4; ++k) {
+                const __m512i slice = _mm512_i32gather_epi32(rows, &level[0][gb * S + 4 * k], 1);
+                _mm512_storeu_si512(p.level + (g * (S / 4) + k) * 4 * PANEL, slice);
+                total = _mm512_dpbusd_epi32(total, ones, slice);
+            }
+            _mm512_storeu_si512(p.start + g * PANEL, _mm512_mullo_epi32(total, _mm512_set1_epi32(-128)));
+            for (int r = 0; r < PANEL; ++r) p.scale[g * PANEL + r] = scale[r][gb];
+        }
+        if (info.has_offsets)
+            for (int g = 0; g < BW / X_GROUP; ++g)
+                for (int r = 0; r < PANEL; ++r) p.offset[(b * (BW / X_GROUP) + g) * PANEL + r] = offset[r][g];
+    }
+}
+#endif
+
 template <int TYPE>
 void unpack_panel(const uint8_t* weight, int64_t columns, int64_t first_row, int count, const Panel& p) {
     const TypeInfo info = type_info(TYPE);
     const int S = info.scale_group, BW = info.block_weights;
     const int64_t blocks = columns / BW, groups = columns / S;
+#if VARIANT == 2
+    if (count == PANEL) return unpack_full_panel<TYPE>(weight, columns, first_row, p);
+#endif
     alignas(64) int8_t level[MAX_BLOCK];
     float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
     for (int r = 0; r < PANEL; ++r) {
@@ -510,7 +554,6 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
     constexpr int S = TYPE == Q6_K ? 16 : 32;
     constexpr bool OFFSETS = TYPE == Q4_1 || TYPE == Q4_K || TYPE == Q5_K;
     constexpr bool SIGNED = TYPE == Q8_0;
-    constexpr int AT_ONCE = TWO ? (ROWS_AT_ONCE + 1) / 2 : ROWS_AT_ONCE;  // registers for both halves
     const Panel p = carve(scratch, columns, S);
     alignas(64) float out[ROWS_AT_ONCE * PANEL];
     for (int64_t panel = p0; panel < p1; ++panel) {
@@ -519,9 +562,9 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
         unpack_panel<TYPE>(weight, columns, first, count, p);
         for (int64_t m = 0; m < xq.rows;) {
             int rows = 1;
-            if (xq.rows - m >= AT_ONCE) {
-                panel_rows<AT_ONCE, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
-                rows = AT_ONCE;
+            if (xq.rows - m >= ROWS_AT_ONCE) {
+                panel_rows<ROWS_AT_ONCE, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
+                rows = ROWS_AT_ONCE;
             } else {
                 panel_rows<1, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
             }

@@ -1,0 +1,52 @@
+"""What a step of several tokens costs against a single token, on a model after 200
+cached tokens: the price of a chat turn's step or a speculative verify step.
+
+    .venv/bin/python benchmarks/step_cost.py [--model FILE.gguf] [--tokens 8] [--repeats 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import llama_chat
+from llama_chat.default_model import download_default_model
+from llama_chat.engine.device import flush_denormals
+
+
+def step_seconds(model: llama_chat.Llama, tokens: int, repeats: int) -> float:
+    """Median seconds of feeding `tokens` tokens after 200, the cache trimmed back each time."""
+    cache = model.new_cache(512)
+    model.feed(cache, [(17 * i) % 1000 + 10 for i in range(200)])
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model.feed(cache, [(31 * i) % 1000 + 10 for i in range(tokens)])
+        times.append(time.perf_counter() - started)
+        cache.truncate(200)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    flush_denormals()
+    model = llama_chat.load(options.model or str(download_default_model()))
+    model.decode_step.compile(wait=True)
+    single = step_seconds(model, 1, options.repeats)
+    several = step_seconds(model, options.tokens, options.repeats)
+    print(f"{model.name}: {model.quantization} weights, {model.weights_note}")
+    print(f"1 token {single * 1000:.1f} ms; {options.tokens} tokens {several * 1000:.1f} ms: "
+          f"{several / single:.2f}x a single token")
+
+
+if __name__ == "__main__":
+    main()
