@@ -4,8 +4,9 @@
 // float_rows (single tokens): each weight block is decoded to levels and multiplied
 // with float32 activations, so decode keeps float32 numerics and reads each weight once.
 //
-// int8_panels (several tokens): activations are int8 in groups of 32 (as ggml's Q8_0),
-// and weights are decoded a panel of 16 rows at a time into an interleaved tile,
+// int8_panels (several tokens): activations are quantised in groups of 32, to int8 (as
+// ggml's Q8_0) or to 16 bits carried as two int8 halves (each half one pass of the same
+// byte products), and weights are decoded a panel of 16 rows at a time into a tile,
 // [scale group][4 columns][16 rows][4 bytes], so that one 64-byte load feeds 16 rows'
 // integer dot products (vpdpbusd: 4 unsigned x signed byte products per 32-bit lane)
 // and the float work (one convert, one multiply-add per scale group) is shared by 16
