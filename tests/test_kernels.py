@@ -2,6 +2,8 @@
 this CPU can run, with gguf's own dequantisation as the oracle for the blocks; the float
 quantisers; the build, its cache and the fallback to PyTorch's kernels."""
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -32,8 +34,6 @@ HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q8_0": [(0, 0.001
 
 @pytest.fixture(autouse=True, scope="module")
 def loaded(kernels_dir):
-    import os
-
     os.environ["LLAMA_CHAT_KERNELS_DIR"] = str(kernels_dir)
     assert native.load_built()
 
@@ -182,7 +182,14 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     assert not first.loaded and first.detail.startswith("build failed: ")
     assert "\n" not in first.detail
     again = native.status(wait=True)
-    assert again.detail.startswith("build failed: ") and "to try again" in again.detail
+    assert again.detail.startswith("build failed: ") and "to try again now" in again.detail
+    # A day later it is tried again (and fails again, with this compiler).
+    marker = next((tmp_path / "kernels").glob("*/build-failed.txt"))
+    old = marker.stat().st_mtime - native.RETRY_FAILED_BUILD_SECONDS - 1
+    os.utime(marker, (old, old))
+    native._started_build.cache_clear()
+    retried = native.status(wait=True)
+    assert retried.detail.startswith("build failed: ") and marker.stat().st_mtime > old + 3600
 
 
 def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_path, monkeypatch):

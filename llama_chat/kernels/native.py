@@ -38,6 +38,9 @@ LIBRARY_NAME = "llama_chat_kernels"
 # loaded with PyTorch (one OpenMP runtime, one thread pool).
 OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
 COMPILE_FLAGS = ["-O3", "-std=c++17", *OPENMP]
+# A failed build is not tried again at every start (each try costs seconds of compiling),
+# but is after a day: a compiler installed since, or a passing fault, then gets its chance.
+RETRY_FAILED_BUILD_SECONDS = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -103,10 +106,12 @@ def _first_line(text: str) -> str:
 
 
 def build_in_child(directory: Path) -> subprocess.Popen:
-    """Start a build in a child process (so a chat never waits on it, nor fails with it)."""
+    """Start a build in a child process (so a chat never waits on it, nor fails with it), in
+    a session of its own: a chat that ends first, with its terminal, leaves it to finish."""
     return subprocess.Popen(
         [sys.executable, "-m", "llama_chat.kernels.native", str(directory)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True,
     )
 
 
@@ -148,9 +153,10 @@ def status(wait: bool = False) -> NativeStatus:
     library = library_file(directory)
     if not library.exists():
         failed = directory / "build-failed.txt"
-        if failed.exists():
+        if failed.exists() and time.time() - failed.stat().st_mtime < RETRY_FAILED_BUILD_SECONDS:
             line = failed.read_text(encoding="utf-8").strip()
-            return NativeStatus(False, f"build failed: {line} (remove {directory} to try again)")
+            return NativeStatus(False, f"build failed: {line} (remove {directory} to try again now)")
+        failed.unlink(missing_ok=True)
         reason = missing_tools()
         if reason:
             return NativeStatus(False, reason)
