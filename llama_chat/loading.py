@@ -195,7 +195,8 @@ def load(
                     paths = native_paths(variant, native_reason)
                 else:
                     most_used = Counter(modes.values()).most_common(1)[0][0]
-                    paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype, native_reason)
+                    paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype)
+                    paths = dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}")
                 transformer = build_packed_transformer(checkpoint, paths, modes, reporter)
                 weights_note, quantization = paths.describe(), describe_packing(modes)
             else:

@@ -19,10 +19,10 @@ from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import UsageError
-from llama_chat.kernels.quantize import QUANTIZE_MODES
-from llama_chat.llama import Llama
 from llama_chat.kernels import native
 from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_gb_per_second
+from llama_chat.kernels.quantize import QUANTIZE_MODES
+from llama_chat.llama import Llama
 from llama_chat.loading import load, model_memory_bytes
 from llama_chat.parallel.ranks import (
     follow,

@@ -22,13 +22,15 @@ import math
 import torch
 from torch import nn
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 from llama_chat.checkpoints.stored import GROUP, StoredMatrix, as_float
 from llama_chat.kernels import native
 
 # The GGUF types the kernels read, with their ggml numbers and (weights, bytes) a block.
-BLOCK_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-BLOCK_SIZES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
-               "Q6_K": (256, 210)}
+BLOCK_TYPES = {name: GGMLQuantizationType[name].value for name in KERNEL_BLOCK_TYPES}
+BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}
 CHUNK_WEIGHTS = 1 << 18  # weights converted at a time: bounds a load's temporaries
 ROW_GROUP = 4  # rows interleaved block by block (kernels/csrc/kernels.h)
 
@@ -36,10 +38,6 @@ ROW_GROUP = 4  # rows interleaved block by block (kernels/csrc/kernels.h)
 def row_bytes(block_type: str, columns: int) -> int:
     weights, size = BLOCK_SIZES[block_type]
     return columns // weights * size
-
-
-def fits(block_type: str, columns: int) -> bool:
-    return columns % BLOCK_SIZES[block_type][0] == 0
 
 
 def _halves(values: torch.Tensor) -> torch.Tensor:

@@ -257,9 +257,7 @@ def native_paths(variant: str, reason: str) -> CpuPaths:
     return CpuPaths(torch.float32, torch.float32, 1, reason, variant, int(bits))
 
 
-def choose_cpu_paths(
-    args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None, native_reason: str = ""
-) -> CpuPaths:
+def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None) -> CpuPaths:
     """The matmul and kernel dtypes, and the kernel's row limit, for a model packed for
     PyTorch's kernels with these shapes on this CPU."""
     forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
@@ -281,7 +279,7 @@ def choose_cpu_paths(
         row_times = remembered(f"{shape} {dtype_name(matmul_dtype)} {dtype_name(kernel_dtype)}",
                                lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
         rows = kernel_rows(row_times)
-    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}" + (f"; {native_reason}" if native_reason else ""))
+    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
 
 
 def forced_row_limit(value: str | None) -> int | None:

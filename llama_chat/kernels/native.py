@@ -49,6 +49,7 @@ class NativeStatus:
     detail: str  # the variants this CPU runs, or why the kernels are not in use
 
 
+@functools.cache  # the sources, the CPU and PyTorch stay what they are for a process
 def build_key() -> str:
     """What a build depends on: the sources and flags, this CPU and PyTorch."""
     digest = hashlib.sha256(" ".join(COMPILE_FLAGS).encode())
@@ -105,9 +106,11 @@ def _first_line(text: str) -> str:
     return (errors or lines or ["no output"])[0][:200]
 
 
-def build_in_child(directory: Path) -> subprocess.Popen:
-    """Start a build in a child process (so a chat never waits on it, nor fails with it), in
-    a session of its own: a chat that ends first, with its terminal, leaves it to finish."""
+@functools.cache
+def _started_build(directory: Path) -> subprocess.Popen:
+    """The one build this process starts into `directory`: a child process (so a chat never
+    waits on it, nor fails with it), in a session of its own (a chat that ends first, with
+    its terminal, leaves it to finish)."""
     return subprocess.Popen(
         [sys.executable, "-m", "llama_chat.kernels.native", str(directory)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
@@ -134,12 +137,6 @@ def _load_library(path: str) -> None:
             (*x.shape[:-1], out_features)
         )
     )
-
-
-@functools.cache
-def _started_build(directory: Path) -> subprocess.Popen:
-    """The one build this process starts into `directory`."""
-    return build_in_child(directory)
 
 
 def status(wait: bool = False) -> NativeStatus:

@@ -28,14 +28,14 @@ struct TypeInfo {
     int block_bytes;
     int scale_group;    // weights sharing one scale (S)
     bool has_offsets;   // whether offset[] is used
-    int max_level;      // largest |level|
+    int max_level;      // largest |level| (AVX2's 16-bit pair sums hold levels up to 64)
 };
 
 static inline bool known_type(int type) {
     return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K || type == Q6_K;
 }
 
-static inline TypeInfo type_info(int type) {
+static constexpr TypeInfo type_info(int type) {
     switch (type) {
         case Q4_0: return {32, 18, 32, false, 8};
         case Q4_1: return {32, 20, 32, true, 15};

@@ -36,10 +36,10 @@ struct QuantizedRows {
 };
 
 struct KernelSet {
-    const char* name;
-    // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1) (n0 a multiple of 4), float activations.
-    void (*float_rows)(int type, const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
-                       int64_t out_features, int64_t n0, int64_t n1);
+    // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1) (n0 a multiple of 4), float activations;
+    // sums [rows][columns / 32]: x summed over each group (for types with offsets, else null).
+    void (*float_rows)(int type, const uint8_t* weight, int64_t columns, const float* x, const float* sums,
+                       int64_t rows, float* y, int64_t out_features, int64_t n0, int64_t n1);
     // Rows m0..m1 of x into the quantised form (low null: 8 bits).
     void (*quantize_rows)(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
                           int64_t m0, int64_t m1);

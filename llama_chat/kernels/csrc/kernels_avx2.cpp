@@ -9,7 +9,6 @@
 #endif
 #define VARIANT 1
 #define VARIANT_NAMESPACE avx2
-#define VARIANT_LABEL "avx2"
 #define KERNEL_SET_FUNCTION kernels_avx2
 #include "kernels_impl.h"
 #if defined(__clang__)

@@ -9,7 +9,6 @@
 #endif
 #define VARIANT 2
 #define VARIANT_NAMESPACE avx512_vnni
-#define VARIANT_LABEL "avx512-vnni"
 #define KERNEL_SET_FUNCTION kernels_avx512_vnni
 #include "kernels_impl.h"
 #if defined(__clang__)

@@ -29,7 +29,6 @@ inline VecF levels(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
-inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline float sum(VecF v) { return _mm512_reduce_add_ps(v); }
 #elif VARIANT == 1
 constexpr int W = 8;
@@ -41,7 +40,6 @@ inline VecF levels(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline float sum(VecF v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -56,20 +54,11 @@ inline VecF load(const float* p) { return *p; }
 inline VecF broadcast(float v) { return v; }
 inline VecF levels(const int8_t* p) { return float(*p); }
 inline VecF fma(VecF a, VecF b, VecF c) { return a * b + c; }
-inline VecF mul(VecF a, VecF b) { return a * b; }
 inline float sum(VecF v) { return v; }
 #endif
 
 constexpr int MAX_BLOCK = 256;
 constexpr int FLOAT_ROWS_AT_ONCE = 8;  // token rows sharing one decoded block
-
-inline void group_sums(const float* x, int64_t columns, float* sums) {
-    for (int64_t g = 0; g < columns / X_GROUP; ++g) {
-        float s = 0.0f;
-        for (int j = 0; j < X_GROUP; ++j) s += x[g * X_GROUP + j];
-        sums[g] = s;
-    }
-}
 
 #if VARIANT == 2
 // Single-token fast paths for AVX-512: levels go from bytes to floats in registers.
@@ -139,7 +128,7 @@ void group_dot_q4_k(const uint8_t* group, const float* x, const float* sums, int
             const __m512 x0 = _mm512_loadu_ps(xc), x1 = _mm512_loadu_ps(xc + 16);
             const __m512 x2 = _mm512_loadu_ps(xc + 32), x3 = _mm512_loadu_ps(xc + 48);
             for (int r = 0; r < ROW_GROUP; ++r) {
-                const uint8_t* block = group + (ROW_GROUP * b + r) * 144;
+                const uint8_t* block = group + (ROW_GROUP * b + r) * type_info(Q4_K).block_bytes;
                 const __m512i first = bytes(block + 16 + 32 * chunk), second = bytes(block + 32 + 32 * chunk);
                 const __m512 low = _mm512_fmadd_ps(_mm512_permutexvar_ps(second, table), x1,
                                                    _mm512_mul_ps(_mm512_permutexvar_ps(first, table), x0));
@@ -174,7 +163,7 @@ void group_dot_q6_k(const uint8_t* group, const float* x, int64_t blocks, float*
                 const __m512 xs[4] = {_mm512_loadu_ps(xh), _mm512_loadu_ps(xh + 32), _mm512_loadu_ps(xh + 64),
                                       _mm512_loadu_ps(xh + 96)};
                 for (int r = 0; r < ROW_GROUP; ++r) {
-                    const uint8_t* block = group + (ROW_GROUP * b + r) * 210;
+                    const uint8_t* block = group + (ROW_GROUP * b + r) * type_info(Q6_K).block_bytes;
                     const uint8_t* low = block + 64 * halfblock;
                     const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192) + 8 * halfblock;
                     const float d = half(block + 208);
@@ -221,20 +210,15 @@ void group_dot(const uint8_t*, const float*, const float*, int64_t, float*) {}
 #endif
 
 template <int TYPE>
-void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
-                      int64_t out_features, int64_t n0, int64_t n1) {
-    const TypeInfo info = type_info(TYPE);
-    const int S = info.scale_group, BW = info.block_weights;
+void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, const float* sums, int64_t rows,
+                      float* y, int64_t out_features, int64_t n0, int64_t n1) {
+    constexpr TypeInfo info = type_info(TYPE);
+    constexpr int S = info.scale_group, BW = info.block_weights;
     const int64_t blocks = columns / BW;
-    std::unique_ptr<float[]> sums;
-    if (info.has_offsets) {
-        sums.reset(new float[rows * (columns / X_GROUP)]);
-        for (int64_t m = 0; m < rows; ++m) group_sums(x + m * columns, columns, sums.get() + m * (columns / X_GROUP));
-    }
     if (has_group_dot<TYPE> && rows == 1) {
         float out[ROW_GROUP];
         for (int64_t n = n0; n < n1; n += ROW_GROUP) {
-            group_dot<TYPE>(block_at(weight, n, 0, blocks, info.block_bytes), x, sums.get(), blocks, out);
+            group_dot<TYPE>(block_at(weight, n, 0, blocks, info.block_bytes), x, sums, blocks, out);
             std::memcpy(y + n, out, std::min<int64_t>(ROW_GROUP, out_features - n) * sizeof(float));
         }
         return;
@@ -260,7 +244,7 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, in
                         acc[r] = fma(part, broadcast(scale[g]), acc[r]);
                     }
                     if (info.has_offsets) {
-                        const float* s = sums.get() + (m0 + r) * (columns / X_GROUP) + b * (BW / X_GROUP);
+                        const float* s = sums + (m0 + r) * (columns / X_GROUP) + b * (BW / X_GROUP);
                         for (int g = 0; g < BW / X_GROUP; ++g) offset_acc[r] += offset[g] * s[g];
                     }
                 }
@@ -270,15 +254,15 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, in
     }
 }
 
-void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x, int64_t rows, float* y,
-                int64_t out_features, int64_t n0, int64_t n1) {
+void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x, const float* sums, int64_t rows,
+                float* y, int64_t out_features, int64_t n0, int64_t n1) {
     switch (type) {
-        case Q4_0: return float_rows_typed<Q4_0>(weight, columns, x, rows, y, out_features, n0, n1);
-        case Q4_1: return float_rows_typed<Q4_1>(weight, columns, x, rows, y, out_features, n0, n1);
-        case Q8_0: return float_rows_typed<Q8_0>(weight, columns, x, rows, y, out_features, n0, n1);
-        case Q4_K: return float_rows_typed<Q4_K>(weight, columns, x, rows, y, out_features, n0, n1);
-        case Q5_K: return float_rows_typed<Q5_K>(weight, columns, x, rows, y, out_features, n0, n1);
-        default: return float_rows_typed<Q6_K>(weight, columns, x, rows, y, out_features, n0, n1);
+        case Q4_0: return float_rows_typed<Q4_0>(weight, columns, x, sums, rows, y, out_features, n0, n1);
+        case Q4_1: return float_rows_typed<Q4_1>(weight, columns, x, sums, rows, y, out_features, n0, n1);
+        case Q8_0: return float_rows_typed<Q8_0>(weight, columns, x, sums, rows, y, out_features, n0, n1);
+        case Q4_K: return float_rows_typed<Q4_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
+        case Q5_K: return float_rows_typed<Q5_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
+        default: return float_rows_typed<Q6_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
     }
 }
 
@@ -339,9 +323,8 @@ inline Panel carve(uint8_t* scratch, int64_t columns, int S) {
 // each 4-column slice of all 16 rows is one gather (and one vpdpbusd adds up the levels).
 template <int TYPE>
 void unpack_full_panel(const uint8_t* weight, int64_t columns, int64_t first_row, const Panel& p) {
-    const TypeInfo info = type_info(TYPE);
-    constexpr int S = TYPE == Q6_K ? 16 : 32;
-    constexpr int BW = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 ? 32 : 256;
+    constexpr TypeInfo info = type_info(TYPE);
+    constexpr int S = info.scale_group, BW = info.block_weights;
     const int64_t blocks = columns / BW;
     alignas(64) int8_t level[PANEL][BW];
     float scale[PANEL][BW / 16], offset[PANEL][BW / 32];
@@ -552,9 +535,10 @@ constexpr int ROWS_AT_ONCE = 1;
 template <int TYPE, bool TWO>
 void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                        int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
-    constexpr int S = TYPE == Q6_K ? 16 : 32;
-    constexpr bool OFFSETS = TYPE == Q4_1 || TYPE == Q4_K || TYPE == Q5_K;
-    constexpr bool SIGNED = TYPE == Q8_0;
+    constexpr TypeInfo info = type_info(TYPE);
+    // Levels past 64 would saturate AVX2's pair sums: they take the signed path there.
+    constexpr bool SIGNED = info.max_level > 64;
+    constexpr int S = info.scale_group;
     const Panel p = carve(scratch, columns, S);
     alignas(64) float out[ROWS_AT_ONCE * PANEL];
     for (int64_t panel = p0; panel < p1; ++panel) {
@@ -564,10 +548,10 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
         for (int64_t m = 0; m < xq.rows;) {
             int rows = 1;
             if (xq.rows - m >= ROWS_AT_ONCE) {
-                panel_rows<ROWS_AT_ONCE, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
+                panel_rows<ROWS_AT_ONCE, S, info.has_offsets, SIGNED, TWO>(p, xq, m, out);
                 rows = ROWS_AT_ONCE;
             } else {
-                panel_rows<1, S, OFFSETS, SIGNED, TWO>(p, xq, m, out);
+                panel_rows<1, S, info.has_offsets, SIGNED, TWO>(p, xq, m, out);
             }
             for (int r = 0; r < rows; ++r)
                 std::memcpy(y + (m + r) * out_features + first, out + r * PANEL, count * sizeof(float));
@@ -600,7 +584,7 @@ void int8_panels(int type, const uint8_t* weight, int64_t columns, const Quantiz
 }  // namespace VARIANT_NAMESPACE
 
 const KernelSet& KERNEL_SET_FUNCTION() {
-    static const KernelSet set{VARIANT_LABEL, VARIANT_NAMESPACE::float_rows, VARIANT_NAMESPACE::quantize_rows,
+    static const KernelSet set{VARIANT_NAMESPACE::float_rows, VARIANT_NAMESPACE::quantize_rows,
                                VARIANT_NAMESPACE::int8_panels};
     return set;
 }

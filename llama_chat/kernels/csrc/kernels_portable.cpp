@@ -5,6 +5,5 @@
 #include "kernels_prelude.h"
 #define VARIANT 0
 #define VARIANT_NAMESPACE portable
-#define VARIANT_LABEL "portable"
 #define KERNEL_SET_FUNCTION kernels_portable
 #include "kernels_impl.h"

@@ -24,7 +24,7 @@ int64_t panel_bytes(int type, int64_t columns) {
 }
 
 // Bit v set: this CPU runs variant v.
-int64_t supported_variants() {
+static int64_t detect_variants() {
     int64_t bits = 1 << PORTABLE;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
@@ -35,6 +35,22 @@ int64_t supported_variants() {
         bits |= 1 << AVX512_VNNI;
 #endif
     return bits;
+}
+
+int64_t supported_variants() {
+    static const int64_t bits = detect_variants();  // asked once: every call checks its variant
+    return bits;
+}
+
+// x summed over each group of 32 along its rows, [rows][columns / 32].
+static std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t columns) {
+    std::unique_ptr<float[]> sums(new float[rows * (columns / X_GROUP)]);
+    for (int64_t g = 0; g < rows * (columns / X_GROUP); ++g) {
+        float total = 0.0f;
+        for (int j = 0; j < X_GROUP; ++j) total += x[g * X_GROUP + j];
+        sums[g] = total;
+    }
+    return sums;
 }
 
 static const KernelSet& kernel_set(int64_t variant) {
@@ -75,8 +91,9 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     if (rows == 0 || out_features == 0) return y;
 
     if (activation_bits == 0) {
+        const std::unique_ptr<float[]> sums = info.has_offsets ? group_sums(xp, rows, columns) : nullptr;
         at::parallel_for(0, padded_rows(out_features) / ROW_GROUP, 4, [&](int64_t g0, int64_t g1) {
-            kernels.float_rows(int(block_type), wp, columns, xp, rows, yp, out_features, g0 * ROW_GROUP,
+            kernels.float_rows(int(block_type), wp, columns, xp, sums.get(), rows, yp, out_features, g0 * ROW_GROUP,
                                std::min(g1 * ROW_GROUP, out_features));
         });
         return y;
