@@ -163,6 +163,12 @@ def compare(options: argparse.Namespace, ids_path: Path) -> int:
         print(f"{options.threads} threads, {options.prompt_tokens}-token prompt, {options.new_tokens} new tokens, "
               f"median of {options.repeats}")
         print(table(results))
+        ours = results.get("llama-chat")
+        if ours and "read_bandwidth_gb_per_second" in ours:
+            print(f"this machine in the same run: memory read {ours['read_bandwidth_gb_per_second']:.1f} GB/s, "
+                  f"int8 products {ours['int8_gops']:.0f} GOPS; llama-chat decode at "
+                  f"{ours['decode_share_of_bandwidth']:.0%} of that bandwidth, prefill at "
+                  f"{ours['prefill_share_of_int8_rate']:.0%} of that int8 rate")
     return 0 if all(results.values()) else 1
 
 
