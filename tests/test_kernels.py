@@ -17,10 +17,13 @@ from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import (
     BLOCK_SIZES,
     BLOCK_TYPES,
+    TILED_TYPES,
     BlockLinear,
     interleave_rows,
     q4_1_blocks,
     q8_0_blocks,
+    tile_rows,
+    untile_rows,
 )
 
 from .conftest import tiny_args
@@ -62,14 +65,19 @@ def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor
 
 
 def run(x, raw, block_type, variant, bits):
-    """The operator on raw blocks [rows, bytes a row], given in the kernels' row groups."""
-    grouped = interleave_rows(torch.from_numpy(raw), BLOCK_SIZES[block_type][1])
+    """The operator on raw blocks [rows, bytes a row], given in the kernels' layout (tiles
+    of 16 rows or groups of 4)."""
+    blocks = torch.from_numpy(raw)
+    if block_type in TILED_TYPES:
+        arranged = tile_rows(blocks, block_type)
+    else:
+        arranged = interleave_rows(blocks, BLOCK_SIZES[block_type][1])
     return torch.ops.llama_chat.block_linear(
-        x, grouped, BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), bits
+        x, arranged, BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), bits
     )
 
 
-@pytest.mark.parametrize("block_type", TYPES)
+@pytest.mark.parametrize("block_type", [name for name in TYPES if name not in TILED_TYPES])
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])
 def test_float_activations_match_gguf_dequantisation(block_type, rows):
     """Single-token kernels: float32 activations, so within float32 rounding of the exact
@@ -84,7 +92,7 @@ def test_float_activations_match_gguf_dequantisation(block_type, rows):
 
 
 @pytest.mark.parametrize("block_type", TYPES)
-@pytest.mark.parametrize("rows", [2, 7, 16])
+@pytest.mark.parametrize("rows", [1, 2, 7, 16])
 @pytest.mark.parametrize("bits", [8, 16])
 def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits):
     """Multi-token kernels: each activation, rounded in groups of 32 to levels of the
@@ -106,10 +114,26 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
         assert ((got - portable).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
+@pytest.mark.parametrize("block_type", TILED_TYPES)
+def test_tiles_hold_the_file_blocks_at_their_size(block_type):
+    """37 rows: two whole tiles and one padded with zero rows; nothing but the padding added."""
+    raw = torch.from_numpy(random_blocks(block_type, 37, 384, seed=5))
+    tiles = tile_rows(raw, block_type)
+    assert tiles.shape == (3, 16 * raw.shape[1])
+    assert torch.equal(untile_rows(tiles, block_type, 37), raw)
+    assert not untile_rows(tiles, block_type, 48)[37:].any()
+
+
+def test_tiled_types_refuse_float_activations():
+    tiles = torch.zeros(1, 16 * 18, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="8- or 16-bit activations"):
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), tiles, BLOCK_TYPES["Q4_0"], 16, 0, 0)
+
+
 def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
-        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 4 * 18, dtype=torch.uint8), 2, 1, 7, 0)
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 4 * 34, dtype=torch.uint8), 8, 1, 7, 0)
 
 
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])

@@ -33,6 +33,8 @@ BLOCK_TYPES = {name: GGMLQuantizationType[name].value for name in KERNEL_BLOCK_T
 BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}
 CHUNK_WEIGHTS = 1 << 18  # weights converted at a time: bounds a load's temporaries
 ROW_GROUP = 4  # rows interleaved block by block (kernels/csrc/kernels.h)
+TILE_ROWS = 16  # rows a tile of Q4_0 or Q4_1 holds (kernels/csrc/kernels.h)
+TILED_TYPES = ("Q4_0", "Q4_1")
 
 
 def row_bytes(block_type: str, columns: int) -> int:
@@ -74,15 +76,49 @@ def interleave_rows(rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
     """Bytes [rows, bytes a row] (rows padded with zero blocks to a multiple of 4) as
     groups of 4 rows interleaved block by block, [rows / 4, 4 * bytes a row]."""
     count, size = rows.shape
-    padded = -(-count // ROW_GROUP) * ROW_GROUP
-    if padded != count:
-        rows = torch.cat([rows, rows.new_zeros(padded - count, size)])
-    grouped = rows.view(padded // ROW_GROUP, ROW_GROUP, size // block_bytes, block_bytes)
-    return grouped.transpose(1, 2).reshape(padded // ROW_GROUP, ROW_GROUP * size)
+    grouped = _padded(rows, ROW_GROUP).view(-1, ROW_GROUP, size // block_bytes, block_bytes)
+    return grouped.transpose(1, 2).reshape(-1, ROW_GROUP * size)
+
+
+def _padded(rows: torch.Tensor, multiple: int) -> torch.Tensor:
+    extra = -len(rows) % multiple
+    return torch.cat([rows, rows.new_zeros(extra, rows.shape[1])]) if extra else rows
+
+
+def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
+    """Q4_0 or Q4_1 blocks [rows, bytes a row] (rows padded with zeros to a multiple of 16)
+    as tiles [rows / 16, bytes a row * 16], laid out as kernels/csrc/kernels.h says: per
+    group of 32 columns, the 16 rows' levels in 64-byte chunks (byte 4 r + j of chunk k:
+    column 8 k + j in the low nibble, 8 k + 4 + j in the high one), their float16 scales,
+    and for Q4_1 their float16 minimums."""
+    rows = _padded(rows, TILE_ROWS)
+    head = 4 if block_type == "Q4_1" else 2  # bytes before the nibbles: d, and m for Q4_1
+    blocks = rows.view(len(rows) // TILE_ROWS, TILE_ROWS, -1, head + 16)  # [tile, row, group, byte]
+    nibbles = blocks[..., head:]
+    levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # GGUF: byte i holds columns i and i + 16
+    slices = levels.view(*levels.shape[:3], 4, 2, 4)  # [tile, row, group, k, half, j]
+    packed = (slices[..., 0, :] | (slices[..., 1, :] << 4)).permute(0, 2, 3, 1, 4)  # [tile, group, k, row, j]
+    halves = blocks[..., :head].view(*blocks.shape[:3], head // 2, 2).permute(0, 2, 3, 1, 4)  # [tile, group, which, row, 2]
+    tiles = torch.cat([packed.flatten(2), halves.flatten(2)], dim=-1)
+    return tiles.reshape(len(tiles), -1)
+
+
+def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tensor:
+    """The inverse of tile_rows: the first `count` rows' blocks [count, bytes a row]."""
+    head = 4 if block_type == "Q4_1" else 2
+    groups = tiles.view(len(tiles), -1, TILE_ROWS * (head + 16))  # [tile, group, 16 rows' bytes]
+    packed = groups[..., :256].view(len(tiles), -1, 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)  # [tile, row, group, k, j]
+    slices = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
+    levels = slices.flatten(3)
+    nibbles = levels[..., :16] | (levels[..., 16:] << 4)
+    halves = groups[..., 256:].view(len(tiles), -1, head // 2, TILE_ROWS, 2).permute(0, 3, 1, 2, 4).flatten(3)
+    blocks = torch.cat([halves, nibbles], dim=-1)
+    return blocks.reshape(len(tiles) * TILE_ROWS, -1)[:count]
 
 
 class BlockLinear(nn.Module):
-    """y = x W^T with W held once as GGUF blocks of `block_type`."""
+    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0 and Q4_1 in tiles of
+    16 rows, other types in groups of 4 rows."""
 
     def __init__(self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16) -> None:
         super().__init__()
@@ -91,10 +127,11 @@ class BlockLinear(nn.Module):
         self.type_number = BLOCK_TYPES[block_type]
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
+        self.tiled = block_type in TILED_TYPES
+        unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
         size = row_bytes(block_type, self.in_features)
-        groups = -(-self.out_features // ROW_GROUP)
-        self.register_buffer("blocks", torch.empty(groups, ROW_GROUP * size, dtype=torch.uint8))
-        alignment = math.lcm(ROW_GROUP, source.row_alignment)
+        self.register_buffer("blocks", torch.empty(-(-self.out_features // unit), unit * size, dtype=torch.uint8))
+        alignment = math.lcm(unit, source.row_alignment)
         step = max(alignment, CHUNK_WEIGHTS // self.in_features // alignment * alignment)
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
@@ -102,11 +139,13 @@ class BlockLinear(nn.Module):
                 rows = source.blocks(start, stop)
             else:
                 rows = QUANTISERS[block_type](as_float(source.rows(start, stop)))
-            grouped = interleave_rows(rows, BLOCK_SIZES[block_type][1])
-            self.blocks[start // ROW_GROUP : start // ROW_GROUP + len(grouped)] = grouped
+            arranged = tile_rows(rows, block_type) if self.tiled else interleave_rows(rows, BLOCK_SIZES[block_type][1])
+            self.blocks[start // unit : start // unit + len(arranged)] = arranged
 
     def file_blocks(self) -> torch.Tensor:
         """The blocks in the file's order, [out_features, bytes a row]."""
+        if self.tiled:
+            return untile_rows(self.blocks, self.block_type, self.out_features)
         groups, width = self.blocks.shape
         size = BLOCK_SIZES[self.block_type][1]
         rows = self.blocks.view(groups, width // (ROW_GROUP * size), ROW_GROUP, size).transpose(1, 2)
@@ -119,10 +158,13 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        bits = 0 if flat.shape[0] == 1 else self.activation_bits  # 0: float32 activations
+        if flat.shape[0] > 1:
+            bits = self.activation_bits
+        else:  # a single token: 16-bit activations on tiles, float32 on other blocks
+            bits = 16 if self.tiled else 0
         out = torch.ops.llama_chat.block_linear(flat, self.blocks, self.type_number, self.out_features, self.variant, bits)
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, {self.block_type} blocks, {self.activation_bits}-bit steps"
-
+        layout = "tiles of 16 rows" if self.tiled else "groups of 4 rows"
+        return f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, {self.activation_bits}-bit steps"

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "blocks.h"
+
 namespace llama_chat_kernels {
 
 constexpr int PANEL = 16;       // weight rows a multi-token tile interleaves
@@ -35,18 +37,34 @@ struct QuantizedRows {
     int64_t columns;
 };
 
+// Q4_0 and Q4_1 matrices are laid out at load in tiles of TILE_ROWS rows, one tile after
+// another, each a run of column groups of 32: 256 bytes of levels, whose 64-byte chunk k
+// holds in byte 4 r + j row r's level at column 8 k + j (low nibble) and 8 k + 4 + j
+// (high nibble); then the 16 rows' float16 scales; for Q4_1 their float16 minimums. The
+// weights keep their file size (18 or 20 bytes per 32), and one 64-byte load, split into
+// nibbles, feeds two vpdpbusd with 16 rows each, single tokens and several alike.
+constexpr int TILE_ROWS = 16;
+
+constexpr bool tiled_type(int type) { return type == Q4_0 || type == Q4_1; }
+constexpr int64_t tile_group_bytes(int type) { return type == Q4_1 ? 320 : 288; }
+constexpr int64_t tile_count(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
+
 struct KernelSet {
     // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1) (n0 a multiple of 4), float activations;
     // sums [rows][columns / 32]: x summed over each group (for types with offsets, else null).
     void (*float_rows)(int type, const uint8_t* weight, int64_t columns, const float* x, const float* sums,
                        int64_t rows, float* y, int64_t out_features, int64_t n0, int64_t n1);
-    // Rows m0..m1 of x into the quantised form (low null: 8 bits).
+    // Rows m0..m1 of x into the quantised form (low null: 8 bits), each byte stored plus
+    // `bias` (128: unsigned, for the panels; 0: int8, for the tiles).
     void (*quantize_rows)(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
-                          int64_t m0, int64_t m1);
+                          int64_t m0, int64_t m1, int bias);
     // y for the output rows of panels p0..p1 (PANEL rows each), int8 activations; scratch
     // holds panel_bytes(type, columns).
     void (*int8_panels)(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                         int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch);
+    // y for the output rows of tiles t0..t1 of a tiled Q4_0 or Q4_1 matrix; xq as int8 (bias 0).
+    void (*tile_rows)(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features,
+                      int64_t t0, int64_t t1);
 };
 
 int64_t panel_bytes(int type, int64_t columns);

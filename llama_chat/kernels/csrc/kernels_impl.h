@@ -267,10 +267,10 @@ void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x
 }
 
 void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
-                   int64_t m0, int64_t m1) {
+                   int64_t m0, int64_t m1, int bias) {
     const int64_t groups = columns / X_GROUP;
     // 8 bits: levels -127..127. 16 bits: levels -32385..32385 = 255 h + l with h and l
-    // each in -127..127 (base 255 keeps -128 out: vpsignb cannot negate it), stored plus 128.
+    // each in -127..127 (base 255 keeps -128 out: vpsignb cannot negate it), stored plus bias.
     const float top = low ? 32385.0f : 127.0f;
     for (int64_t m = m0; m < m1; ++m) {
         for (int64_t g = 0; g < groups; ++g) {
@@ -285,10 +285,10 @@ void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low,
                 level_sum += q;
                 if (low) {
                     const int h = q >= 0 ? (q + 127) / 255 : -((127 - q) / 255);  // q / 255, rounded
-                    high[at + j] = uint8_t(h + 128);
-                    low[at + j] = uint8_t(q - 255 * h + 128);
+                    high[at + j] = uint8_t(h + bias);
+                    low[at + j] = uint8_t(q - 255 * h + bias);
                 } else {
-                    high[at + j] = uint8_t(q + 128);
+                    high[at + j] = uint8_t(q + bias);
                 }
             }
             xscale[m * groups + g] = step;
@@ -582,10 +582,15 @@ void int8_panels(int type, const uint8_t* weight, int64_t columns, const Quantiz
 }
 
 }  // namespace VARIANT_NAMESPACE
+}  // namespace llama_chat_kernels
+
+#include "tiles_impl.h"
+
+namespace llama_chat_kernels {
 
 const KernelSet& KERNEL_SET_FUNCTION() {
     static const KernelSet set{VARIANT_NAMESPACE::float_rows, VARIANT_NAMESPACE::quantize_rows,
-                               VARIANT_NAMESPACE::int8_panels};
+                               VARIANT_NAMESPACE::int8_panels, VARIANT_NAMESPACE::tile_rows};
     return set;
 }
 

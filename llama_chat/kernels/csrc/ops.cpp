@@ -64,9 +64,10 @@ static const KernelSet& kernel_set(int64_t variant) {
     }
 }
 
-// y = x w^T, w [out_features, columns] stored as GGUF blocks of `block_type`, one row of
-// blocks after another. activation_bits 0: x stays float32 (the single-token kernels);
-// 8 or 16: x is quantised in groups of 32 for the integer kernels.
+// y = x w^T, w [out_features, columns]: Q4_0 and Q4_1 in tiles of 16 rows, other types as
+// GGUF blocks with rows in groups of 4 (kernels.h). activation_bits 0: x stays float32
+// (the single-token kernels of untiled types); 8 or 16: x is quantised in groups of 32
+// for the integer kernels.
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t block_type, int64_t out_features,
                         int64_t variant, int64_t activation_bits) {
     TORCH_CHECK(activation_bits == 0 || activation_bits == 8 || activation_bits == 16,
@@ -77,9 +78,12 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     const TypeInfo info = type_info(int(block_type));
     const int64_t columns = x.size(-1);
     TORCH_CHECK(columns % info.block_weights == 0, "llama_chat: width ", columns, " is not whole blocks");
-    TORCH_CHECK(weight.numel() == padded_rows(out_features) * (columns / info.block_weights) * info.block_bytes,
-                "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features, " rows of ", columns,
-                " in groups of ", ROW_GROUP);
+    const bool tiled = tiled_type(int(block_type));
+    const int64_t expected = tiled ? tile_count(out_features) * (columns / X_GROUP) * tile_group_bytes(int(block_type))
+                                   : padded_rows(out_features) * (columns / info.block_weights) * info.block_bytes;
+    TORCH_CHECK(weight.numel() == expected, "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features,
+                " rows of ", columns, (tiled ? " in tiles of 16" : " in groups of 4"));
+    TORCH_CHECK(!tiled || activation_bits != 0, "llama_chat: tiled weights take 8- or 16-bit activations");
     const KernelSet& kernels = kernel_set(variant);
     const int64_t rows = x.numel() / columns;
     auto out_shape = x.sizes().vec();
@@ -103,9 +107,15 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     std::unique_ptr<uint8_t[]> low(activation_bits == 16 ? new uint8_t[rows * columns] : nullptr);
     std::unique_ptr<float[]> xscale(new float[rows * groups]), xsum(new float[rows * groups]);
     at::parallel_for(0, rows, 1, [&](int64_t m0, int64_t m1) {
-        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), m0, m1);
+        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), m0, m1, tiled ? 0 : 128);
     });
     const QuantizedRows xq{high.get(), low.get(), xscale.get(), xsum.get(), rows, columns};
+    if (tiled) {
+        at::parallel_for(0, tile_count(out_features), 1, [&](int64_t t0, int64_t t1) {
+            kernels.tile_rows(int(block_type), wp, xq, yp, out_features, t0, t1);
+        });
+        return y;
+    }
     const int64_t panels = (out_features + PANEL - 1) / PANEL;
     const int64_t scratch_bytes = panel_bytes(int(block_type), columns);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
