@@ -26,7 +26,7 @@ from llama_chat.checkpoints.stored import StoredMatrix
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
-from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear
+from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
 from llama_chat.kernels.packed import (
     Int8Table,
@@ -36,7 +36,7 @@ from llama_chat.kernels.packed import (
     Scratch,
     return_freed_memory,
 )
-from llama_chat.kernels.quantize import describe_packing, layer_matrix_modes, packs
+from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import Shard, add_all_reduces, local_args, shard_state
 from llama_chat.text.format_choice import get_chat_format
@@ -115,9 +115,15 @@ def build_packed_transformer(
     try:
         packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, scratch)}
         if head is not embedding:
-            packing["output.weight"] = pool.submit(Int8Table, head, scratch)
+            head_type = head_block_type(head) if paths.variant is not None else None
+            if head_type is None:
+                packing["output.weight"] = pool.submit(Int8Table, head, scratch)
+            else:  # read by our kernels as the file stores it: 1.06 bytes a weight at most
+                packing["output.weight"] = pool.submit(BlockLinear, head, head_type, paths.variant_number, 16)
         for name, mode in modes.items():
-            if mode in BLOCK_TYPES:
+            if MIXED in mode:
+                packing[name] = pool.submit(StackedBlockLinear, tensors[name], paths.variant_number, paths.activation_bits)
+            elif mode in BLOCK_TYPES:
                 packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number, paths.activation_bits)
             else:
                 packing[name] = pool.submit(
@@ -141,12 +147,21 @@ def build_packed_transformer(
     return transformer
 
 
-def place_packed(transformer: Transformer, module_name: str, packed: PackedLinear | Int8Table) -> None:
+def head_block_type(head: StoredMatrix) -> str | None:
+    """The block type an untied head keeps for our kernels: the file's own where they read
+    it, else Q8_0 (as exact as the int8 table, at 1.06 bytes a weight); None where the width
+    is not whole blocks."""
+    if head.block_type in BLOCK_TYPES:
+        return head.block_type
+    return "Q8_0" if head.shape[1] % 32 == 0 else None
+
+
+def place_packed(transformer: Transformer, module_name: str, packed: nn.Module) -> None:
     if module_name == "tok_embeddings":
         transformer.tok_embeddings = PackedEmbedding(packed, torch.float32)
         transformer.output = PackedHead(packed)  # replaced when the head has a table of its own
     elif module_name == "output":
-        transformer.output = PackedHead(packed)
+        transformer.output = packed if isinstance(packed, BlockLinear) else PackedHead(packed)
     else:
         transformer.set_submodule(module_name, packed)
 

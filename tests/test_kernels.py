@@ -19,6 +19,7 @@ from llama_chat.kernels.block_linear import (
     BLOCK_TYPES,
     TILED_TYPES,
     BlockLinear,
+    arranged_bytes,
     interleave_rows,
     q4_1_blocks,
     q8_0_blocks,
@@ -116,10 +117,12 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
 
 @pytest.mark.parametrize("block_type", TILED_TYPES)
 def test_tiles_hold_the_file_blocks_at_their_size(block_type):
-    """37 rows: two whole tiles and one padded with zero rows; nothing but the padding added."""
-    raw = torch.from_numpy(random_blocks(block_type, 37, 384, seed=5))
+    """37 rows: two whole tiles and one padded with zero rows. Tiles are the blocks' bytes
+    rearranged, but Q4_K's hold each 6-bit scale in a byte (148 bytes a block against 144)."""
+    raw = torch.from_numpy(random_blocks(block_type, 37, 512, seed=5))
     tiles = tile_rows(raw, block_type)
-    assert tiles.shape == (3, 16 * raw.shape[1])
+    growth = {"Q4_0": 1, "Q4_1": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
+    assert tiles.shape == (3, 16 * raw.shape[1] * growth) == (3, arranged_bytes(block_type, 512))
     assert torch.equal(untile_rows(tiles, block_type, 37), raw)
     assert not untile_rows(tiles, block_type, 48)[37:].any()
 
@@ -150,11 +153,11 @@ def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, toleranc
 
 
 def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
-    raw = random_blocks("Q4_K", 16, 256)
-    stored = TensorMatrix.of(torch.from_numpy(quants.dequantize(raw, QType.Q4_K).reshape(16, 256)))
-    stored.block_type = "Q4_K"
+    raw = random_blocks("Q5_K", 16, 256)
+    stored = TensorMatrix.of(torch.from_numpy(quants.dequantize(raw, QType.Q5_K).reshape(16, 256)))
+    stored.block_type = "Q5_K"
     stored.blocks = lambda start, stop: torch.from_numpy(raw[start:stop])
-    layer = BlockLinear(stored, "Q4_K", native.variant_number("portable"))
+    layer = BlockLinear(stored, "Q5_K", native.variant_number("portable"))
     assert torch.equal(layer.file_blocks(), torch.from_numpy(raw))
     assert layer.blocks.numel() == raw.size  # the file's size: rows regrouped, nothing added
     floats = BlockLinear(TensorMatrix.of(torch.randn(15, 256)), "Q8_0", native.variant_number("portable"))

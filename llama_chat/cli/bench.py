@@ -166,7 +166,9 @@ def add_machine_limits(result: dict, model: Llama) -> None:
     bandwidth, gops = read_bandwidth_gb_per_second(), int8_matrix_gops()
     bytes_a_token = weight_bytes_a_token(model)
     multiply_adds = sum(  # the layers' matrices, what prefill multiplies
-        m.in_features * m.out_features for m in model.transformer.layers.modules() if hasattr(m, "out_features")
+        m.in_features * m.out_features
+        for m in model.transformer.layers.modules()
+        if hasattr(m, "out_features") and not any(True for _ in m.children())
     )
     result.update(
         read_bandwidth_gb_per_second=bandwidth,

@@ -1,18 +1,20 @@
 """Weights held as GGUF blocks and multiplied by llama-chat's own kernels (native.py).
 
-A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are kept as the file stores
-them, byte for byte, so each weight costs what it costs in the file; only the order of
-blocks changes: rows in groups of 4, interleaved block by block, so that a single token
-reads 4 rows as one sequential stream (1.36x faster from memory than 4 rows read side by
-side, measured on a 16384 x 2048 Q4_0 matrix). Float weights are
-quantised into blocks the same kernels read: Q8_0 (int8 with a scale per 32 weights), or
-Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit blocks.
-
-A single token multiplies float32 activations with the decoded blocks (decode keeps
-float32 numerics); several tokens (a prompt, a chat turn) quantise the activations in
-groups of 32 and use integer dot products: 16-bit activations carried as two int8 halves
-by default, or int8 (half the integer work, but measured to change a fifth of the default
-model's near-tied choices more than float32 does; see the README).
+A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's blocks and
+(but for Q4_K's 6-bit scales, held a byte each: 148 bytes a block against 144) its size:
+- Q4_0, Q4_1 and Q4_K are rearranged into tiles of 16 rows whose 4-bit levels feed integer
+  dot products directly (kernels.h has the layout): a single token and several tokens both
+  run integer kernels, with activations quantised per group of 32 to 16 bits carried as
+  two int8 halves (within 1/65000 of each group's largest value; a step's activations can
+  go to int8 instead, half the integer work, but measured to change 4% of the default
+  model's teacher-forced choices; see the README).
+- Q8_0, Q5_K and Q6_K keep their blocks with rows in groups of 4, interleaved block by
+  block, so that a single token reads 4 rows as one sequential stream (1.36x faster from
+  memory than 4 rows side by side); a single token multiplies them with float32
+  activations, several tokens as above.
+Float weights are quantised into blocks the same kernels read: Q8_0 (int8 with a scale per
+32 weights), or Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit
+blocks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import nn
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
-from llama_chat.checkpoints.stored import GROUP, StoredMatrix, as_float
+from llama_chat.checkpoints.stored import GROUP, StackedRows, StoredMatrix, as_float
 from llama_chat.kernels import native
 
 # The GGUF types the kernels read, with their ggml numbers and (weights, bytes) a block.
@@ -33,8 +35,8 @@ BLOCK_TYPES = {name: GGMLQuantizationType[name].value for name in KERNEL_BLOCK_T
 BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}
 CHUNK_WEIGHTS = 1 << 18  # weights converted at a time: bounds a load's temporaries
 ROW_GROUP = 4  # rows interleaved block by block (kernels/csrc/kernels.h)
-TILE_ROWS = 16  # rows a tile of Q4_0 or Q4_1 holds (kernels/csrc/kernels.h)
-TILED_TYPES = ("Q4_0", "Q4_1")
+TILE_ROWS = 16  # rows a tile of Q4_0, Q4_1 or Q4_K holds (kernels/csrc/kernels.h)
+TILED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
 
 def row_bytes(block_type: str, columns: int) -> int:
@@ -85,40 +87,133 @@ def _padded(rows: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.cat([rows, rows.new_zeros(extra, rows.shape[1])]) if extra else rows
 
 
+def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 bytes of 6-bit scales and minimums [..., 12] as two [..., 8]."""
+    low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = torch.cat([low & 63, (rest & 15) | ((low >> 6) << 4)], dim=-1)
+    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
+    return scales, minimums
+
+
+def _k_scales_packed(scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tensor:
+    """The inverse of _k_scales."""
+    return torch.cat([
+        scales[..., :4] | ((scales[..., 4:] >> 4) << 6),
+        minimums[..., :4] | ((minimums[..., 4:] >> 4) << 6),
+        (scales[..., 4:] & 15) | ((minimums[..., 4:] & 15) << 4),
+    ], dim=-1)
+
+
+# Per tiled type: its float16 fields (count, and where they start in a block), and a
+# tile's bytes for one block of each of its 16 rows (kernels/csrc/kernels.h).
+TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q4_K": (2, 0), "Q6_K": (1, 208)}
+TILE_UNIT_BYTES = {"Q4_0": 288, "Q4_1": 320, "Q4_K": 2368, "Q6_K": 3360}
+FACTOR_BYTES = {"Q4_K": 16, "Q6_K": 16}  # per row and block: Q4_K's 8 scales and 8 minimums, Q6_K's 16 scales
+
+
+def arranged_bytes(block_type: str, columns: int) -> int:
+    """Bytes of one tile (16 rows) or row group (4 rows) in the kernels' layout."""
+    weights, size = BLOCK_SIZES[block_type]
+    if block_type in TILED_TYPES:
+        return columns // weights * TILE_UNIT_BYTES[block_type]
+    return ROW_GROUP * columns // weights * size
+
+
+def _block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Blocks [rows, units, bytes a block] as levels [rows, groups of 32, 32], float16
+    fields' bytes [rows, units, fields, 2] and (K types) byte factors [rows, units, 16]."""
+    rows, units, _ = blocks.shape
+    fields, at = TILE_HALVES[block_type]
+    halves = blocks[..., at : at + 2 * fields].reshape(rows, units, fields, 2)
+    factors = None
+    if block_type == "Q4_K":
+        factors = torch.cat(_k_scales(blocks[..., 4:16]), dim=-1)
+        runs = blocks[..., 16:].reshape(rows, units, 4, 1, 32)  # 4 runs of 32 bytes: 64 weights each
+        levels = torch.cat([runs & 15, runs >> 4], dim=3)  # low nibbles: the run's first 32
+    elif block_type == "Q6_K":
+        factors = blocks[..., 192:208]
+        low = blocks[..., :128].reshape(rows, units, 2, 2, 32)  # [half block, first or second 32, l]
+        high = blocks[..., 128:192].reshape(rows, units, 2, 1, 32)
+        nibbles = torch.cat([low & 15, low >> 4], dim=3)  # quarters 0..3 of each half block
+        levels = nibbles | (((high >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3) << 4)
+    else:
+        nibbles = blocks[..., 2 * fields :]
+        levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # byte i: columns i and i + 16
+    return levels.reshape(rows, -1, 32), halves, factors
+
+
+def _blocks_from_parts(
+    levels: torch.Tensor, halves: torch.Tensor, factors: torch.Tensor | None, block_type: str
+) -> torch.Tensor:
+    rows, units = halves.shape[:2]
+    if block_type == "Q4_K":
+        runs = levels.reshape(rows, units, 4, 2, 32)
+        nibbles = runs[..., 0, :] | (runs[..., 1, :] << 4)
+        scales = _k_scales_packed(factors[..., :8], factors[..., 8:])
+        return torch.cat([halves.flatten(2), scales, nibbles.flatten(2)], dim=-1)
+    if block_type == "Q6_K":
+        quarters = levels.reshape(rows, units, 2, 4, 32)
+        low, high = quarters & 15, quarters >> 4
+        packed_low = low[:, :, :, 0:2] | (low[:, :, :, 2:4] << 4)  # [.., half block, first or second 32, l]
+        packed_high = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
+        return torch.cat([packed_low.flatten(2), packed_high.flatten(2), factors, halves.flatten(2)], dim=-1)
+    nibbles = levels[..., :16] | (levels[..., 16:] << 4)
+    return torch.cat([halves.flatten(2), nibbles], dim=-1)
+
+
 def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
-    """Q4_0 or Q4_1 blocks [rows, bytes a row] (rows padded with zeros to a multiple of 16)
-    as tiles [rows / 16, bytes a row * 16], laid out as kernels/csrc/kernels.h says: per
-    group of 32 columns, the 16 rows' levels in 64-byte chunks (byte 4 r + j of chunk k:
-    column 8 k + j in the low nibble, 8 k + 4 + j in the high one), their float16 scales,
-    and for Q4_1 their float16 minimums."""
+    """Q4_0, Q4_1, Q4_K or Q6_K blocks [rows, bytes a row] (rows padded with zeros to a
+    multiple of 16) as tiles [rows / 16, arranged_bytes], laid out as kernels/csrc/kernels.h
+    says."""
     rows = _padded(rows, TILE_ROWS)
-    head = 4 if block_type == "Q4_1" else 2  # bytes before the nibbles: d, and m for Q4_1
-    blocks = rows.view(len(rows) // TILE_ROWS, TILE_ROWS, -1, head + 16)  # [tile, row, group, byte]
-    nibbles = blocks[..., head:]
-    levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # GGUF: byte i holds columns i and i + 16
-    slices = levels.view(*levels.shape[:3], 4, 2, 4)  # [tile, row, group, k, half, j]
-    packed = (slices[..., 0, :] | (slices[..., 1, :] << 4)).permute(0, 2, 3, 1, 4)  # [tile, group, k, row, j]
-    halves = blocks[..., :head].view(*blocks.shape[:3], head // 2, 2).permute(0, 2, 3, 1, 4)  # [tile, group, which, row, 2]
-    tiles = torch.cat([packed.flatten(2), halves.flatten(2)], dim=-1)
-    return tiles.reshape(len(tiles), -1)
+    tiles = len(rows) // TILE_ROWS
+    levels, halves, factors = _block_parts(rows.view(len(rows), -1, BLOCK_SIZES[block_type][1]), block_type)
+    groups, units = levels.shape[1], halves.shape[1]
+    # levels: [tile, row, group, k, half, j] -> bytes [tile, group, k, row, j]
+    slices = levels.view(tiles, TILE_ROWS, groups, 4, 2, 4)
+    low = slices & 15
+    packed = (low[..., 0, :] | (low[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1)
+    parts = [packed]
+    if block_type == "Q6_K":  # the high 2 bits: level vector v = 2 k + half in bits 2 (v % 4) of chunk v // 4
+        crumbs = (slices >> 4).reshape(tiles, TILE_ROWS, groups, 2, 4, 4)  # [.., chunk, v % 4, j]
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+        bits = (crumbs << shifts).sum(dim=4, dtype=torch.uint8)  # disjoint bits: the sum is their or
+        parts.append(bits.permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
+    parts.append(halves.view(tiles, TILE_ROWS, units, -1, 2).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
+    if factors is not None:
+        parts.append(factors.reshape(tiles, TILE_ROWS, units, -1).permute(0, 2, 3, 1).reshape(tiles, units, -1))
+    return torch.cat(parts, dim=-1).reshape(tiles, -1)
 
 
 def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tensor:
     """The inverse of tile_rows: the first `count` rows' blocks [count, bytes a row]."""
-    head = 4 if block_type == "Q4_1" else 2
-    groups = tiles.view(len(tiles), -1, TILE_ROWS * (head + 16))  # [tile, group, 16 rows' bytes]
-    packed = groups[..., :256].view(len(tiles), -1, 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)  # [tile, row, group, k, j]
-    slices = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
-    levels = slices.flatten(3)
-    nibbles = levels[..., :16] | (levels[..., 16:] << 4)
-    halves = groups[..., 256:].view(len(tiles), -1, head // 2, TILE_ROWS, 2).permute(0, 3, 1, 2, 4).flatten(3)
-    blocks = torch.cat([halves, nibbles], dim=-1)
-    return blocks.reshape(len(tiles) * TILE_ROWS, -1)[:count]
+    fields, _ = TILE_HALVES[block_type]
+    groups_a_unit = BLOCK_SIZES[block_type][0] // 32
+    level_bytes = 256 * groups_a_unit
+    high_bytes = 128 * groups_a_unit if block_type == "Q6_K" else 0
+    field_bytes = 32 * fields
+    units = tiles.view(len(tiles), -1, TILE_UNIT_BYTES[block_type])
+    count_units, rows = units.shape[1], len(tiles) * TILE_ROWS
+    packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
+    if high_bytes:
+        bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, 2, TILE_ROWS, 4)
+        bits = bits.permute(0, 3, 1, 2, 4)[..., None, :]  # [tile, row, group, chunk, 1, j]
+        crumbs = (bits >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3  # [.., chunk, v % 4, j]
+        levels = levels | (crumbs.reshape(levels.shape) << 4)
+    at = level_bytes + high_bytes
+    halves = units[..., at : at + field_bytes].reshape(len(tiles), count_units, fields, TILE_ROWS, 2)
+    halves = halves.permute(0, 3, 1, 2, 4).reshape(rows, count_units, fields, 2)
+    factors = None
+    if block_type in FACTOR_BYTES:
+        factors = units[..., at + field_bytes :].reshape(len(tiles), count_units, FACTOR_BYTES[block_type], TILE_ROWS)
+        factors = factors.permute(0, 3, 1, 2).reshape(rows, count_units, -1)
+    return _blocks_from_parts(levels.reshape(rows, -1, 32), halves, factors, block_type).reshape(rows, -1)[:count]
 
 
 class BlockLinear(nn.Module):
-    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0 and Q4_1 in tiles of
-    16 rows, other types in groups of 4 rows."""
+    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1 and Q4_K in
+    tiles of 16 rows, other types in groups of 4 rows."""
 
     def __init__(self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16) -> None:
         super().__init__()
@@ -129,8 +224,8 @@ class BlockLinear(nn.Module):
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
         self.tiled = block_type in TILED_TYPES
         unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
-        size = row_bytes(block_type, self.in_features)
-        self.register_buffer("blocks", torch.empty(-(-self.out_features // unit), unit * size, dtype=torch.uint8))
+        width = arranged_bytes(block_type, self.in_features)
+        self.register_buffer("blocks", torch.empty(-(-self.out_features // unit), width, dtype=torch.uint8))
         alignment = math.lcm(unit, source.row_alignment)
         step = max(alignment, CHUNK_WEIGHTS // self.in_features // alignment * alignment)
         for start in range(0, self.out_features, step):
@@ -168,3 +263,25 @@ class BlockLinear(nn.Module):
     def extra_repr(self) -> str:
         layout = "tiles of 16 rows" if self.tiled else "groups of 4 rows"
         return f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, {self.activation_bits}-bit steps"
+
+
+class StackedBlockLinear(nn.Module):
+    """Matrices stacked by rows that the file holds in different block types (a Q4_K_M
+    file's Q4_K q and k beside a Q6_K v): each run of one type a BlockLinear of its own, so
+    none is widened; their outputs side by side."""
+
+    def __init__(self, source: StackedRows, variant: int, activation_bits: int = 16) -> None:
+        super().__init__()
+        runs: list[list[StoredMatrix]] = []
+        for part in source.parts:
+            if runs and runs[-1][0].block_type == part.block_type:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        self.parts = nn.ModuleList(
+            BlockLinear(run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits)
+            for run in runs
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from llama_chat.checkpoints.contents import Checkpoint
-from llama_chat.checkpoints.stored import GROUP, StoredMatrix
+from llama_chat.checkpoints.stored import GROUP, StackedRows, StoredMatrix
 from llama_chat.engine.device import DTYPES
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels.packed import int4_layout, int8_kernels_available
 
 QUANTIZE_MODES = ("auto", "none", "int8", "int4")  # the choices of --quantize
+MIXED = "+"  # joins the block types of stacked parts held each in its own ("Q4_K+Q4_K+Q6_K")
 
 # GGUF types whose values fit int4 groups of 32 exactly, when a converted checkpoint says
 # its float weights came from one of them (it says so for the whole file, so only weights
@@ -60,8 +61,9 @@ def matrix_mode(source: StoredMatrix, quantize: str, source_quantization: str | 
 
 def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | None, name: str) -> str:
     """The GGUF block type llama-chat's kernels hold a matrix in: the file's own where they
-    read it (and it fits what was asked), else Q4_1 for 4-bit and Q8_0 for 8-bit; "int8"
-    (PyTorch's int8 rows) for widths that are not whole groups of 32."""
+    read it (and it fits what was asked; stacked parts of different types each their own,
+    joined by MIXED), else Q4_1 for 4-bit and Q8_0 for 8-bit; "int8" (PyTorch's int8 rows)
+    for widths that are not whole groups of 32."""
     stored = source.block_type
     if source.shape[1] % GROUP:
         if quantize == "int4":
@@ -73,6 +75,8 @@ def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | N
         return "Q8_0"
     if stored is not None:
         return stored
+    if isinstance(source, StackedRows) and all(part.block_type for part in source.parts):
+        return MIXED.join(part.block_type for part in source.parts)  # each part as its file holds it
     return "Q4_1" if source.float_storage and source_quantization in FOUR_BIT_SOURCES else "Q8_0"
 
 
@@ -89,4 +93,4 @@ def layer_matrix_modes(checkpoint: Checkpoint, quantize: str, blocks: bool = Fal
 
 def describe_packing(modes: dict[str, str]) -> str:
     """'int4', 'int8', 'Q4_K and Q6_K' and the like, by what the layers' matrices are packed as."""
-    return " and ".join(sorted(set(modes.values()))) or "none"
+    return " and ".join(sorted({kind for mode in modes.values() for kind in mode.split(MIXED)})) or "none"

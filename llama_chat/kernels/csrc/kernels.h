@@ -33,20 +33,37 @@ struct QuantizedRows {
     const uint8_t* low;    // [rows][columns], or null with 8 bits
     const float* xscale;   // [rows][columns / 32]
     const float* xsum;     // [rows][columns / 32]
+    const float* xsum_half;  // [rows][columns / 32]: the sum over each group's first 16
     int64_t rows;
     int64_t columns;
 };
 
-// Q4_0 and Q4_1 matrices are laid out at load in tiles of TILE_ROWS rows, one tile after
-// another, each a run of column groups of 32: 256 bytes of levels, whose 64-byte chunk k
-// holds in byte 4 r + j row r's level at column 8 k + j (low nibble) and 8 k + 4 + j
-// (high nibble); then the 16 rows' float16 scales; for Q4_1 their float16 minimums. The
-// weights keep their file size (18 or 20 bytes per 32), and one 64-byte load, split into
-// nibbles, feeds two vpdpbusd with 16 rows each, single tokens and several alike.
+// Q4_0, Q4_1, Q4_K and Q6_K matrices are laid out at load in tiles of TILE_ROWS rows, one
+// tile after another, each a run of units of columns (32 for Q4_0 and Q4_1, a block of 256
+// for the K types). Each group of 32 columns has 256 bytes of 4-bit levels (Q6_K: their
+// low 4 bits), whose 64-byte chunk k holds in byte 4 r + j row r's level at column
+// 8 k + j (low nibble) and 8 k + 4 + j (high nibble): the level vector v = 2 k + half
+// holds columns 8 k + 4 half + (0..3).
+//   Q4_0 unit (288 bytes): levels, the 16 rows' float16 scales d     w = d (q - 8)
+//   Q4_1 unit (320 bytes): levels, 16 float16 d, 16 float16 m         w = d q + m
+//   Q4_K unit (2368 bytes): 8 groups' levels, 16 float16 d, 16 float16 dmin, then the 6-bit
+//     scales of group j for the 16 rows as 16 bytes, j = 0..7, then the minimums alike
+//                                                                     w = d sc q - dmin mn
+//   Q6_K unit (3360 bytes): 8 groups' low 4 bits, then 8 groups' high 2 bits (128 bytes a
+//     group: bits 2 i, 2 i + 1 of byte 4 r + j of its 64-byte chunk c are level vector
+//     4 c + i's), 16 float16 d, the int8 scales of the 16 sub-blocks of 16 columns for the
+//     16 rows (16 bytes each)                                         w = d sc (q - 32)
+// so the weights keep their file's size (Q4_K: 148 bytes a row's block against 144), and
+// one 64-byte load, split into nibbles, feeds two vpdpbusd with 16 rows each, single tokens
+// and several alike.
 constexpr int TILE_ROWS = 16;
 
-constexpr bool tiled_type(int type) { return type == Q4_0 || type == Q4_1; }
-constexpr int64_t tile_group_bytes(int type) { return type == Q4_1 ? 320 : 288; }
+constexpr bool tiled_type(int type) { return type == Q4_0 || type == Q4_1 || type == Q4_K || type == Q6_K; }
+constexpr int64_t tile_unit_columns(int type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
+constexpr int64_t tile_unit_bytes(int type) {
+    return type == Q6_K ? 3360 : type == Q4_K ? 2368 : type == Q4_1 ? 320 : 288;
+}
+constexpr int64_t tile_bytes(int type, int64_t columns) { return columns / tile_unit_columns(type) * tile_unit_bytes(type); }
 constexpr int64_t tile_count(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
 
 struct KernelSet {
@@ -57,12 +74,12 @@ struct KernelSet {
     // Rows m0..m1 of x into the quantised form (low null: 8 bits), each byte stored plus
     // `bias` (128: unsigned, for the panels; 0: int8, for the tiles).
     void (*quantize_rows)(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
-                          int64_t m0, int64_t m1, int bias);
+                          float* xsum_half, int64_t m0, int64_t m1, int bias);
     // y for the output rows of panels p0..p1 (PANEL rows each), int8 activations; scratch
     // holds panel_bytes(type, columns).
     void (*int8_panels)(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                         int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch);
-    // y for the output rows of tiles t0..t1 of a tiled Q4_0 or Q4_1 matrix; xq as int8 (bias 0).
+    // y for the output rows of tiles t0..t1 of a tiled matrix; xq as int8 (bias 0).
     void (*tile_rows)(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features,
                       int64_t t0, int64_t t1);
 };

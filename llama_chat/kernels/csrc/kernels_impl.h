@@ -267,7 +267,7 @@ void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x
 }
 
 void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
-                   int64_t m0, int64_t m1, int bias) {
+                   float* xsum_half, int64_t m0, int64_t m1, int bias) {
     const int64_t groups = columns / X_GROUP;
     // 8 bits: levels -127..127. 16 bits: levels -32385..32385 = 255 h + l with h and l
     // each in -127..127 (base 255 keeps -128 out: vpsignb cannot negate it), stored plus bias.
@@ -279,10 +279,11 @@ void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low,
             for (int j = 0; j < X_GROUP; ++j) largest = std::max(largest, std::fabs(v[j]));
             const float step = largest / top, inverse = step > 0.0f ? 1.0f / step : 0.0f;
             const int64_t at = m * columns + g * X_GROUP;
-            int level_sum = 0;
+            int level_sum = 0, first_half = 0;
             for (int j = 0; j < X_GROUP; ++j) {
                 const int q = int(std::min(top, std::max(-top, std::nearbyint(v[j] * inverse))));
                 level_sum += q;
+                if (j == X_GROUP / 2 - 1) first_half = level_sum;
                 if (low) {
                     const int h = q >= 0 ? (q + 127) / 255 : -((127 - q) / 255);  // q / 255, rounded
                     high[at + j] = uint8_t(h + bias);
@@ -296,6 +297,7 @@ void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low,
             // x in both terms, whose errors cancel as the weight's own are small (m is near
             // -8 d in 4-bit blocks; with the exact sum the error would scale with d q).
             xsum[m * groups + g] = step * float(level_sum);
+            xsum_half[m * groups + g] = step * float(first_half);
         }
     }
 }

@@ -64,7 +64,7 @@ static const KernelSet& kernel_set(int64_t variant) {
     }
 }
 
-// y = x w^T, w [out_features, columns]: Q4_0 and Q4_1 in tiles of 16 rows, other types as
+// y = x w^T, w [out_features, columns]: Q4_0, Q4_1 and Q4_K in tiles of 16 rows, other types as
 // GGUF blocks with rows in groups of 4 (kernels.h). activation_bits 0: x stays float32
 // (the single-token kernels of untiled types); 8 or 16: x is quantised in groups of 32
 // for the integer kernels.
@@ -79,7 +79,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     const int64_t columns = x.size(-1);
     TORCH_CHECK(columns % info.block_weights == 0, "llama_chat: width ", columns, " is not whole blocks");
     const bool tiled = tiled_type(int(block_type));
-    const int64_t expected = tiled ? tile_count(out_features) * (columns / X_GROUP) * tile_group_bytes(int(block_type))
+    const int64_t expected = tiled ? tile_count(out_features) * tile_bytes(int(block_type), columns)
                                    : padded_rows(out_features) * (columns / info.block_weights) * info.block_bytes;
     TORCH_CHECK(weight.numel() == expected, "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features,
                 " rows of ", columns, (tiled ? " in tiles of 16" : " in groups of 4"));
@@ -105,11 +105,13 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     const int64_t groups = columns / X_GROUP;
     std::unique_ptr<uint8_t[]> high(new uint8_t[rows * columns]);
     std::unique_ptr<uint8_t[]> low(activation_bits == 16 ? new uint8_t[rows * columns] : nullptr);
-    std::unique_ptr<float[]> xscale(new float[rows * groups]), xsum(new float[rows * groups]);
+    std::unique_ptr<float[]> xscale(new float[rows * groups]), xsum(new float[rows * groups]),
+        xsum_half(new float[rows * groups]);
     at::parallel_for(0, rows, 1, [&](int64_t m0, int64_t m1) {
-        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), m0, m1, tiled ? 0 : 128);
+        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), xsum_half.get(), m0, m1,
+                              tiled ? 0 : 128);
     });
-    const QuantizedRows xq{high.get(), low.get(), xscale.get(), xsum.get(), rows, columns};
+    const QuantizedRows xq{high.get(), low.get(), xscale.get(), xsum.get(), xsum_half.get(), rows, columns};
     if (tiled) {
         at::parallel_for(0, tile_count(out_features), 1, [&](int64_t t0, int64_t t1) {
             kernels.tile_rows(int(block_type), wp, xq, yp, out_features, t0, t1);

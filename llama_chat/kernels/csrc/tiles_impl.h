@@ -1,11 +1,14 @@
-// Tiled Q4_0 and Q4_1 matrices (layout in kernels.h) times int8 or 16-bit activations,
-// for single tokens and several alike; included by kernels_impl.h, once per variant.
+// Tiled Q4_0, Q4_1, Q4_K and Q6_K matrices (layout in kernels.h) times int8 or 16-bit
+// activations, for single tokens and several alike; included by kernels_impl.h, once per
+// variant.
 //
-// Per group of 32 columns and token: the levels (0..15, unsigned) go through byte dot
-// products with the token's signed bytes, 16 rows a vector, and the float work is
-//   Q4_0 (w = d (q - 8)):  y += d (xscale * sum(q x) - 8 xsum)
-//   Q4_1 (w = d q + m):    y += d xscale * sum(q x) + m xsum
-// where x ~ xscale * levels and xsum is the sum of the rounded x (see quantize_rows).
+// Per group of 32 columns (Q6_K: per half group of 16, each with its own scale) and token,
+// the levels (unsigned) go through byte dot products with the token's signed bytes, 16
+// rows a vector; with w = scale q + minimum,
+//   y += scale * xscale * sum(q x) + minimum * xsum
+// where x ~ xscale * levels and xsum is the sum of the rounded x (see quantize_rows); for
+// a fixed offset (minimum = -8 scale for Q4_0, -32 scale for Q6_K) as
+//   y += scale * (xscale * sum(q x) - offset * xsum).
 // With 16 bits, sum(q x) = 255 * (the high halves' sum) + the low halves' sum.
 
 namespace llama_chat_kernels {
@@ -19,23 +22,119 @@ inline int32_t dword(const uint8_t* p) {
     return v;
 }
 
+// Where group g of a tile lies, and its rows' scales and minimums (per half group for Q6_K).
+template <int TYPE>
+struct TileGroup {
+    static constexpr int64_t GROUPS = tile_unit_columns(TYPE) / X_GROUP;  // groups a unit
+    static constexpr int64_t UNIT = tile_unit_bytes(TYPE);
+    static constexpr int HALVES = TYPE == Q6_K ? 2 : 1;  // scales a group
+    // minimum = -OFFSET scale, or 0: minimums stored
+    static constexpr float OFFSET = TYPE == Q4_0 ? 8.0f : TYPE == Q6_K ? 32.0f : 0.0f;
+    static constexpr int64_t LEVELS = 256 * GROUPS;                         // bytes of 4-bit levels a unit
+    static constexpr int64_t HEAD = TYPE == Q6_K ? LEVELS + 128 * GROUPS : LEVELS;  // where d starts
+
+    static const uint8_t* unit(const uint8_t* tile, int64_t g) { return tile + g / GROUPS * UNIT; }
+    static const uint8_t* levels(const uint8_t* tile, int64_t g) { return unit(tile, g) + g % GROUPS * 256; }
+    static const uint8_t* high_bits(const uint8_t* tile, int64_t g) { return unit(tile, g) + LEVELS + g % GROUPS * 128; }
+    // where the byte factors of (half) group g start, scales and (Q4_K) minimums
+    static int64_t factors(int64_t g, int half) {
+        return TYPE == Q6_K ? HEAD + 32 + 16 * (2 * (g % GROUPS) + half) : HEAD + 64 + 16 * (g % GROUPS);
+    }
+
+    // Row n's scale and minimum in (half) group g; the vector forms below: 16 rows, or the
+    // 8 from 8 h.
+    static float scale(const uint8_t* tile, int64_t g, int half, int n) {
+        const uint8_t* u = unit(tile, g);
+        const float d = half_to_float(u + HEAD + 2 * n);
+        if (TYPE == Q6_K) return d * float(int8_t(u[factors(g, half) + n]));
+        return TYPE == Q4_K ? d * float(u[factors(g, half) + n]) : d;
+    }
+    static float minimum(const uint8_t* tile, int64_t g, int half, int n) {
+        if (OFFSET != 0.0f) return -OFFSET * scale(tile, g, half, n);
+        const uint8_t* u = unit(tile, g);
+        const float m = half_to_float(u + HEAD + 32 + 2 * n);
+        return TYPE == Q4_K ? -m * float(u[factors(g, half) + 128 + n]) : m;
+    }
 #if VARIANT == 2
-// vpdpbusd with the 4 signed bytes at x broadcast by the instruction itself ({1to16}):
-// compilers emit a separate broadcast for _mm512_set1_epi32, which costs as much as the
-// product.
-inline __m512i dot_broadcast(__m512i acc, __m512i levels, const uint8_t* x) {
-    __asm__("vpdpbusd %[x]%{1to16%}, %[levels], %[acc]"
-            : [acc] "+v"(acc)
-            : [levels] "v"(levels), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
-    return acc;
+    static __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+    static __m512 bytes(const uint8_t* p) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        return _mm512_cvtepi32_ps(TYPE == Q6_K ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+    }
+    static __m512 scales(const uint8_t* tile, int64_t g, int half) {
+        const uint8_t* u = unit(tile, g);
+        const __m512 d = halves(u + HEAD);
+        return TYPE == Q4_K || TYPE == Q6_K ? _mm512_mul_ps(d, bytes(u + factors(g, half))) : d;
+    }
+    static __m512 minimums(const uint8_t* tile, int64_t g) {  // stored minimums only (OFFSET 0)
+        const uint8_t* u = unit(tile, g);
+        const __m512 m = halves(u + HEAD + 32);
+        return TYPE == Q4_K ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, bytes(u + factors(g, 0) + 128))) : m;
+    }
+#elif VARIANT == 1
+    static __m256 halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+    static __m256 bytes(const uint8_t* p) {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+        return _mm256_cvtepi32_ps(TYPE == Q6_K ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+    }
+    static __m256 scales(const uint8_t* tile, int64_t g, int half, int h) {
+        const uint8_t* u = unit(tile, g);
+        const __m256 d = halves(u + HEAD + 16 * h);
+        return TYPE == Q4_K || TYPE == Q6_K ? _mm256_mul_ps(d, bytes(u + factors(g, half) + 8 * h)) : d;
+    }
+    static __m256 minimums(const uint8_t* tile, int64_t g, int h) {
+        const uint8_t* u = unit(tile, g);
+        const __m256 m = halves(u + HEAD + 32 + 16 * h);
+        return TYPE == Q4_K ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(m, bytes(u + factors(g, 0) + 128 + 8 * h)))
+                            : m;
+    }
+#endif
+};
+
+#if VARIANT == 2
+// One (half) group's float work for one token: total (the integer dot products) into acc.
+template <int TYPE>
+inline __m512 add_group(__m512 acc, __m512i total, __m512 scale, __m512 minimum, float step, float summed) {
+    constexpr float OFFSET = TileGroup<TYPE>::OFFSET;
+    if constexpr (OFFSET != 0.0f) {
+        const __m512 part =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(step), _mm512_set1_ps(-OFFSET * summed));
+        return _mm512_fmadd_ps(part, scale, acc);
+    } else {
+        acc = _mm512_fmadd_ps(minimum, _mm512_set1_ps(summed), acc);
+        return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(step)), scale, acc);
+    }
+}
+
+inline __m512i combine(__m512i high, __m512i low) {  // 255 high + low
+    return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(high, 8), high), low);
+}
+
+// Level vectors 2 k and 2 k + 1 of a group (columns 8 k .. 8 k + 8), Q6_K's high bits added.
+template <int TYPE>
+inline void unpack_chunk(const uint8_t* levels, const uint8_t* high_bits, int k, __m512i& low, __m512i& high) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i bytes = _mm512_loadu_si512(levels + 64 * k);
+    low = _mm512_and_si512(bytes, nibble);
+    high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    if constexpr (TYPE == Q6_K) {
+        // vectors 2 k and 2 k + 1 have bits 2 i, 2 i + 1 of chunk k / 2, i = 2 (k % 2) + half:
+        // shifted to bits 4-5 of each byte (16-bit shifts; the mask drops what crosses bytes)
+        const __m512i top = _mm512_set1_epi8(0x30);
+        const __m512i bits = _mm512_loadu_si512(high_bits + 64 * (k / 2));
+        const __m512i first = k % 2 ? bits : _mm512_slli_epi16(bits, 4);
+        const __m512i second = k % 2 ? _mm512_srli_epi16(bits, 2) : _mm512_slli_epi16(bits, 2);
+        low = _mm512_or_si512(low, _mm512_and_si512(first, top));
+        high = _mm512_or_si512(high, _mm512_and_si512(second, top));
+    }
 }
 #endif
 
 // R tokens from row m against one tile: out[r][0..16).
-template <int R, bool MINIMUMS, bool TWO>
+template <int R, int TYPE, bool TWO>
 void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float* out) {
-    constexpr int PLANES = TWO ? 2 : 1;
-    constexpr int64_t GROUP_BYTES = tile_group_bytes(MINIMUMS ? Q4_1 : Q4_0);
+    using Group = TileGroup<TYPE>;
+    constexpr int PLANES = TWO ? 2 : 1, HALVES = Group::HALVES;
     const int64_t columns = xq.columns, groups = columns / X_GROUP;
     const uint8_t* x[PLANES][R];
     for (int r = 0; r < R; ++r) {
@@ -44,89 +143,117 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
     }
     const float* xscale = xq.xscale + m * groups;
     const float* xsum = xq.xsum + m * groups;
+    const float* xsum_half = xq.xsum_half + m * groups;
+    // the sum of x over half group `half` of group g of token r
+    auto summed = [&](int r, int64_t g, int half) {
+        if (HALVES == 1) return xsum[r * groups + g];
+        return half == 0 ? xsum_half[r * groups + g] : xsum[r * groups + g] - xsum_half[r * groups + g];
+    };
 #if VARIANT == 2
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g, tile += GROUP_BYTES) {
-        __m512i level[2 * GROUP_CHUNKS];  // [8 k + 4 half .. + 4): columns 8 k + 4 half + j
-        for (int k = 0; k < GROUP_CHUNKS; ++k) {
-            const __m512i bytes = _mm512_loadu_si512(tile + 64 * k);
-            level[2 * k] = _mm512_and_si512(bytes, nibble);
-            level[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i level[2 * GROUP_CHUNKS];  // level vector v = 2 k + half
+        for (int k = 0; k < GROUP_CHUNKS; ++k)
+            unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, level[2 * k], level[2 * k + 1]);
+        __m512 scale[HALVES], minimum[HALVES];
+        for (int half = 0; half < HALVES; ++half) {
+            scale[half] = Group::scales(tile, g, half);
+            minimum[half] = Group::OFFSET != 0.0f ? scale[half] : Group::minimums(tile, g);
         }
-        const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 256)));
         // Products slice by slice across all tokens and planes: R * PLANES independent
         // chains in step (a second chain each where they are fewer than 4, vpdpbusd's
-        // latency in cycles), so the products issue back to back.
-        constexpr int CHAINS = R * PLANES >= 4 ? 1 : 2;
+        // latency in cycles; Q6_K's two half groups are two chains anyway), so the
+        // products issue back to back.
+        constexpr int CHAINS = HALVES == 2 || R * PLANES < 4 ? 2 : 1;
         __m512i dot[R][PLANES][CHAINS];
         for (int r = 0; r < R; ++r)
             for (int plane = 0; plane < PLANES; ++plane)
                 for (int c = 0; c < CHAINS; ++c) dot[r][plane][c] = _mm512_setzero_si512();
-        for (int i = 0; i < 2 * GROUP_CHUNKS; ++i)
+        for (int v = 0; v < 2 * GROUP_CHUNKS; ++v) {
+            const int c = HALVES == 2 ? v / GROUP_CHUNKS : v % CHAINS;
             for (int r = 0; r < R; ++r)
                 for (int plane = 0; plane < PLANES; ++plane)
-                    dot[r][plane][i % CHAINS] =
-                        dot_broadcast(dot[r][plane][i % CHAINS], level[i], x[plane][r] + 32 * g + 4 * i);
+                    dot[r][plane][c] = _mm512_dpbusd_epi32(dot[r][plane][c], level[v],
+                                                           _mm512_set1_epi32(dword(x[plane][r] + 32 * g + 4 * v)));
+        }
         for (int r = 0; r < R; ++r) {
-            __m512i sums[PLANES];
-            for (int plane = 0; plane < PLANES; ++plane)
-                sums[plane] = CHAINS == 1 ? dot[r][plane][0] : _mm512_add_epi32(dot[r][plane][0], dot[r][plane][CHAINS - 1]);
-            const __m512i total =
-                TWO ? _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(sums[0], 8), sums[0]), sums[PLANES - 1]) : sums[0];
-            const float step = xscale[r * groups + g], summed = xsum[r * groups + g];
-            if (MINIMUMS) {
-                const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
-                acc[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(summed), acc[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(step)), scale, acc[r]);
+            if constexpr (HALVES == 2) {
+                for (int half = 0; half < 2; ++half) {
+                    const __m512i total = TWO ? combine(dot[r][0][half], dot[r][PLANES - 1][half]) : dot[r][0][half];
+                    acc[r] = add_group<TYPE>(acc[r], total, scale[half], minimum[half], xscale[r * groups + g],
+                                             summed(r, g, half));
+                }
             } else {
-                const __m512 part =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(step), _mm512_set1_ps(-8.0f * summed));
-                acc[r] = _mm512_fmadd_ps(part, scale, acc[r]);
+                __m512i sums[PLANES];
+                for (int plane = 0; plane < PLANES; ++plane)
+                    sums[plane] =
+                        CHAINS == 1 ? dot[r][plane][0] : _mm512_add_epi32(dot[r][plane][0], dot[r][plane][CHAINS - 1]);
+                const __m512i total = TWO ? combine(sums[0], sums[PLANES - 1]) : sums[0];
+                acc[r] = add_group<TYPE>(acc[r], total, scale[0], minimum[0], xscale[r * groups + g], summed(r, g, 0));
             }
         }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE_ROWS, acc[r]);
 #elif VARIANT == 1
     // vpmaddubsw: pairs of unsigned level x signed byte products in 16 bits, at most
-    // 2 * 15 * 127 = 3810, so the 8 products of a group's column slices add up in 16 bits
-    // (30480) before one vpmaddwd widens them; rows 0-7 and 8-15 in two halves.
-    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    // 2 * 15 * 127 = 3810 for 4-bit levels, so a group's 8 products add up in 16 bits
+    // (30480) before one vpmaddwd widens them; Q6_K's (2 * 63 * 127 = 16002) two at a time.
+    // Rows 0-7 and 8-15 in two halves h.
+    constexpr int IN_16_BITS = TYPE == Q6_K ? 2 : 8;
+    const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g, tile += GROUP_BYTES) {
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* levels = Group::levels(tile, g);
         for (int h = 0; h < 2; ++h) {
             __m256i level[2 * GROUP_CHUNKS];
             for (int k = 0; k < GROUP_CHUNKS; ++k) {
-                const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 64 * k + 32 * h));
+                const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(levels + 64 * k + 32 * h));
                 level[2 * k] = _mm256_and_si256(bytes, nibble);
                 level[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+                if constexpr (TYPE == Q6_K) {  // as unpack_chunk
+                    const __m256i bits = _mm256_loadu_si256(
+                        reinterpret_cast<const __m256i*>(Group::high_bits(tile, g) + 64 * (k / 2) + 32 * h));
+                    const __m256i first = k % 2 ? bits : _mm256_slli_epi16(bits, 4);
+                    const __m256i second = k % 2 ? _mm256_srli_epi16(bits, 2) : _mm256_slli_epi16(bits, 2);
+                    level[2 * k] = _mm256_or_si256(level[2 * k], _mm256_and_si256(first, top));
+                    level[2 * k + 1] = _mm256_or_si256(level[2 * k + 1], _mm256_and_si256(second, top));
+                }
             }
-            const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 256 + 16 * h)));
+            __m256 scale[HALVES], minimum[HALVES];
+            for (int half = 0; half < HALVES; ++half) {
+                scale[half] = Group::scales(tile, g, half, h);
+                minimum[half] = Group::OFFSET != 0.0f ? scale[half] : Group::minimums(tile, g, h);
+            }
             for (int r = 0; r < R; ++r) {
-                __m256i dot[PLANES];
+                __m256i dot[PLANES][HALVES];
                 for (int plane = 0; plane < PLANES; ++plane) {
                     const uint8_t* xg = x[plane][r] + 32 * g;
-                    __m256i pairs = _mm256_maddubs_epi16(level[0], _mm256_set1_epi32(dword(xg)));
-                    for (int i = 1; i < 2 * GROUP_CHUNKS; ++i)
-                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(level[i], _mm256_set1_epi32(dword(xg + 4 * i))));
-                    dot[plane] = _mm256_madd_epi16(pairs, ones);
+                    for (int half = 0; half < HALVES; ++half) dot[plane][half] = _mm256_setzero_si256();
+                    for (int v0 = 0; v0 < 2 * GROUP_CHUNKS; v0 += IN_16_BITS) {
+                        __m256i pairs = _mm256_maddubs_epi16(level[v0], _mm256_set1_epi32(dword(xg + 4 * v0)));
+                        for (int v = v0 + 1; v < v0 + IN_16_BITS; ++v)
+                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(level[v], _mm256_set1_epi32(dword(xg + 4 * v))));
+                        const int half = HALVES == 2 ? v0 / GROUP_CHUNKS : 0;
+                        dot[plane][half] = _mm256_add_epi32(dot[plane][half], _mm256_madd_epi16(pairs, ones));
+                    }
                 }
-                const __m256i total = TWO ? _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(dot[0], 8), dot[0]),
-                                                             dot[PLANES - 1])
-                                          : dot[0];
-                const float step = xscale[r * groups + g], summed = xsum[r * groups + g];
-                if (MINIMUMS) {
-                    const __m256 minimum =
-                        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 288 + 16 * h)));
-                    acc[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(summed), acc[r][h]);
-                    acc[r][h] =
-                        _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(step)), scale, acc[r][h]);
-                } else {
-                    const __m256 part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(step),
-                                                        _mm256_set1_ps(-8.0f * summed));
-                    acc[r][h] = _mm256_fmadd_ps(part, scale, acc[r][h]);
+                for (int half = 0; half < HALVES; ++half) {
+                    const __m256i total =
+                        TWO ? _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(dot[0][half], 8), dot[0][half]),
+                                               dot[PLANES - 1][half])
+                            : dot[0][half];
+                    const float step = xscale[r * groups + g], sum = summed(r, g, half);
+                    if constexpr (Group::OFFSET != 0.0f) {
+                        const __m256 part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(step),
+                                                            _mm256_set1_ps(-Group::OFFSET * sum));
+                        acc[r][h] = _mm256_fmadd_ps(part, scale[half], acc[r][h]);
+                    } else {
+                        acc[r][h] = _mm256_fmadd_ps(minimum[half], _mm256_set1_ps(sum), acc[r][h]);
+                        acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(step)),
+                                                    scale[half], acc[r][h]);
+                    }
                 }
             }
         }
@@ -136,26 +263,37 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
 #else
     for (int r = 0; r < R; ++r)
         for (int n = 0; n < TILE_ROWS; ++n) out[r * TILE_ROWS + n] = 0.0f;
-    for (int64_t g = 0; g < groups; ++g, tile += GROUP_BYTES) {
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* levels = Group::levels(tile, g);
         for (int n = 0; n < TILE_ROWS; ++n) {
-            const float scale = half_to_float(tile + 256 + 2 * n);
-            const float minimum = MINIMUMS ? half_to_float(tile + 288 + 2 * n) : 0.0f;
-            for (int r = 0; r < R; ++r) {
-                int32_t dot[PLANES];
-                for (int plane = 0; plane < PLANES; ++plane) {
-                    const int8_t* xg = reinterpret_cast<const int8_t*>(x[plane][r] + 32 * g);
-                    dot[plane] = 0;
-                    for (int k = 0; k < GROUP_CHUNKS; ++k) {
-                        for (int j = 0; j < 4; ++j) {
-                            const uint8_t both = tile[64 * k + 4 * n + j];
-                            dot[plane] += (both & 15) * xg[8 * k + j] + (both >> 4) * xg[8 * k + 4 + j];
+            int level[32];  // by column
+            for (int k = 0; k < GROUP_CHUNKS; ++k) {
+                for (int j = 0; j < 4; ++j) {
+                    const uint8_t both = levels[64 * k + 4 * n + j];
+                    level[8 * k + j] = both & 15;
+                    level[8 * k + 4 + j] = both >> 4;
+                    if (TYPE == Q6_K) {
+                        for (int half = 0; half < 2; ++half) {
+                            const int v = 2 * k + half;
+                            const uint8_t bits = Group::high_bits(tile, g)[64 * (v / 4) + 4 * n + j];
+                            level[8 * k + 4 * half + j] |= ((bits >> (2 * (v % 4))) & 3) << 4;
                         }
                     }
                 }
-                const int32_t total = TWO ? 255 * dot[0] + dot[PLANES - 1] : dot[0];
-                const float step = xscale[r * groups + g], summed = xsum[r * groups + g];
-                out[r * TILE_ROWS + n] += MINIMUMS ? scale * (float(total) * step) + minimum * summed
-                                                   : scale * (float(total) * step - 8.0f * summed);
+            }
+            for (int half = 0; half < HALVES; ++half) {
+                const float scale = Group::scale(tile, g, half, n), minimum = Group::minimum(tile, g, half, n);
+                const int first = 32 / HALVES * half, last = 32 / HALVES * (half + 1);
+                for (int r = 0; r < R; ++r) {
+                    int32_t dot[PLANES];
+                    for (int plane = 0; plane < PLANES; ++plane) {
+                        const int8_t* xg = reinterpret_cast<const int8_t*>(x[plane][r] + 32 * g);
+                        dot[plane] = 0;
+                        for (int c = first; c < last; ++c) dot[plane] += level[c] * xg[c];
+                    }
+                    const int32_t total = TWO ? 255 * dot[0] + dot[PLANES - 1] : dot[0];
+                    out[r * TILE_ROWS + n] += scale * (float(total) * xscale[r * groups + g]) + minimum * summed(r, g, half);
+                }
             }
         }
     }
@@ -165,88 +303,88 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
 #if VARIANT == 2
 // One token against T tiles: the token's bytes are broadcast once a group for all T (for
 // a single token the broadcasts would otherwise cost as much as the products).
-template <int T, bool MINIMUMS, bool TWO>
-void tiles_one_token(const uint8_t* tiles, int64_t tile_bytes, const QuantizedRows& xq, int64_t m, float* out) {
-    constexpr int PLANES = TWO ? 2 : 1;
-    constexpr int64_t GROUP_BYTES = tile_group_bytes(MINIMUMS ? Q4_1 : Q4_0);
-    const int64_t columns = xq.columns, groups = columns / X_GROUP;
-    const uint8_t* x[PLANES] = {xq.high + m * columns};
-    if (TWO) x[PLANES - 1] = xq.low + m * columns;
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
+template <int T, int TYPE, bool TWO>
+void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& xq, float* out) {
+    using Group = TileGroup<TYPE>;
+    constexpr int PLANES = TWO ? 2 : 1, HALVES = Group::HALVES;
+    const int64_t groups = xq.columns / X_GROUP;
+    const uint8_t* x[PLANES] = {xq.high};
+    if (TWO) x[PLANES - 1] = xq.low;
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
         __m512i xv[PLANES][2 * GROUP_CHUNKS];
         for (int plane = 0; plane < PLANES; ++plane)
-            for (int i = 0; i < 2 * GROUP_CHUNKS; ++i) xv[plane][i] = _mm512_set1_epi32(dword(x[plane] + 32 * g + 4 * i));
-        const float step = xq.xscale[m * groups + g], summed = xq.xsum[m * groups + g];
+            for (int v = 0; v < 2 * GROUP_CHUNKS; ++v) xv[plane][v] = _mm512_set1_epi32(dword(x[plane] + 32 * g + 4 * v));
+        const float summed[2] = {HALVES == 1 ? xq.xsum[g] : xq.xsum_half[g], xq.xsum[g] - xq.xsum_half[g]};
         for (int t = 0; t < T; ++t) {
-            const uint8_t* tile = tiles + t * tile_bytes + g * GROUP_BYTES;
+            const uint8_t* tile = tiles + t * stride;
+            // two chains: the even and odd level vectors, or Q6_K's half groups
             __m512i dot[PLANES][2];
             for (int plane = 0; plane < PLANES; ++plane) dot[plane][0] = dot[plane][1] = _mm512_setzero_si512();
             for (int k = 0; k < GROUP_CHUNKS; ++k) {
-                const __m512i bytes = _mm512_loadu_si512(tile + 64 * k);
-                const __m512i low = _mm512_and_si512(bytes, nibble);
-                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+                __m512i low, high;
+                unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, low, high);
+                const int first = HALVES == 2 ? k / 2 : 0, second = HALVES == 2 ? k / 2 : 1;
                 for (int plane = 0; plane < PLANES; ++plane) {
-                    dot[plane][0] = _mm512_dpbusd_epi32(dot[plane][0], low, xv[plane][2 * k]);
-                    dot[plane][1] = _mm512_dpbusd_epi32(dot[plane][1], high, xv[plane][2 * k + 1]);
+                    dot[plane][first] = _mm512_dpbusd_epi32(dot[plane][first], low, xv[plane][2 * k]);
+                    dot[plane][second] = _mm512_dpbusd_epi32(dot[plane][second], high, xv[plane][2 * k + 1]);
                 }
             }
-            const __m512i first = _mm512_add_epi32(dot[0][0], dot[0][1]);
-            const __m512i total =
-                TWO ? _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(first, 8), first),
-                                       _mm512_add_epi32(dot[PLANES - 1][0], dot[PLANES - 1][1]))
-                    : first;
-            const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 256)));
-            if (MINIMUMS) {
-                const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
-                acc[t] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(summed), acc[t]);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(step)), scale, acc[t]);
+            if constexpr (HALVES == 2) {
+                for (int half = 0; half < 2; ++half) {
+                    const __m512i total = TWO ? combine(dot[0][half], dot[PLANES - 1][half]) : dot[0][half];
+                    const __m512 scale = Group::scales(tile, g, half);
+                    acc[t] = add_group<TYPE>(acc[t], total, scale, scale, xq.xscale[g], summed[half]);
+                }
             } else {
-                const __m512 part =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(step), _mm512_set1_ps(-8.0f * summed));
-                acc[t] = _mm512_fmadd_ps(part, scale, acc[t]);
+                const __m512i first = _mm512_add_epi32(dot[0][0], dot[0][1]);
+                const __m512i total =
+                    TWO ? combine(first, _mm512_add_epi32(dot[PLANES - 1][0], dot[PLANES - 1][1])) : first;
+                const __m512 scale = Group::scales(tile, g, 0);
+                const __m512 minimum = Group::OFFSET != 0.0f ? scale : Group::minimums(tile, g);
+                acc[t] = add_group<TYPE>(acc[t], total, scale, minimum, xq.xscale[g], summed[0]);
             }
         }
     }
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * TILE_ROWS, acc[t]);
 }
-constexpr int TILE_TOKENS = 4;
-constexpr int TILES_AT_ONCE = 4;
-static_assert(TILES_AT_ONCE <= TILE_TOKENS, "out[] holds TILE_TOKENS tiles' rows");  // tokens sharing one decoding of a group's levels
+
+constexpr int TILES_AT_ONCE = 4;  // tiles sharing a single token's broadcasts
+constexpr int TILE_TOKENS = 4;    // tokens sharing one decoding of a group's levels
 #elif VARIANT == 1
 constexpr int TILE_TOKENS = 2;
 #else
 constexpr int TILE_TOKENS = 1;
 #endif
 
-template <bool MINIMUMS, bool TWO>
+template <int TYPE, bool TWO>
 void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
                      int64_t t1) {
-    const int64_t tile_bytes = xq.columns / X_GROUP * tile_group_bytes(MINIMUMS ? Q4_1 : Q4_0);
-    alignas(64) float out[TILE_TOKENS * TILE_ROWS];
+    const int64_t stride = tile_bytes(TYPE, xq.columns);
+    alignas(64) float out[4 * TILE_ROWS];
     int64_t t = t0;
 #if VARIANT == 2
+    static_assert(TILES_AT_ONCE <= 4 && TILE_TOKENS <= 4, "out[] holds 4 tiles' rows");
     if (xq.rows == 1) {
         for (; t + TILES_AT_ONCE <= t1; t += TILES_AT_ONCE) {
-            tiles_one_token<TILES_AT_ONCE, MINIMUMS, TWO>(tiles + t * tile_bytes, tile_bytes, xq, 0, out);
+            tiles_one_token<TILES_AT_ONCE, TYPE, TWO>(tiles + t * stride, stride, xq, out);
             const int64_t first = t * TILE_ROWS;
             std::memcpy(y + first, out, std::min<int64_t>(TILES_AT_ONCE * TILE_ROWS, out_features - first) * 4);
         }
     }
 #endif
     for (; t < t1; ++t) {
-        const uint8_t* tile = tiles + t * tile_bytes;
+        const uint8_t* tile = tiles + t * stride;
         const int64_t first = t * TILE_ROWS;
         const int64_t count = std::min<int64_t>(TILE_ROWS, out_features - first);
         for (int64_t m = 0; m < xq.rows;) {
             int rows = 1;
             if (xq.rows - m >= TILE_TOKENS) {
-                tile_tokens<TILE_TOKENS, MINIMUMS, TWO>(tile, xq, m, out);
+                tile_tokens<TILE_TOKENS, TYPE, TWO>(tile, xq, m, out);
                 rows = TILE_TOKENS;
             } else {
-                tile_tokens<1, MINIMUMS, TWO>(tile, xq, m, out);
+                tile_tokens<1, TYPE, TWO>(tile, xq, m, out);
             }
             for (int r = 0; r < rows; ++r) std::memcpy(y + (m + r) * out_features + first, out + r * TILE_ROWS, count * 4);
             m += rows;
@@ -254,15 +392,22 @@ void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, in
     }
 }
 
+template <int TYPE>
+void tile_rows_of(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0, int64_t t1) {
+    if (xq.low)
+        tile_rows_typed<TYPE, true>(tiles, xq, y, out_features, t0, t1);
+    else
+        tile_rows_typed<TYPE, false>(tiles, xq, y, out_features, t0, t1);
+}
+
 void tile_rows(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
                int64_t t1) {
-    const bool two = xq.low != nullptr;
-    if (type == Q4_1) {
-        if (two) return tile_rows_typed<true, true>(tiles, xq, y, out_features, t0, t1);
-        return tile_rows_typed<true, false>(tiles, xq, y, out_features, t0, t1);
+    switch (type) {
+        case Q4_0: return tile_rows_of<Q4_0>(tiles, xq, y, out_features, t0, t1);
+        case Q4_1: return tile_rows_of<Q4_1>(tiles, xq, y, out_features, t0, t1);
+        case Q4_K: return tile_rows_of<Q4_K>(tiles, xq, y, out_features, t0, t1);
+        default: return tile_rows_of<Q6_K>(tiles, xq, y, out_features, t0, t1);
     }
-    if (two) return tile_rows_typed<false, true>(tiles, xq, y, out_features, t0, t1);
-    return tile_rows_typed<false, false>(tiles, xq, y, out_features, t0, t1);
 }
 
 }  // namespace VARIANT_NAMESPACE
