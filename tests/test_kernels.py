@@ -12,13 +12,15 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 import llama_chat
-from llama_chat.checkpoints.stored import TensorMatrix
+from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
 from llama_chat.kernels import native
+from llama_chat.kernels.quantize import block_mode, describe_packing
 from llama_chat.kernels.block_linear import (
     BLOCK_SIZES,
     BLOCK_TYPES,
     TILED_TYPES,
     BlockLinear,
+    StackedBlockLinear,
     arranged_bytes,
     interleave_rows,
     q4_1_blocks,
@@ -58,6 +60,15 @@ def random_blocks(block_type: str, rows: int, columns: int, seed: int = 0) -> np
         halves = (generator.standard_normal((rows, columns // weights)) * spread).astype(np.float16)
         raw[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(rows, columns // weights, 2)
     return raw.reshape(rows, -1)
+
+
+def stored_blocks(block_type: str, rows: int, columns: int, seed: int) -> TensorMatrix:
+    """A matrix as a file would hold it in `block_type`, its blocks handed out as stored."""
+    raw = random_blocks(block_type, rows, columns, seed=seed)
+    stored = TensorMatrix.of(torch.from_numpy(quants.dequantize(raw, QType[block_type]).reshape(rows, columns)))
+    stored.block_type = block_type
+    stored.blocks = lambda start, stop: torch.from_numpy(raw[start:stop])
+    return stored
 
 
 def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor:
@@ -153,17 +164,29 @@ def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, toleranc
 
 
 def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
-    raw = random_blocks("Q5_K", 16, 256)
-    stored = TensorMatrix.of(torch.from_numpy(quants.dequantize(raw, QType.Q5_K).reshape(16, 256)))
-    stored.block_type = "Q5_K"
-    stored.blocks = lambda start, stop: torch.from_numpy(raw[start:stop])
+    stored = stored_blocks("Q5_K", 16, 256, 0)
+    raw = stored.blocks(0, 16)
     layer = BlockLinear(stored, "Q5_K", native.variant_number("portable"))
-    assert torch.equal(layer.file_blocks(), torch.from_numpy(raw))
-    assert layer.blocks.numel() == raw.size  # the file's size: rows regrouped, nothing added
+    assert torch.equal(layer.file_blocks(), raw)
+    assert layer.blocks.numel() == raw.numel()  # the file's size: rows regrouped, nothing added
     floats = BlockLinear(TensorMatrix.of(torch.randn(15, 256)), "Q8_0", native.variant_number("portable"))
     assert floats.blocks.shape == (4, 4 * 256 // 32 * 34)  # 15 rows and one of zeros
     x = torch.randn(1, 4, 256)
     assert layer(x).shape == (1, 4, 16)
+
+
+def test_stacked_matrices_of_different_types_each_keep_their_own():
+    """q and k in Q4_K beside v in Q6_K (as a Q4_K_M file has them): packed as they are,
+    none widened to Q8_0, and the product that of the dequantised stack."""
+    parts = [stored_blocks("Q4_K", 32, 256, 7), stored_blocks("Q4_K", 16, 256, 8), stored_blocks("Q6_K", 16, 256, 9)]
+    stacked = StackedRows(parts)
+    assert block_mode(stacked, "auto", None, "wqkv") == "Q4_K+Q4_K+Q6_K"
+    assert describe_packing({"wqkv": "Q4_K+Q4_K+Q6_K", "w2": "Q6_K"}) == "Q4_K and Q6_K"
+    layer = StackedBlockLinear(stacked, native.variant_number(variants()[-1]))
+    assert [(part.block_type, part.out_features) for part in layer.parts] == [("Q4_K", 48), ("Q6_K", 16)]
+    x = torch.randn(3, 256)
+    exact = x.double() @ torch.cat([p.rows(0, p.shape[0]) for p in parts]).double().t()
+    assert ((layer(x).double() - exact).abs().max() / exact.abs().max()) < 1e-3
 
 
 def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch):
@@ -178,6 +201,7 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
         monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
         fast = llama_chat.load(path, device="cpu")
         assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
+        assert isinstance(fast.transformer.output, BlockLinear)  # the untied head, as the file holds it
         cache = fast.new_cache(64)
         first = fast.feed(cache, ids[:12])
         singles = [fast.feed(cache, [token]) for token in ids[12:]]
