@@ -275,11 +275,69 @@ void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low,
     for (int64_t m = m0; m < m1; ++m) {
         for (int64_t g = 0; g < groups; ++g) {
             const float* v = x + m * columns + g * X_GROUP;
+            const int64_t at = m * columns + g * X_GROUP;
+            int level_sum = 0, first_half = 0;
+#if VARIANT == 2
+            // The loop below in 16 lanes, with the same rounding (to nearest even, as
+            // nearbyint; q / 255 is never a tie, 255 being odd).
+            const __m512 part[2] = {_mm512_loadu_ps(v), _mm512_loadu_ps(v + 16)};
+            const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(part[0]), _mm512_abs_ps(part[1])));
+            const float step = largest / top, inverse = step > 0.0f ? 1.0f / step : 0.0f;
+            const __m512i limit = _mm512_set1_epi32(int(top)), shift = _mm512_set1_epi32(bias);
+            for (int half = 0; half < 2; ++half) {
+                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(part[half], _mm512_set1_ps(inverse)));
+                q = _mm512_max_epi32(_mm512_min_epi32(q, limit), _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+                const int sum = _mm512_reduce_add_epi32(q);
+                level_sum += sum;
+                if (half == 0) first_half = sum;
+                __m512i h = q;
+                if (low) {
+                    h = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(1.0f / 255.0f)));
+                    const __m512i l = _mm512_sub_epi32(q, _mm512_sub_epi32(_mm512_slli_epi32(h, 8), h));
+                    _mm_storeu_si128(reinterpret_cast<__m128i*>(low + at + 16 * half),
+                                     _mm512_cvtepi32_epi8(_mm512_add_epi32(l, shift)));
+                }
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(high + at + 16 * half),
+                                 _mm512_cvtepi32_epi8(_mm512_add_epi32(h, shift)));
+            }
+#elif VARIANT == 1
+            // As above in 8 lanes; the bytes leave through a small buffer (AVX2 has no vpmovdb).
+            __m256 part[4], largest_v = _mm256_setzero_ps();
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            for (int i = 0; i < 4; ++i) {
+                part[i] = _mm256_loadu_ps(v + 8 * i);
+                largest_v = _mm256_max_ps(largest_v, _mm256_andnot_ps(sign, part[i]));
+            }
+            __m128 folded = _mm_max_ps(_mm256_castps256_ps128(largest_v), _mm256_extractf128_ps(largest_v, 1));
+            folded = _mm_max_ps(folded, _mm_movehl_ps(folded, folded));
+            const float largest = _mm_cvtss_f32(_mm_max_ss(folded, _mm_movehdup_ps(folded)));
+            const float step = largest / top, inverse = step > 0.0f ? 1.0f / step : 0.0f;
+            const __m256i limit = _mm256_set1_epi32(int(top));
+            alignas(32) int32_t levels[X_GROUP], halves[X_GROUP];
+            for (int i = 0; i < 4; ++i) {
+                __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(part[i], _mm256_set1_ps(inverse)));
+                q = _mm256_max_epi32(_mm256_min_epi32(q, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+                _mm256_store_si256(reinterpret_cast<__m256i*>(levels + 8 * i), q);
+                if (low) {
+                    const __m256i h = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(1.0f / 255.0f)));
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(halves + 8 * i), h);
+                }
+            }
+            for (int j = 0; j < X_GROUP; ++j) {
+                const int q = levels[j];
+                level_sum += q;
+                if (j == X_GROUP / 2 - 1) first_half = level_sum;
+                if (low) {
+                    high[at + j] = uint8_t(halves[j] + bias);
+                    low[at + j] = uint8_t(q - 255 * halves[j] + bias);
+                } else {
+                    high[at + j] = uint8_t(q + bias);
+                }
+            }
+#else
             float largest = 0.0f;
             for (int j = 0; j < X_GROUP; ++j) largest = std::max(largest, std::fabs(v[j]));
             const float step = largest / top, inverse = step > 0.0f ? 1.0f / step : 0.0f;
-            const int64_t at = m * columns + g * X_GROUP;
-            int level_sum = 0, first_half = 0;
             for (int j = 0; j < X_GROUP; ++j) {
                 const int q = int(std::min(top, std::max(-top, std::nearbyint(v[j] * inverse))));
                 level_sum += q;
@@ -292,6 +350,7 @@ void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low,
                     high[at + j] = uint8_t(q + bias);
                 }
             }
+#endif
             xscale[m * groups + g] = step;
             // The sum of the rounded values, not of x: a weight d q + m then sees one rounded
             // x in both terms, whose errors cancel as the weight's own are small (m is near

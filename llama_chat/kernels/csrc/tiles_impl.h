@@ -362,10 +362,10 @@ template <int TYPE, bool TWO>
 void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
                      int64_t t1) {
     const int64_t stride = tile_bytes(TYPE, xq.columns);
-    alignas(64) float out[4 * TILE_ROWS];
+    alignas(64) float out[8 * TILE_ROWS];
     int64_t t = t0;
 #if VARIANT == 2
-    static_assert(TILES_AT_ONCE <= 4 && TILE_TOKENS <= 4, "out[] holds 4 tiles' rows");
+    static_assert(TILES_AT_ONCE <= 8 && TILE_TOKENS <= 8, "out[] holds 8 tiles' rows");
     if (xq.rows == 1) {
         for (; t + TILES_AT_ONCE <= t1; t += TILES_AT_ONCE) {
             tiles_one_token<TILES_AT_ONCE, TYPE, TWO>(tiles + t * stride, stride, xq, out);
