@@ -35,7 +35,10 @@ from llama_chat.engine.device import cpu_model_name
 from llama_chat.paths import cache_root
 
 # Code a package is traced from (paths inside llama_chat/): a change to any of it makes a new package.
-TRACED_SOURCES = ("engine/model.py", "engine/rope.py", "engine/cache.py", "kernels/packed.py", "engine/compiled_step.py")
+TRACED_SOURCES = (
+    "engine/model.py", "engine/rope.py", "engine/cache.py", "kernels/packed.py", "kernels/block_linear.py",
+    "engine/compiled_step.py",
+)
 
 
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
