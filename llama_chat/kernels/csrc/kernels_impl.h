@@ -585,6 +585,24 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
 #endif
 }
 
+// Token rows 0..rows in runs of R, the rest one at a time: body(m, run) with run an
+// std::integral_constant holding the run's length.
+template <int R, typename Body>
+void token_runs(int64_t rows, Body body) {
+    int64_t m = 0;
+    for (; m + R <= rows; m += R) body(m, std::integral_constant<int, R>{});
+    for (; m < rows; ++m) body(m, std::integral_constant<int, 1>{});
+}
+
+// Calls f(std::true_type) for 16-bit activations (two planes), f(std::false_type) for 8.
+template <typename F>
+void by_planes(const QuantizedRows& xq, F f) {
+    if (xq.low)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
+
 #if VARIANT == 2
 constexpr int ROWS_AT_ONCE = 6;
 #elif VARIANT == 1
@@ -606,28 +624,20 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
         const int64_t first = panel * PANEL;
         const int count = int(std::min<int64_t>(PANEL, out_features - first));
         unpack_panel<TYPE>(weight, columns, first, count, p);
-        for (int64_t m = 0; m < xq.rows;) {
-            int rows = 1;
-            if (xq.rows - m >= ROWS_AT_ONCE) {
-                panel_rows<ROWS_AT_ONCE, S, info.has_offsets, SIGNED, TWO>(p, xq, m, out);
-                rows = ROWS_AT_ONCE;
-            } else {
-                panel_rows<1, S, info.has_offsets, SIGNED, TWO>(p, xq, m, out);
-            }
-            for (int r = 0; r < rows; ++r)
+        token_runs<ROWS_AT_ONCE>(xq.rows, [&](int64_t m, auto run) {
+            panel_rows<decltype(run)::value, S, info.has_offsets, SIGNED, TWO>(p, xq, m, out);
+            for (int r = 0; r < decltype(run)::value; ++r)
                 std::memcpy(y + (m + r) * out_features + first, out + r * PANEL, count * sizeof(float));
-            m += rows;
-        }
+        });
     }
 }
 
 template <int TYPE>
 void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                        int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
-    if (xq.low)
-        int8_panels_typed<TYPE, true>(weight, columns, xq, y, out_features, p0, p1, scratch);
-    else
-        int8_panels_typed<TYPE, false>(weight, columns, xq, y, out_features, p0, p1, scratch);
+    by_planes(xq, [&](auto two) {
+        int8_panels_typed<TYPE, decltype(two)::value>(weight, columns, xq, y, out_features, p0, p1, scratch);
+    });
 }
 
 void int8_panels(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,

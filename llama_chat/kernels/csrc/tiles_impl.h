@@ -362,10 +362,10 @@ template <int TYPE, bool TWO>
 void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
                      int64_t t1) {
     const int64_t stride = tile_bytes(TYPE, xq.columns);
-    alignas(64) float out[8 * TILE_ROWS];
+    alignas(64) float out[4 * TILE_ROWS];
     int64_t t = t0;
 #if VARIANT == 2
-    static_assert(TILES_AT_ONCE <= 8 && TILE_TOKENS <= 8, "out[] holds 8 tiles' rows");
+    static_assert(TILES_AT_ONCE <= 4 && TILE_TOKENS <= 4, "out[] holds 4 tiles' rows");
     if (xq.rows == 1) {
         for (; t + TILES_AT_ONCE <= t1; t += TILES_AT_ONCE) {
             tiles_one_token<TILES_AT_ONCE, TYPE, TWO>(tiles + t * stride, stride, xq, out);
@@ -378,26 +378,17 @@ void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, in
         const uint8_t* tile = tiles + t * stride;
         const int64_t first = t * TILE_ROWS;
         const int64_t count = std::min<int64_t>(TILE_ROWS, out_features - first);
-        for (int64_t m = 0; m < xq.rows;) {
-            int rows = 1;
-            if (xq.rows - m >= TILE_TOKENS) {
-                tile_tokens<TILE_TOKENS, TYPE, TWO>(tile, xq, m, out);
-                rows = TILE_TOKENS;
-            } else {
-                tile_tokens<1, TYPE, TWO>(tile, xq, m, out);
-            }
-            for (int r = 0; r < rows; ++r) std::memcpy(y + (m + r) * out_features + first, out + r * TILE_ROWS, count * 4);
-            m += rows;
-        }
+        token_runs<TILE_TOKENS>(xq.rows, [&](int64_t m, auto run) {
+            tile_tokens<decltype(run)::value, TYPE, TWO>(tile, xq, m, out);
+            for (int r = 0; r < decltype(run)::value; ++r)
+                std::memcpy(y + (m + r) * out_features + first, out + r * TILE_ROWS, count * sizeof(float));
+        });
     }
 }
 
 template <int TYPE>
 void tile_rows_of(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0, int64_t t1) {
-    if (xq.low)
-        tile_rows_typed<TYPE, true>(tiles, xq, y, out_features, t0, t1);
-    else
-        tile_rows_typed<TYPE, false>(tiles, xq, y, out_features, t0, t1);
+    by_planes(xq, [&](auto two) { tile_rows_typed<TYPE, decltype(two)::value>(tiles, xq, y, out_features, t0, t1); });
 }
 
 void tile_rows(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
