@@ -126,8 +126,14 @@ def _operators_registered() -> bool:
     return True
 
 
+# The library this process loaded, for its children (the decode step's compiler): they load
+# the same file, even where the sources on disk have changed since (an upgrade mid-chat).
+LOADED_LIBRARY = "LLAMA_CHAT_KERNELS_LIBRARY"
+
+
 @functools.cache
 def _load_library(path: str) -> None:
+    os.environ[LOADED_LIBRARY] = path
     if _operators_registered():  # an equal build loaded from another folder (a second registration aborts)
         return
     torch.ops.load_library(path)
@@ -171,7 +177,12 @@ def status(wait: bool = False) -> NativeStatus:
 
 
 def load_built() -> bool:
-    """Load a build already on disk (nothing is built); whether the kernels are loaded."""
+    """Load a build already on disk (nothing is built): the parent's library in a child
+    process, else this build's; whether the kernels are loaded."""
+    inherited = os.environ.get(LOADED_LIBRARY)
+    if inherited and Path(inherited).exists():
+        _load_library(inherited)
+        return True
     directory = build_directory()
     if directory is None or not library_file(directory).exists():
         return False
