@@ -26,6 +26,7 @@ from llama_chat.checkpoints.stored import StoredMatrix
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
+from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
 from llama_chat.kernels.packed import (
@@ -99,32 +100,37 @@ def build_transformer(
 
 
 def build_packed_transformer(
-    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: Progress
+    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: Progress,
+    packed: dict[str, torch.Tensor] | None = None,
 ) -> Transformer:
     """The Transformer with every matrix packed as it is read (the layers' as `modes` says,
-    the embedding and output head as int8 tables)."""
+    the embedding and output head as int8 tables, or the head in blocks for our kernels);
+    with `packed` (a state read from the packed cache), nothing is read: the modules are
+    laid out and take those tensors."""
     args = checkpoint.args
     tensors = checkpoint.tensors
     with torch.device("meta"):
         transformer = Transformer(args)
     scratch = Scratch()
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
+    read = packed is None
     # Matrices pack on as many threads as PyTorch uses (reading, decoding and packing
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
-    pool = ThreadPoolExecutor(max_workers=torch.get_num_threads())
+    pool = ThreadPoolExecutor(max_workers=torch.get_num_threads() if read else 1)
     try:
-        packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, scratch)}
+        packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, scratch, read=read)}
         if head is not embedding:
             head_type = head_block_type(head) if paths.variant is not None else None
             if head_type is None:
-                packing["output.weight"] = pool.submit(Int8Table, head, scratch)
+                packing["output.weight"] = pool.submit(Int8Table, head, scratch, read=read)
             else:  # read by our kernels as the file stores it: 1.06 bytes a weight at most
-                packing["output.weight"] = pool.submit(BlockLinear, head, head_type, paths.variant_number, 16)
+                packing["output.weight"] = pool.submit(BlockLinear, head, head_type, paths.variant_number, 16, read=read)
         for name, mode in modes.items():
+            bits = paths.activation_bits
             if MIXED in mode:
-                packing[name] = pool.submit(StackedBlockLinear, tensors[name], paths.variant_number, paths.activation_bits)
+                packing[name] = pool.submit(StackedBlockLinear, tensors[name], paths.variant_number, bits, read=read)
             elif mode in BLOCK_TYPES:
-                packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number, paths.activation_bits)
+                packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number, bits, read=read)
             else:
                 packing[name] = pool.submit(
                     PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows,
@@ -134,6 +140,13 @@ def build_packed_transformer(
             if name == "output.weight" and head is embedding:
                 continue  # the embedding's table, placed with it
             module_name, _, attribute = name.rpartition(".")
+            if not read:
+                if name in packing:
+                    place_packed(transformer, module_name, packing.pop(name).result())
+                else:
+                    vector = nn.Parameter(torch.empty(weight.shape, device="meta"), requires_grad=False)
+                    setattr(transformer.get_submodule(module_name), attribute, vector)
+                continue
             with progress.item(module_name, weight):
                 if name in packing:
                     place_packed(transformer, module_name, packing.pop(name).result())
@@ -144,7 +157,42 @@ def build_packed_transformer(
     finally:
         # An interrupted load (Ctrl-C at /load) stops after the matrices being packed now.
         pool.shutdown(cancel_futures=True)
+    if not read:
+        transformer.load_state_dict(packed, assign=True, strict=True)
     return transformer
+
+
+def packed_from_cache(
+    checkpoint: Checkpoint, source: Path, paths: CpuPaths, modes: dict[str, str], shard: Shard | None, progress: Progress
+) -> tuple[Transformer, str]:
+    """The packed Transformer for llama-chat's kernels, mapped from the packed cache when an
+    entry for this source and packing is there, else packed from the source and written
+    there, then mapped (so the process keeps no private copy either way); and a note when
+    the cache could not be used."""
+    settings = {"modes": modes, "shard": None if shard is None else [shard.rank, shard.world]}
+    entry = packed_cache.entry_path(source, settings)
+    note = ""
+    if entry is not None and entry.exists():
+        try:
+            state = packed_cache.load(entry)
+            return build_packed_transformer(checkpoint, paths, modes, progress, packed=state), note
+        except (OSError, ValueError, RuntimeError, KeyError) as error:
+            entry.unlink(missing_ok=True)
+            note = f"packed cache rebuilt ({_first_line(error)})"
+    transformer = build_packed_transformer(checkpoint, paths, modes, progress)
+    if entry is None:
+        return transformer, note
+    try:
+        packed_cache.save(entry, transformer.state_dict())
+        transformer.load_state_dict(packed_cache.load(entry), assign=True, strict=True)
+        return_freed_memory()
+    except (OSError, ValueError) as error:
+        note = f"packed cache not written ({_first_line(error)})"
+    return transformer, note
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
 
 
 def head_block_type(head: StoredMatrix) -> str | None:
@@ -212,8 +260,12 @@ def load(
                     most_used = Counter(modes.values()).most_common(1)[0][0]
                     paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype)
                     paths = dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}")
-                transformer = build_packed_transformer(checkpoint, paths, modes, reporter)
+                if variant is not None:
+                    transformer, cache_note = packed_from_cache(checkpoint, source, paths, modes, shard, reporter)
+                else:
+                    transformer, cache_note = build_packed_transformer(checkpoint, paths, modes, reporter), ""
                 weights_note, quantization = paths.describe(), describe_packing(modes)
+                weights_note += f"; {cache_note}" if cache_note else ""
             else:
                 resolved_dtype = resolve_dtype(dtype, resolved_device)
                 transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, reporter)

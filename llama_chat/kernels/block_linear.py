@@ -215,7 +215,10 @@ class BlockLinear(nn.Module):
     """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1 and Q4_K in
     tiles of 16 rows, other types in groups of 4 rows."""
 
-    def __init__(self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16) -> None:
+    def __init__(
+        self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16, *, read: bool = True
+    ) -> None:
+        """read=False: only the shapes, on the meta device (the packed cache fills them)."""
         super().__init__()
         self.out_features, self.in_features = source.shape
         self.block_type = block_type
@@ -225,7 +228,10 @@ class BlockLinear(nn.Module):
         self.tiled = block_type in TILED_TYPES
         unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
         width = arranged_bytes(block_type, self.in_features)
-        self.register_buffer("blocks", torch.empty(-(-self.out_features // unit), width, dtype=torch.uint8))
+        device = None if read else "meta"
+        self.register_buffer("blocks", torch.empty(-(-self.out_features // unit), width, dtype=torch.uint8, device=device))
+        if not read:
+            return
         alignment = math.lcm(unit, source.row_alignment)
         step = max(alignment, CHUNK_WEIGHTS // self.in_features // alignment * alignment)
         for start in range(0, self.out_features, step):
@@ -270,7 +276,7 @@ class StackedBlockLinear(nn.Module):
     file's Q4_K q and k beside a Q6_K v): each run of one type a BlockLinear of its own, so
     none is widened; their outputs side by side."""
 
-    def __init__(self, source: StackedRows, variant: int, activation_bits: int = 16) -> None:
+    def __init__(self, source: StackedRows, variant: int, activation_bits: int = 16, *, read: bool = True) -> None:
         super().__init__()
         runs: list[list[StoredMatrix]] = []
         for part in source.parts:
@@ -279,7 +285,7 @@ class StackedBlockLinear(nn.Module):
             else:
                 runs.append([part])
         self.parts = nn.ModuleList(
-            BlockLinear(run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits)
+            BlockLinear(run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits, read=read)
             for run in runs
         )
 

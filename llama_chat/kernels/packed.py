@@ -292,12 +292,16 @@ class Int8Table(nn.Module):
     row instead was measured to change greedy answers of the default model.
     """
 
-    def __init__(self, source: StoredMatrix, scratch: Scratch) -> None:
+    def __init__(self, source: StoredMatrix, scratch: Scratch, *, read: bool = True) -> None:
+        """read=False: only the shapes, on the meta device (the packed cache fills them)."""
         super().__init__()
         self.vocab_size, self.dim = source.shape
         self.scratch = scratch
-        self.register_buffer("levels", torch.empty(source.shape, dtype=torch.int8))
-        self.register_buffer("scales", torch.empty(self.vocab_size, self.dim // GROUP, dtype=torch.float32))
+        device = None if read else "meta"
+        self.register_buffer("levels", torch.empty(source.shape, dtype=torch.int8, device=device))
+        self.register_buffer("scales", torch.empty(self.vocab_size, self.dim // GROUP, dtype=torch.float32, device=device))
+        if not read:
+            return
         step = chunk_rows(source, 1)
         for start in range(0, self.vocab_size, step):
             stop = min(start + step, self.vocab_size)

@@ -1,0 +1,142 @@
+"""A model's packed weights kept on disk, mapped read-only on later loads.
+
+The first load of a file on llama-chat's kernels packs its matrices (tiles, row groups,
+int8 tables): seconds for a 1 B model, half a minute for 8 B. What it packed is written
+once to the cache as a safetensors file (atomically: a new name, then a rename), and later
+loads map that file instead of packing: a start costs what mapping costs, the pages are
+the system's page cache (shared by every process using the model, kept between runs),
+and no process holds a private copy.
+
+An entry is found by what it was packed from and how: the source files' identity (size,
+modification time, a hash of the first MiB and of 16 pieces spread over the file), the
+packing code, the modes and kernel variant chosen, the tensor-parallel rank and this
+CPU's capability. A changed source gets a new entry; an entry that does not read back (a
+truncated or hand-edited file) is removed and packed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import torch
+
+from llama_chat.paths import cache_root
+
+# Code whose output the cache holds (paths inside llama_chat/): a change to any of it
+# packs anew.
+PACKING_SOURCES = ("kernels/block_linear.py", "kernels/packed.py", "kernels/quantize.py", "loading.py",
+                   "checkpoints/stored.py")
+SAMPLES = 16
+SAMPLE_BYTES = 1 << 16
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
+          "I8": torch.int8, "U8": torch.uint8, "I64": torch.int64}
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def file_identity(path: Path) -> list:
+    """Size, modification time and a hash of a file's head and of pieces across it."""
+    info = path.stat()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        for index in range(SAMPLES):
+            handle.seek(info.st_size * index // SAMPLES)
+            digest.update(handle.read(SAMPLE_BYTES))
+    return [path.name, info.st_size, info.st_mtime_ns, digest.hexdigest()]
+
+
+def entry_path(source: Path, settings: dict) -> Path | None:
+    """Where the packed weights of `source` (a file or a folder) packed as `settings` say
+    are kept; None when the cache is off."""
+    root = cache_root()
+    if root is None:
+        return None
+    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
+    package = Path(__file__).resolve().parent.parent
+    spec = {
+        "source": [file_identity(p) for p in files],
+        "code": [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in PACKING_SOURCES],
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "settings": settings,
+    }
+    return root / "packed" / f"{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]}.safetensors"
+
+
+def save(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Write `state` as a safetensors file at `path`, atomically. A tensor under several
+    names (a tied table) is written once; the other names are aliases in the metadata.
+    Wider elements come first, so that every tensor starts on a multiple of its size."""
+    first_name: dict[tuple[int, int], str] = {}
+    aliases: dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in first_name:
+            aliases[name] = first_name[key]
+        else:
+            first_name[key] = name
+            tensors[name] = tensor.detach().contiguous()
+    order = sorted(tensors, key=lambda n: -tensors[n].element_size())
+    header: dict = {"__metadata__": {"aliases": json.dumps(aliases)}}
+    offset = 0
+    for name in order:
+        size = tensors[name].numel() * tensors[name].element_size()
+        header[name] = {"dtype": NAMES[tensors[name].dtype], "shape": list(tensors[name].shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data then starts on a multiple of 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(struct.pack("<Q", len(encoded)))
+            out.write(encoded)
+            for name in order:
+                out.write(memoryview(tensors[name].view(torch.uint8).reshape(-1).numpy()))
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a file written by `save`, as views of one read-only mapping of it
+    (pages are read when used, and shared with every process mapping the file). Raises
+    ValueError when the file does not read back as written."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        if length > size - 8:
+            raise ValueError("its header runs past the end of the file")
+        header = json.loads(handle.read(length))
+    data_start = 8 + length
+    aliases = json.loads(header.pop("__metadata__", {}).get("aliases", "{}"))
+    # MAP_PRIVATE, never written: the pages stay the file's, counted as shared memory.
+    mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    state = {}
+    end = 0
+    for name, entry in header.items():
+        begin, stop = entry["data_offsets"]
+        dtype, shape = DTYPES[entry["dtype"]], entry["shape"]
+        if not begin <= stop or data_start + stop > size or (stop - begin) != _bytes(shape, dtype):
+            raise ValueError(f"{name} does not fit where the header puts it")
+        state[name] = mapped[data_start + begin : data_start + stop].view(dtype).view(shape)
+        end = max(end, stop)
+    if data_start + end != size:
+        raise ValueError(f"{size - data_start - end} bytes more or fewer than its tensors")
+    for name, target in aliases.items():
+        state[name] = state[target]
+    return state
+
+
+def _bytes(shape: list[int], dtype: torch.dtype) -> int:
+    count = 1
+    for extent in shape:
+        count *= extent
+    return count * torch.empty(0, dtype=dtype).element_size()

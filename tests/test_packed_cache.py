@@ -1,0 +1,101 @@
+"""The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
+ones, never trusted across a changed source, rebuilt when it does not read back."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+
+import llama_chat
+from llama_chat.kernels import native, packed_cache
+from llama_chat.kernels.block_linear import BlockLinear
+
+from .test_gguf import tiny_hf_model, write_gguf
+
+
+@pytest.fixture(autouse=True)
+def our_kernels(kernels_dir, monkeypatch):
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    assert native.load_built()
+
+
+def entries(tmp_cache) -> list:
+    return sorted((tmp_cache / "packed").glob("*.safetensors"))
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_state_reads_back_as_views_of_one_mapping(tmp_path):
+    table = torch.arange(12, dtype=torch.int8).view(3, 4)
+    state = {"a.levels": table, "a.scales": torch.randn(3, 2), "b.levels": table,
+             "c.blocks": torch.randint(0, 256, (5, 7), dtype=torch.uint8), "d": torch.randn(4).to(torch.bfloat16)}
+    path = tmp_path / "entry.safetensors"
+    packed_cache.save(path, state)
+    back = packed_cache.load(path)
+    assert set(back) == set(state)
+    for name, tensor in state.items():
+        assert torch.equal(back[name], tensor), name
+        assert back[name].untyped_storage().nbytes() == path.stat().st_size  # a view of the one mapping
+    assert back["a.levels"] is back["b.levels"]  # a tied table stays one tensor
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header"])
+def test_an_entry_that_does_not_read_back_is_refused(tmp_path, damage):
+    path = tmp_path / "entry.safetensors"
+    packed_cache.save(path, {"w": torch.randn(64, 64)})
+    data = path.read_bytes()
+    path.write_bytes(data[:-100] if damage == "truncate" else data[:8] + b"{not json" + data[17:])
+    with pytest.raises(ValueError):
+        packed_cache.load(path)
+
+
+def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
+    path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
+    first = llama_chat.load(path, device="cpu")
+    [entry] = entries(tmp_cache)
+    written = entry.stat().st_mtime_ns
+    second = llama_chat.load(path, device="cpu")
+    assert entries(tmp_cache) == [entry] and entry.stat().st_mtime_ns == written  # read, not written again
+    w2 = second.transformer.layers[1].feed_forward.w2
+    assert isinstance(w2, BlockLinear) and w2.blocks.untyped_storage().nbytes() == entry.stat().st_size
+    # The weights used are the file's bytes, in the kernels' order.
+    stored = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
+    assert torch.equal(w2.file_blocks(), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
+    ids = list(range(3, 15))
+    assert torch.equal(first.logits(ids), second.logits(ids))
+
+
+def test_a_changed_source_is_packed_again(tmp_path, tmp_cache):
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=12), qtype=QType.Q4_0)
+    before = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    write_gguf(path, tiny_hf_model(seed=13), qtype=QType.Q4_0)  # same size, other weights
+    after = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    assert len(entries(tmp_cache)) == 2 and not torch.equal(before, after)
+    fresh = llama_chat.load(path, device="cpu", quantize="auto").logits([3, 4, 5])
+    assert torch.equal(after, fresh)
+
+
+def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
+    expected = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    [entry] = entries(tmp_cache)
+    size = entry.stat().st_size
+    with entry.open("r+b") as handle:
+        handle.truncate(size // 2)
+    model = llama_chat.load(path, device="cpu")
+    assert "packed cache rebuilt (" in model.weights_note and "\n" not in model.weights_note
+    assert entry.stat().st_size == size and torch.equal(model.logits([3, 4, 5]), expected)
+
+
+def test_without_a_cache_the_weights_are_packed_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", "off")
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=15), qtype=QType.Q4_0)
+    model = llama_chat.load(path, device="cpu")
+    w2 = model.transformer.layers[0].feed_forward.w2
+    assert w2.blocks.untyped_storage().nbytes() == w2.blocks.numel()  # its own memory, no mapping
