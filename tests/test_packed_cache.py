@@ -1,6 +1,8 @@
 """The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
 ones, never trusted across a changed source, rebuilt when it does not read back."""
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -99,3 +101,34 @@ def test_without_a_cache_the_weights_are_packed_in_memory(tmp_path, monkeypatch)
     model = llama_chat.load(path, device="cpu")
     w2 = model.transformer.layers[0].feed_forward.w2
     assert w2.blocks.untyped_storage().nbytes() == w2.blocks.numel()  # its own memory, no mapping
+
+
+def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
+    """A mapped file's pages count as resident but not as the process's own memory;
+    an allocation counts as both."""
+    from llama_chat.process_memory import memory_now_mb
+
+    path = tmp_path / "entry.safetensors"
+    packed_cache.save(path, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
+    resident, own = memory_now_mb()
+    mapped = packed_cache.load(path)["w"]
+    assert int(mapped.sum()) == 64 << 20  # every page read
+    resident_mapped, own_mapped = memory_now_mb()
+    assert resident_mapped - resident > 50 and abs(own_mapped - own) < 20
+    allocated = torch.ones(64 << 20, dtype=torch.uint8)
+    resident_allocated, own_allocated = memory_now_mb()
+    assert own_allocated - own_mapped > 50 and resident_allocated - resident_mapped > 50
+    del allocated, mapped
+
+
+def test_a_file_renamed_over_the_model_in_use_leaves_it_alone(tmp_path, tmp_cache):
+    """A download renamed over the model file during a chat: the chat's model keeps its
+    weights (mapped from the packed cache, not the file); loading the path again gives
+    the new model."""
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=16), qtype=QType.Q4_0)
+    model = llama_chat.load(path, device="cpu")
+    before = model.logits([3, 4, 5])
+    replacement = write_gguf(tmp_path / "download.gguf", tiny_hf_model(seed=17), qtype=QType.Q4_0)
+    os.replace(replacement, path)
+    assert torch.equal(model.logits([3, 4, 5]), before)
+    assert not torch.equal(llama_chat.load(path, device="cpu").logits([3, 4, 5]), before)

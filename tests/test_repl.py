@@ -1,6 +1,7 @@
 """The real REPL (prompt_toolkit reading keys from a pipe) with tiny models."""
 
 import io
+import re
 import threading
 import time
 
@@ -267,6 +268,9 @@ def test_load_switches_weights_and_keeps_the_conversation():
     assert session.model is other and "loaded other on cpu (float32; decode step eager)" in output
     assert [e.user for e in session.exchanges] == ["one", "two"]
     assert_consistent(session)
+    # /device: the device line, then memory held now, resident and the process's own
+    resident, own = re.search(r"memory: (\d+) MB resident, (\d+) MB of it this process's own", output).groups()
+    assert 0 < int(own) <= int(resident)
 
 
 def test_model_output_is_displayed_literally(monkeypatch):

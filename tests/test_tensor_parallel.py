@@ -182,5 +182,6 @@ def test_bench_reports_memory_per_rank(model_file):
     )
     assert bench.returncode == 0, bench.stderr
     result = json.loads(bench.stdout.strip().splitlines()[-1])
-    assert result["tensor_parallel"] == 2 and len(result["peak_memory_mb_per_rank"]) == 2
-    assert all(mb > 50 for mb in result["peak_memory_mb_per_rank"]) and result["decode_tokens_per_second"] > 0
+    assert result["tensor_parallel"] == 2 and len(result["memory_mb_per_rank"]) == 2
+    assert all(peak > 50 and 0 < own < peak for peak, own in result["memory_mb_per_rank"])
+    assert result["decode_tokens_per_second"] > 0

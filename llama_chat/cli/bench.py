@@ -24,14 +24,9 @@ from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_g
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load, model_memory_bytes
-from llama_chat.parallel.ranks import (
-    follow,
-    join,
-    lead,
-    peak_memory_mb,
-    shard_from_environment,
-)
+from llama_chat.parallel.ranks import follow, join, lead, shard_from_environment
 from llama_chat.parallel.sharding import Shard
+from llama_chat.process_memory import memory_now_mb, memory_report, peak_memory_mb
 
 # Shapes of known models, for benchmarking random weights without any files.
 SHAPES = {
@@ -188,6 +183,7 @@ def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> L
 def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:
     kernels = native.status(wait=True)  # a first build is measured with the kernels it makes
     memory_before = peak_memory_mb()
+    own_before = (memory_now_mb() or (0.0, 0.0))[1]
     started = time.perf_counter()
     if options.random_shapes:
         model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
@@ -208,13 +204,17 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         peak_memory_mb=peak_memory_mb(),
         memory_before_load_mb=memory_before,
         peak_memory_after_load_mb=memory_after_load,
+        # resident now, and what of it is the process's own (not mapped files' shared pages)
+        resident_memory_mb=(memory_now_mb() or (0.0, 0.0))[0],
+        own_memory_mb=(memory_now_mb() or (0.0, 0.0))[1],
+        own_memory_before_load_mb=own_before,
         model_memory_mb=model_memory_bytes(model) / 2**20,
         tensor_parallel=options.tp if peers is not None else 1,
         kernels=kernels.detail if not kernels.loaded else "built",
     )
     add_machine_limits(result, model)
     if peers is not None:
-        result["peak_memory_mb_per_rank"] = [result["peak_memory_mb"], *peers.peak_memory_mb()]
+        result["memory_mb_per_rank"] = [memory_report(), *peers.memory_mb()]
     if options.json:
         print(json.dumps(result))
         return 0
@@ -235,8 +235,11 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
           f"{result['prefill_share_of_int8_rate']:.0%} of that int8 rate")
     print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
           f"{result['memory_before_load_mb']:.0f} MB before loading, "
-          f"{result['peak_memory_after_load_mb']:.0f} MB right after")
-    if "peak_memory_mb_per_rank" in result:
-        ranks = ", ".join(f"rank {rank} {mb:.0f} MB" for rank, mb in enumerate(result["peak_memory_mb_per_rank"]))
-        print(f"tensor parallel over {result['tensor_parallel']} ranks (rank 0's model share above); peak: {ranks}")
+          f"{result['peak_memory_after_load_mb']:.0f} MB right after; now {result['resident_memory_mb']:.0f} MB "
+          f"resident, {result['own_memory_mb']:.0f} MB of it the process's own ({result['own_memory_before_load_mb']:.0f} "
+          "MB before loading; the rest is mapped files, shared between processes and reclaimable)")
+    if "memory_mb_per_rank" in result:
+        ranks = ", ".join(f"rank {rank} {peak:.0f} MB peak, {own:.0f} MB own"
+                          for rank, (peak, own) in enumerate(result["memory_mb_per_rank"]))
+        print(f"tensor parallel over {result['tensor_parallel']} ranks (rank 0's model share above): {ranks}")
     return 0

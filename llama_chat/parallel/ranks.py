@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -34,14 +33,10 @@ import torch.distributed as dist
 
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.parallel.sharding import Shard, summed
+from llama_chat.process_memory import memory_report
 
 TIMEOUT_VARIABLE = "LLAMA_CHAT_TP_TIMEOUT"
 IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's next command
-
-
-def peak_memory_mb() -> float:
-    """This process's peak resident memory."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def shard_from_environment() -> Shard | None:
@@ -153,11 +148,12 @@ class Peers:
     def logits(self, ids: Sequence[int]) -> None:
         self._post("logits", ids=list(ids))
 
-    def peak_memory_mb(self) -> list[float]:
-        """The other ranks' peak resident memory, rank 1 first."""
+    def memory_mb(self) -> list[list[float]]:
+        """The other ranks' peak resident memory and own memory now (0 where unknown), rank
+        1 first."""
         asked = self.sent
         self._post("report")
-        return [float(self.store.get(f"report/{asked}/{rank}")) for rank in range(1, dist.get_world_size())]
+        return [json.loads(self.store.get(f"report/{asked}/{rank}")) for rank in range(1, dist.get_world_size())]
 
     def load(self, load_model: Callable[[str], object], path: str):
         """Load `path` on every rank, or on none: any rank's failure is one line for all."""
@@ -240,4 +236,4 @@ def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
         elif operation == "logits":
             model.logits(command["ids"])
         elif operation == "report":
-            store.set(f"report/{received - 1}/{dist.get_rank()}", str(peak_memory_mb()))
+            store.set(f"report/{received - 1}/{dist.get_rank()}", json.dumps(memory_report()))

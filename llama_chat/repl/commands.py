@@ -18,6 +18,7 @@ from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import RankLost
+from llama_chat.process_memory import memory_now_mb
 from llama_chat.repl.render import Renderer
 
 STOP = True  # what a handler returns to end the chat (others return None)
@@ -172,6 +173,9 @@ def run_stats(state: ChatState, text: str) -> None:
 
 def run_device(state: ChatState, text: str) -> None:
     state.renderer.line(describe_device(state.session.model))
+    memory = describe_memory()
+    if memory:
+        state.renderer.line(memory)
 
 
 def run_markdown(state: ChatState, text: str) -> None:
@@ -206,6 +210,15 @@ def usage(command: Command) -> str:
 
 def describe_device(model: Llama) -> str:
     return f"{model.device} ({model.describe_weights()}; decode step {model.decode_step.describe()})"
+
+
+def describe_memory() -> str:
+    """What /device adds: memory held now, resident and the process's own."""
+    memory = memory_now_mb()
+    if memory is None:
+        return ""
+    return (f"memory: {memory[0]:.0f} MB resident, {memory[1]:.0f} MB of it this process's own (the rest is "
+            "mapped files, shared with other processes and reclaimable)")
 
 
 def exchanges(count: int) -> str:

@@ -1,0 +1,31 @@
+"""This process's memory: its peak, and what it holds now of its own and of mapped files."""
+
+from __future__ import annotations
+
+import resource
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+def memory_now_mb() -> tuple[float, float] | None:
+    """This process's resident memory now, and the part of it that is its own (anonymous:
+    not pages of mapped files, which the system shares between processes and can drop);
+    None where /proc does not say (not Linux)."""
+    fields = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                fields[name] = value.split()
+        return int(fields["VmRSS"][0]) / 1024, int(fields["RssAnon"][0]) / 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def memory_report() -> list[float]:
+    """[peak resident MB, own MB now (0 where unknown)]: what a rank reports to rank 0."""
+    now = memory_now_mb()
+    return [peak_memory_mb(), 0.0 if now is None else now[1]]
