@@ -31,8 +31,11 @@ class KVCache:
                 f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
             )
         shape = (args.n_layers, 1, args.n_kv_heads, capacity, args.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # Uninitialised: a position is read only after it is written, and untouched pages
+        # cost no memory (zeros would commit the whole context up front: 1 GB for an 8 B
+        # model's 4096 positions in float32).
+        self.keys = torch.empty(shape, device=device, dtype=dtype)
+        self.values = torch.empty(shape, device=device, dtype=dtype)
         # Each layer's views, made once rather than on every forward pass.
         self._layers = list(zip(self.keys.unbind(0), self.values.unbind(0)))
         self._zeros = torch.zeros(capacity, device=device, dtype=dtype)
