@@ -132,3 +132,12 @@ def test_a_file_renamed_over_the_model_in_use_leaves_it_alone(tmp_path, tmp_cach
     os.replace(replacement, path)
     assert torch.equal(model.logits([3, 4, 5]), before)
     assert not torch.equal(llama_chat.load(path, device="cpu").logits([3, 4, 5]), before)
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_and_the_model_runs(tmp_path, tmp_cache):
+    tmp_cache.mkdir(parents=True)
+    (tmp_cache / "packed").write_text("a file where the folder should be")
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=18), qtype=QType.Q4_0)
+    model = llama_chat.load(path, device="cpu")
+    assert "packed cache not written (" in model.weights_note and "\n" not in model.weights_note
+    assert torch.isfinite(model.logits([3, 4, 5])).all()
