@@ -39,7 +39,7 @@ from llama_chat.kernels.packed import (
 )
 from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
 from llama_chat.llama import Llama
-from llama_chat.parallel.sharding import Shard, add_all_reduces, local_args, shard_state
+from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
 from llama_chat.text.format_choice import get_chat_format
 
 
@@ -165,26 +165,39 @@ def build_packed_transformer(
 def packed_from_cache(
     checkpoint: Checkpoint, source: Path, paths: CpuPaths, modes: dict[str, str], shard: Shard | None, progress: Progress
 ) -> tuple[Transformer, str]:
-    """The packed Transformer for llama-chat's kernels, mapped from the packed cache when an
-    entry for this source and packing is there, else packed from the source and written
+    """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
+    entries for this source and packing are there, else packed from the source and written
     there, then mapped (so the process keeps no private copy either way); and a note when
-    the cache could not be used."""
-    settings = {"modes": modes, "shard": None if shard is None else [shard.rank, shard.world]}
-    entry = packed_cache.entry_path(source, settings)
+    the cache could not be used. Under tensor parallelism each rank's share of the split
+    matrices is an entry of its own, and the replicated tensors (embedding, head, norms)
+    one entry that every rank maps, so the ranks on a host hold them once."""
+    ranks = shard is not None and shard.world > 1
+    entries = {"own": packed_cache.entry_path(source, {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None})}
+    if ranks:
+        entries["replicated"] = packed_cache.entry_path(source, {"modes": modes, "replicated_of": shard.world})
     note = ""
-    if entry is not None and entry.exists():
+    if all(entry is not None and entry.exists() for entry in entries.values()):
         try:
-            state = packed_cache.load(entry)
+            state = {name: tensor for entry in entries.values() for name, tensor in packed_cache.load(entry).items()}
             return build_packed_transformer(checkpoint, paths, modes, progress, packed=state), note
         except (OSError, ValueError, RuntimeError, KeyError) as error:
-            entry.unlink(missing_ok=True)
+            for entry in entries.values():
+                entry.unlink(missing_ok=True)
             note = f"packed cache rebuilt ({_first_line(error)})"
     transformer = build_packed_transformer(checkpoint, paths, modes, progress)
-    if entry is None:
+    if entries["own"] is None:
         return transformer, note
+    state = transformer.state_dict()
+    parts = {"own": state}
+    if ranks:
+        parts = {"own": {n: t for n, t in state.items() if is_sharded(n)},
+                 "replicated": {n: t for n, t in state.items() if not is_sharded(n)}}
     try:
-        packed_cache.save(entry, transformer.state_dict())
-        transformer.load_state_dict(packed_cache.load(entry), assign=True, strict=True)
+        mapped = {}
+        for kind, part in parts.items():
+            packed_cache.save(entries[kind], part)
+            mapped.update(packed_cache.load(entries[kind]))
+        transformer.load_state_dict(mapped, assign=True, strict=True)
         return_freed_memory()
     except (OSError, ValueError) as error:
         note = f"packed cache not written ({_first_line(error)})"

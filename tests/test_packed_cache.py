@@ -141,3 +141,24 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_the_model_runs(tmp_path,
     model = llama_chat.load(path, device="cpu")
     assert "packed cache not written (" in model.weights_note and "\n" not in model.weights_note
     assert torch.isfinite(model.logits([3, 4, 5])).all()
+
+
+def test_tensor_parallel_ranks_map_one_entry_of_the_replicated_tensors(tmp_path, tmp_cache):
+    """Two ranks of --tp 2: each its own entry of its split matrices, and one entry of the
+    embedding, head and norms that both map."""
+    from llama_chat.parallel.sharding import Shard
+
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=19, intermediate_size=128), qtype=QType.Q4_0)
+    ranks = [llama_chat.load(path, device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
+    assert len(entries(tmp_cache)) == 3
+    again = [llama_chat.load(path, device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
+    assert len(entries(tmp_cache)) == 3
+    sizes = {entry.stat().st_size for entry in entries(tmp_cache)}
+    for first, second in zip(ranks, again):
+        first_state, second_state = first.transformer.state_dict(), second.transformer.state_dict()
+        assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
+    tables = [model.transformer.tok_embeddings.table.levels for model in again]
+    shared = {table.untyped_storage().nbytes() for table in tables}
+    assert len(shared) == 1 and shared <= sizes  # both views of the one replicated entry
+    w13 = [model.transformer.layers[0].feed_forward.w13.blocks for model in again]
+    assert not torch.equal(w13[0], w13[1])  # each rank its own rows

@@ -65,6 +65,16 @@ def local_args(args: ModelArgs, world: int) -> ModelArgs:
     )
 
 
+# The matrices split between ranks; everything else (embedding, head, norms) is replicated.
+SHARDED_MATRICES = ("attention.wqkv", "attention.wo", "feed_forward.w13", "feed_forward.w2")
+
+
+def is_sharded(name: str) -> bool:
+    """Whether a model tensor (a weight, or a buffer of a module packed from one) belongs to
+    a matrix split between ranks."""
+    return any(f".{matrix}." in f".{name}" for matrix in SHARDED_MATRICES)
+
+
 def shard_state(state: dict, args: ModelArgs, shard: Shard) -> dict:
     """The checkpoint's weights narrowed to one rank's rows and columns (nothing is read)."""
     world, rank = shard.world, shard.rank
