@@ -1,9 +1,9 @@
-// GGUF weight blocks, decoded one block at a time into small integer levels and float
-// scales: w[j] = scale[j / S] * level[j] + offset[j / 32], where S is the type's scale
-// group (16 for Q6_K, 32 otherwise). Kernels read blocks as the file stores them and
-// call these decoders; nothing here depends on PyTorch, so every instruction-set variant
-// compiles it under its own target (the loops vectorise to that target); so each
-// function is static, a copy per variant, never one shared by the linker.
+// GGUF weight blocks: their sizes, and (for the row-group types) a decoder of one block at
+// a time into small integer levels and float scales: w[j] = scale[j / S] * level[j] +
+// offset[j / 32], where S is the type's scale group (16 for Q6_K, 32 otherwise). Nothing
+// here depends on PyTorch, so every instruction-set variant compiles it under its own
+// target (the loops vectorise to that target); so each function is static, a copy per
+// variant, never one shared by the linker.
 //
 // Layouts as ggml defines them (bytes per block / weights per block):
 //   Q4_0  18/32   f16 d, 16 bytes of nibbles                 w = (q - 8) d
@@ -83,7 +83,6 @@ static inline void k_scale_min(int j, const uint8_t* q, int& scale, int& minimum
 
 // Byte vectors (GCC and clang vector extensions): each variant compiles them to its own
 // instructions, and the decoders read and write whole vectors, never byte by byte.
-typedef uint8_t Bytes16 __attribute__((vector_size(16)));
 typedef uint8_t Bytes32 __attribute__((vector_size(32)));
 
 template <class V>
@@ -98,55 +97,31 @@ static inline void store_bytes(int8_t* p, V v) {
     std::memcpy(p, &v, sizeof(V));
 }
 
-// One block into level[block_weights], scale[block_weights / S], offset[block_weights / 32].
+// One block of the row-group types (Q8_0, Q5_K; the tiled types are unpacked in registers
+// by tiles_impl.h) into level[block_weights], scale[block_weights / S],
+// offset[block_weights / 32].
 template <int TYPE>
 static inline void decode_block(const uint8_t* __restrict block, int8_t* __restrict level, float* __restrict scale,
                                 float* __restrict offset) {
-    if constexpr (TYPE == Q4_0 || TYPE == Q4_1) {
-        const Bytes16 q = load_bytes<Bytes16>(block + (TYPE == Q4_0 ? 2 : 4));
-        const uint8_t shift = TYPE == Q4_0 ? 8 : 0;  // Q4_0's levels are signed around 8
-        store_bytes(level, Bytes16((q & 15) - shift));
-        store_bytes(level + 16, Bytes16((q >> 4) - shift));
-        scale[0] = half_to_float(block);
-        if constexpr (TYPE == Q4_1) offset[0] = half_to_float(block + 2);
-    } else if constexpr (TYPE == Q8_0) {
+    static_assert(TYPE == Q8_0 || TYPE == Q5_K, "the other types are tiled");
+    if constexpr (TYPE == Q8_0) {
         std::memcpy(level, block + 2, 32);
         scale[0] = half_to_float(block);
-    } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+    } else {
         const float d = half_to_float(block), dmin = half_to_float(block + 2);
-        const uint8_t* packed = block + 4;
-        Bytes32 fifth = load_bytes<Bytes32>(block + 16);  // Q5_K: bit g of byte l is weight l's of group g
-        const uint8_t* q = block + (TYPE == Q4_K ? 16 : 48);
+        Bytes32 fifth = load_bytes<Bytes32>(block + 16);  // bit g of byte l is weight l's of group g
         for (int group = 0; group < 8; ++group) {
             int sc, mn;
-            k_scale_min(group, packed, sc, mn);
+            k_scale_min(group, block + 4, sc, mn);
             scale[group] = d * float(sc);
             offset[group] = -dmin * float(mn);
         }
         for (int chunk = 0; chunk < 4; ++chunk) {  // 64 weights: the low nibbles, then the high
-            const Bytes32 bytes = load_bytes<Bytes32>(q + 32 * chunk);
-            Bytes32 low = bytes & 15, high = bytes >> 4;
-            if constexpr (TYPE == Q5_K) {
-                low |= (fifth & 1) << 4;
-                high |= (fifth & 2) << 3;
-                fifth >>= 2;
-            }
+            const Bytes32 bytes = load_bytes<Bytes32>(block + 48 + 32 * chunk);
+            const Bytes32 low = (bytes & 15) | ((fifth & 1) << 4), high = (bytes >> 4) | ((fifth & 2) << 3);
+            fifth >>= 2;
             store_bytes(level + 64 * chunk, low);
             store_bytes(level + 64 * chunk + 32, high);
-        }
-    } else {  // Q6_K
-        const float d = half_to_float(block + 208);
-        const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
-        for (int g = 0; g < 16; ++g) scale[g] = d * float(scales[g]);
-        for (int half = 0; half < 2; ++half) {  // 128 weights from 64 low and 32 high bytes
-            const Bytes32 low_a = load_bytes<Bytes32>(block + 64 * half);
-            const Bytes32 low_b = load_bytes<Bytes32>(block + 64 * half + 32);
-            const Bytes32 high = load_bytes<Bytes32>(block + 128 + 32 * half);
-            int8_t* out = level + 128 * half;
-            store_bytes(out, Bytes32(((low_a & 15) | ((high & 3) << 4)) - 32));
-            store_bytes(out + 32, Bytes32(((low_b & 15) | (((high >> 2) & 3) << 4)) - 32));
-            store_bytes(out + 64, Bytes32(((low_a >> 4) | (((high >> 4) & 3) << 4)) - 32));
-            store_bytes(out + 96, Bytes32(((low_b >> 4) | (((high >> 6) & 3) << 4)) - 32));
         }
     }
 }

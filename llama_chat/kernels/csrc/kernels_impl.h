@@ -1,5 +1,6 @@
-// The kernels, written once and compiled once per instruction set: a variant's file sets
-// VARIANT (0 portable, 1 AVX2, 2 AVX-512 with VNNI) and its target, then includes this.
+// The row-group kernels (Q8_0 and Q5_K, the types not tiled; tiles_impl.h has the rest),
+// written once and compiled once per instruction set: a variant's file sets VARIANT (0
+// portable, 1 AVX2, 2 AVX-512 with VNNI) and its target, then includes this.
 //
 // float_rows (single tokens): each weight block is decoded to levels and multiplied
 // with float32 activations, so decode keeps float32 numerics and reads each weight once.
@@ -12,6 +13,8 @@
 // and the float work (one convert, one multiply-add per scale group) is shared by 16
 // rows. Activations go in unsigned (x + 128), so each row group starts from
 // -128 * sum(levels), which the tile keeps beside the levels.
+//
+// quantize_rows serves both these and the tiles.
 #include "blocks.h"
 #include "kernels.h"
 
@@ -57,156 +60,41 @@ inline VecF fma(VecF a, VecF b, VecF c) { return a * b + c; }
 inline float sum(VecF v) { return v; }
 #endif
 
+// A constant whose value depends on the variant (how many vectors its registers hold).
+constexpr int per_variant(int avx512, int avx2, int portable) {
+    return VARIANT == 2 ? avx512 : VARIANT == 1 ? avx2 : portable;
+}
+
 constexpr int MAX_BLOCK = 256;
 constexpr int FLOAT_ROWS_AT_ONCE = 8;  // token rows sharing one decoded block
 
 #if VARIANT == 2
-// Single-token fast paths for AVX-512: levels go from bytes to floats in registers.
-// vpermps picks lane i of a table by the low 4 bits of each index, so a nibble becomes its
-// float (minus 8 for Q4_0) without masking; the high nibble after one shift.
-inline __m512 nibble_table(float first) {
-    return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(first));
-}
-
 inline float half(const uint8_t* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
-// sum_k w[k] x[k] for the 4 rows of a group of 32-weight blocks (Q4_0, Q4_1, Q8_0), into
-// out[4]; for Q4_1 also sum m * (sum of x over the block), from the blocks' sums in
-// `sums`. The group is one sequential stream; each load of x serves 4 rows, and the 4
+// Single tokens on Q8_0 for AVX-512: sum_k w[k] x[k] for the 4 rows of a row group, into
+// out[4]. The group is one sequential stream; each load of x serves 4 rows, and the 4
 // rows' multiply-adds are 4 independent chains.
-template <int TYPE>
-void group_dot_32(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
-    const __m512 table = nibble_table(TYPE == Q4_0 ? -8.0f : 0.0f);
-    const int size = type_info(TYPE).block_bytes;
+void group_dot_q8_0(const uint8_t* group, const float* x, int64_t blocks, float* out) {
+    const int size = type_info(Q8_0).block_bytes;
+    auto levels = [](const uint8_t* p) {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    };
     __m512 acc[ROW_GROUP];
-    float offsets[ROW_GROUP];
-    for (int r = 0; r < ROW_GROUP; ++r) {
-        acc[r] = _mm512_setzero_ps();
-        offsets[r] = 0.0f;
-    }
+    for (int r = 0; r < ROW_GROUP; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
         const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
         for (int r = 0; r < ROW_GROUP; ++r) {
             const uint8_t* block = group + (ROW_GROUP * b + r) * size;
-            __m512 low, high;
-            if constexpr (TYPE == Q8_0) {
-                low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
-                high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
-            } else {
-                const __m512i bytes = _mm512_cvtepu8_epi32(
-                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (TYPE == Q4_0 ? 2 : 4))));
-                low = _mm512_permutexvar_ps(bytes, table);
-                high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-            }
-            const __m512 part = _mm512_fmadd_ps(high, x1, _mm512_mul_ps(low, x0));
+            const __m512 part = _mm512_fmadd_ps(levels(block + 18), x1, _mm512_mul_ps(levels(block + 2), x0));
             acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[r]);
-            if constexpr (TYPE == Q4_1) offsets[r] += half(block + 2) * sums[b];
         }
     }
-    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + offsets[r];
+    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
-
-// Q4_K, a group of 4 rows in step: 8 groups of 32 a block, each from 32 nibbles (the low
-// ones of a 32-byte run, then the high ones), scaled by d * scale and offset by
-// -dmin * minimum.
-void group_dot_q4_k(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
-    const __m512 table = nibble_table(0.0f);
-    __m512 acc[ROW_GROUP][2];
-    float offsets[ROW_GROUP];
-    for (int r = 0; r < ROW_GROUP; ++r) {
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        offsets[r] = 0.0f;
-    }
-    auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-    for (int64_t b = 0; b < blocks; ++b) {
-        for (int chunk = 0; chunk < 4; ++chunk) {
-            const float* xc = x + 256 * b + 64 * chunk;
-            const __m512 x0 = _mm512_loadu_ps(xc), x1 = _mm512_loadu_ps(xc + 16);
-            const __m512 x2 = _mm512_loadu_ps(xc + 32), x3 = _mm512_loadu_ps(xc + 48);
-            for (int r = 0; r < ROW_GROUP; ++r) {
-                const uint8_t* block = group + (ROW_GROUP * b + r) * type_info(Q4_K).block_bytes;
-                const __m512i first = bytes(block + 16 + 32 * chunk), second = bytes(block + 32 + 32 * chunk);
-                const __m512 low = _mm512_fmadd_ps(_mm512_permutexvar_ps(second, table), x1,
-                                                   _mm512_mul_ps(_mm512_permutexvar_ps(first, table), x0));
-                const __m512 high =
-                    _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(second, 4), table), x3,
-                                    _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(first, 4), table), x2));
-                int sc0, mn0, sc1, mn1;
-                k_scale_min(2 * chunk, block + 4, sc0, mn0);
-                k_scale_min(2 * chunk + 1, block + 4, sc1, mn1);
-                const float d = half(block), dmin = half(block + 2);
-                acc[r][0] = _mm512_fmadd_ps(low, _mm512_set1_ps(d * float(sc0)), acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(high, _mm512_set1_ps(d * float(sc1)), acc[r][1]);
-                offsets[r] -= dmin * (float(mn0) * sums[8 * b + 2 * chunk] + float(mn1) * sums[8 * b + 2 * chunk + 1]);
-            }
-        }
-    }
-    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + offsets[r];
-}
-
-// Q6_K, a group of 4 rows in step: per half block, 16 weights at a time from four places
-// (low nibbles of two 32-byte runs, two bits each of one 32-byte run of high bits), minus
-// 32, one int8 scale per 16.
-void group_dot_q6_k(const uint8_t* group, const float* x, int64_t blocks, float* out) {
-    __m512 acc[ROW_GROUP][2];
-    for (int r = 0; r < ROW_GROUP; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    const __m512i fifteen = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
-    auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-    for (int64_t b = 0; b < blocks; ++b) {
-        for (int halfblock = 0; halfblock < 2; ++halfblock) {
-            for (int l = 0; l < 32; l += 16) {
-                const float* xh = x + 256 * b + 128 * halfblock + l;
-                const __m512 xs[4] = {_mm512_loadu_ps(xh), _mm512_loadu_ps(xh + 32), _mm512_loadu_ps(xh + 64),
-                                      _mm512_loadu_ps(xh + 96)};
-                for (int r = 0; r < ROW_GROUP; ++r) {
-                    const uint8_t* block = group + (ROW_GROUP * b + r) * type_info(Q6_K).block_bytes;
-                    const uint8_t* low = block + 64 * halfblock;
-                    const int8_t* sc = reinterpret_cast<const int8_t*>(block + 192) + 8 * halfblock;
-                    const float d = half(block + 208);
-                    const __m512i a = bytes(low + l), c = bytes(low + 32 + l), h = bytes(block + 128 + 32 * halfblock + l);
-                    const __m512i q[4] = {
-                        _mm512_or_si512(_mm512_and_si512(a, fifteen), _mm512_slli_epi32(_mm512_and_si512(h, three), 4)),
-                        _mm512_or_si512(_mm512_and_si512(c, fifteen),
-                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4)),
-                        _mm512_or_si512(_mm512_srli_epi32(a, 4),
-                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4)),
-                        _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4)),
-                    };
-                    for (int j = 0; j < 4; ++j) {
-                        const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q[j], bias)), xs[j]);
-                        acc[r][j & 1] = _mm512_fmadd_ps(part, _mm512_set1_ps(d * float(sc[2 * j + l / 16])), acc[r][j & 1]);
-                    }
-                }
-            }
-        }
-    }
-    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-}
-
-// Whether TYPE has a single-token fast path here, and the dot products of a group's rows.
-template <int TYPE>
-constexpr bool has_group_dot = TYPE == Q4_0 || TYPE == Q4_1 || TYPE == Q8_0 || TYPE == Q4_K || TYPE == Q6_K;
-
-template <int TYPE>
-void group_dot(const uint8_t* group, const float* x, const float* sums, int64_t blocks, float* out) {
-    if constexpr (TYPE == Q4_K) {
-        group_dot_q4_k(group, x, sums, blocks, out);
-    } else if constexpr (TYPE == Q6_K) {
-        group_dot_q6_k(group, x, blocks, out);
-    } else {
-        group_dot_32<TYPE>(group, x, sums, blocks, out);
-    }
-}
-#else
-template <int TYPE>
-constexpr bool has_group_dot = false;
-
-template <int TYPE>
-void group_dot(const uint8_t*, const float*, const float*, int64_t, float*) {}
 #endif
 
 template <int TYPE>
@@ -215,14 +103,16 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, co
     constexpr TypeInfo info = type_info(TYPE);
     constexpr int S = info.scale_group, BW = info.block_weights;
     const int64_t blocks = columns / BW;
-    if (has_group_dot<TYPE> && rows == 1) {
+#if VARIANT == 2
+    if (TYPE == Q8_0 && rows == 1) {
         float out[ROW_GROUP];
         for (int64_t n = n0; n < n1; n += ROW_GROUP) {
-            group_dot<TYPE>(block_at(weight, n, 0, blocks, info.block_bytes), x, sums, blocks, out);
+            group_dot_q8_0(block_at(weight, n, 0, blocks, info.block_bytes), x, blocks, out);
             std::memcpy(y + n, out, std::min<int64_t>(ROW_GROUP, out_features - n) * sizeof(float));
         }
         return;
     }
+#endif
     alignas(64) int8_t level[MAX_BLOCK];
     float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
     for (int64_t n = n0; n < std::min(n1, out_features); ++n) {
@@ -256,14 +146,8 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, co
 
 void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x, const float* sums, int64_t rows,
                 float* y, int64_t out_features, int64_t n0, int64_t n1) {
-    switch (type) {
-        case Q4_0: return float_rows_typed<Q4_0>(weight, columns, x, sums, rows, y, out_features, n0, n1);
-        case Q4_1: return float_rows_typed<Q4_1>(weight, columns, x, sums, rows, y, out_features, n0, n1);
-        case Q8_0: return float_rows_typed<Q8_0>(weight, columns, x, sums, rows, y, out_features, n0, n1);
-        case Q4_K: return float_rows_typed<Q4_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
-        case Q5_K: return float_rows_typed<Q5_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
-        default: return float_rows_typed<Q6_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
-    }
+    if (type == Q8_0) return float_rows_typed<Q8_0>(weight, columns, x, sums, rows, y, out_features, n0, n1);
+    float_rows_typed<Q5_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
 }
 
 void quantize_rows(const float* x, int64_t columns, uint8_t* high, uint8_t* low, float* xscale, float* xsum,
@@ -603,13 +487,7 @@ void by_planes(const QuantizedRows& xq, F f) {
         f(std::false_type{});
 }
 
-#if VARIANT == 2
-constexpr int ROWS_AT_ONCE = 6;
-#elif VARIANT == 1
-constexpr int ROWS_AT_ONCE = 2;
-#else
-constexpr int ROWS_AT_ONCE = 1;
-#endif
+constexpr int ROWS_AT_ONCE = per_variant(6, 2, 1);  // token rows a panel's products run at once
 
 template <int TYPE, bool TWO>
 void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
@@ -642,14 +520,8 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
 
 void int8_panels(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                  int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
-    switch (type) {
-        case Q4_0: return int8_panels_typed<Q4_0>(weight, columns, xq, y, out_features, p0, p1, scratch);
-        case Q4_1: return int8_panels_typed<Q4_1>(weight, columns, xq, y, out_features, p0, p1, scratch);
-        case Q8_0: return int8_panels_typed<Q8_0>(weight, columns, xq, y, out_features, p0, p1, scratch);
-        case Q4_K: return int8_panels_typed<Q4_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
-        case Q5_K: return int8_panels_typed<Q5_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
-        default: return int8_panels_typed<Q6_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
-    }
+    if (type == Q8_0) return int8_panels_typed<Q8_0>(weight, columns, xq, y, out_features, p0, p1, scratch);
+    int8_panels_typed<Q5_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
 }
 
 }  // namespace VARIANT_NAMESPACE

@@ -64,7 +64,7 @@ static const KernelSet& kernel_set(int64_t variant) {
     }
 }
 
-// y = x w^T, w [out_features, columns]: Q4_0, Q4_1 and Q4_K in tiles of 16 rows, other types as
+// y = x w^T, w [out_features, columns]: Q4_0, Q4_1, Q4_K and Q6_K in tiles of 16 rows, Q8_0 and Q5_K as
 // GGUF blocks with rows in groups of 4 (kernels.h). activation_bits 0: x stays float32
 // (the single-token kernels of untiled types); 8 or 16: x is quantised in groups of 32
 // for the integer kernels.

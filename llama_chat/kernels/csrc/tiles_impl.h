@@ -351,12 +351,9 @@ void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& 
 }
 
 constexpr int TILES_AT_ONCE = 4;  // tiles sharing a single token's broadcasts
-constexpr int TILE_TOKENS = 4;    // tokens sharing one decoding of a group's levels
-#elif VARIANT == 1
-constexpr int TILE_TOKENS = 2;
-#else
-constexpr int TILE_TOKENS = 1;
 #endif
+
+constexpr int TILE_TOKENS = per_variant(4, 2, 1);  // tokens sharing one decoding of a group's levels
 
 template <int TYPE, bool TWO>
 void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
