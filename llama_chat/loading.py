@@ -22,10 +22,10 @@ from torch import nn
 
 from llama_chat.checkpoints.contents import Checkpoint, Weight, stored_bytes
 from llama_chat.checkpoints.detect import read_checkpoint
-from llama_chat.checkpoints.stored import StoredMatrix
+from llama_chat.checkpoints.stored import GROUP, StoredMatrix
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
-from llama_chat.errors import LlamaChatError
+from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
@@ -183,7 +183,7 @@ def packed_from_cache(
         except (OSError, ValueError, RuntimeError, KeyError) as error:
             for entry in entries.values():
                 entry.unlink(missing_ok=True)
-            note = f"packed cache rebuilt ({_first_line(error)})"
+            note = f"packed cache rebuilt ({first_line(error)})"
     transformer = build_packed_transformer(checkpoint, paths, modes, progress)
     if entries["own"] is None:
         return transformer, note
@@ -200,12 +200,8 @@ def packed_from_cache(
         transformer.load_state_dict(mapped, assign=True, strict=True)
         return_freed_memory()
     except (OSError, ValueError) as error:
-        note = f"packed cache not written ({_first_line(error)})"
+        note = f"packed cache not written ({first_line(error)})"
     return transformer, note
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
 
 
 def head_block_type(head: StoredMatrix) -> str | None:
@@ -214,7 +210,7 @@ def head_block_type(head: StoredMatrix) -> str | None:
     is not whole blocks."""
     if head.block_type in BLOCK_TYPES:
         return head.block_type
-    return "Q8_0" if head.shape[1] % 32 == 0 else None
+    return "Q8_0" if head.shape[1] % GROUP == 0 else None
 
 
 def place_packed(transformer: Transformer, module_name: str, packed: nn.Module) -> None:

@@ -163,7 +163,7 @@ def add_machine_limits(result: dict, model: Llama) -> None:
     multiply_adds = sum(  # the layers' matrices, what prefill multiplies
         m.in_features * m.out_features
         for m in model.transformer.layers.modules()
-        if hasattr(m, "out_features") and not any(True for _ in m.children())
+        if hasattr(m, "out_features") and next(m.children(), None) is None  # a stack's parts, not the stack
     )
     result.update(
         read_bandwidth_gb_per_second=bandwidth,
@@ -198,6 +198,7 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         model.decode_step.compile(wait=True)
     compile_seconds = time.perf_counter() - started
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
+    resident_now, own_now = memory_now_mb() or (0.0, 0.0)
     result.update(
         load_seconds=load_seconds,
         compile_seconds=compile_seconds,
@@ -205,8 +206,8 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         memory_before_load_mb=memory_before,
         peak_memory_after_load_mb=memory_after_load,
         # resident now, and what of it is the process's own (not mapped files' shared pages)
-        resident_memory_mb=(memory_now_mb() or (0.0, 0.0))[0],
-        own_memory_mb=(memory_now_mb() or (0.0, 0.0))[1],
+        resident_memory_mb=resident_now,
+        own_memory_mb=own_now,
         own_memory_before_load_mb=own_before,
         model_memory_mb=model_memory_bytes(model) / 2**20,
         tensor_parallel=options.tp if peers is not None else 1,

@@ -112,6 +112,10 @@ TILE_UNIT_BYTES = {"Q4_0": 288, "Q4_1": 320, "Q4_K": 2368, "Q6_K": 3360}
 FACTOR_BYTES = {"Q4_K": 16, "Q6_K": 16}  # per row and block: Q4_K's 8 scales and 8 minimums, Q6_K's 16 scales
 
 
+# Q6_K's 2-bit high parts: four to a byte, at these shifts (a column against its 4 places).
+CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+
+
 def arranged_bytes(block_type: str, columns: int) -> int:
     """Bytes of one tile (16 rows) or row group (4 rows) in the kernels' layout."""
     weights, size = BLOCK_SIZES[block_type]
@@ -136,7 +140,7 @@ def _block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, t
         low = blocks[..., :128].reshape(rows, units, 2, 2, 32)  # [half block, first or second 32, l]
         high = blocks[..., 128:192].reshape(rows, units, 2, 1, 32)
         nibbles = torch.cat([low & 15, low >> 4], dim=3)  # quarters 0..3 of each half block
-        levels = nibbles | (((high >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3) << 4)
+        levels = nibbles | (((high >> CRUMB_SHIFTS) & 3) << 4)
     else:
         nibbles = blocks[..., 2 * fields :]
         levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # byte i: columns i and i + 16
@@ -177,8 +181,7 @@ def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
     parts = [packed]
     if block_type == "Q6_K":  # the high 2 bits: level vector v = 2 k + half in bits 2 (v % 4) of chunk v // 4
         crumbs = (slices >> 4).reshape(tiles, TILE_ROWS, groups, 2, 4, 4)  # [.., chunk, v % 4, j]
-        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
-        bits = (crumbs << shifts).sum(dim=4, dtype=torch.uint8)  # disjoint bits: the sum is their or
+        bits = (crumbs << CRUMB_SHIFTS).sum(dim=4, dtype=torch.uint8)  # disjoint bits: the sum is their or
         parts.append(bits.permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
     parts.append(halves.view(tiles, TILE_ROWS, units, -1, 2).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
     if factors is not None:
@@ -189,7 +192,7 @@ def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
 def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tensor:
     """The inverse of tile_rows: the first `count` rows' blocks [count, bytes a row]."""
     fields, _ = TILE_HALVES[block_type]
-    groups_a_unit = BLOCK_SIZES[block_type][0] // 32
+    groups_a_unit = BLOCK_SIZES[block_type][0] // GROUP
     level_bytes = 256 * groups_a_unit
     high_bytes = 128 * groups_a_unit if block_type == "Q6_K" else 0
     field_bytes = 32 * fields
@@ -200,7 +203,7 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
     if high_bytes:
         bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, 2, TILE_ROWS, 4)
         bits = bits.permute(0, 3, 1, 2, 4)[..., None, :]  # [tile, row, group, chunk, 1, j]
-        crumbs = (bits >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]) & 3  # [.., chunk, v % 4, j]
+        crumbs = (bits >> CRUMB_SHIFTS) & 3  # [.., chunk, v % 4, j]
         levels = levels | (crumbs.reshape(levels.shape) << 4)
     at = level_bytes + high_bytes
     halves = units[..., at : at + field_bytes].reshape(len(tiles), count_units, fields, TILE_ROWS, 2)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from llama_chat.paths import cache_root
 
@@ -35,7 +37,6 @@ SAMPLES = 16
 SAMPLE_BYTES = 1 << 16
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
           "I8": torch.int8, "U8": torch.uint8, "I64": torch.int64}
-NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def file_identity(path: Path) -> list:
@@ -68,9 +69,9 @@ def entry_path(source: Path, settings: dict) -> Path | None:
 
 
 def save(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Write `state` as a safetensors file at `path`, atomically. A tensor under several
-    names (a tied table) is written once; the other names are aliases in the metadata.
-    Wider elements come first, so that every tensor starts on a multiple of its size."""
+    """Write `state` as a safetensors file at `path`, atomically (a new name, then a
+    rename). A tensor under several names (a tied table) is written once; the other names
+    are aliases in the metadata."""
     first_name: dict[tuple[int, int], str] = {}
     aliases: dict[str, str] = {}
     tensors: dict[str, torch.Tensor] = {}
@@ -81,24 +82,11 @@ def save(path: Path, state: dict[str, torch.Tensor]) -> None:
         else:
             first_name[key] = name
             tensors[name] = tensor.detach().contiguous()
-    order = sorted(tensors, key=lambda n: -tensors[n].element_size())
-    header: dict = {"__metadata__": {"aliases": json.dumps(aliases)}}
-    offset = 0
-    for name in order:
-        size = tensors[name].numel() * tensors[name].element_size()
-        header[name] = {"dtype": NAMES[tensors[name].dtype], "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data then starts on a multiple of 8
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+    os.close(handle)
     try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(struct.pack("<Q", len(encoded)))
-            out.write(encoded)
-            for name in order:
-                out.write(memoryview(tensors[name].view(torch.uint8).reshape(-1).numpy()))
+        save_file(tensors, staging, metadata={"aliases": json.dumps(aliases)})
         os.replace(staging, path)
     except BaseException:
         Path(staging).unlink(missing_ok=True)
@@ -124,7 +112,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     for name, entry in header.items():
         begin, stop = entry["data_offsets"]
         dtype, shape = DTYPES[entry["dtype"]], entry["shape"]
-        if not begin <= stop or data_start + stop > size or (stop - begin) != _bytes(shape, dtype):
+        if not begin <= stop or data_start + stop > size or (stop - begin) != math.prod(shape) * dtype.itemsize:
             raise ValueError(f"{name} does not fit where the header puts it")
         state[name] = mapped[data_start + begin : data_start + stop].view(dtype).view(shape)
         end = max(end, stop)
@@ -133,10 +121,3 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     for name, target in aliases.items():
         state[name] = state[target]
     return state
-
-
-def _bytes(shape: list[int], dtype: torch.dtype) -> int:
-    count = 1
-    for extent in shape:
-        count *= extent
-    return count * torch.empty(0, dtype=dtype).element_size()
