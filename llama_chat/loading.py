@@ -124,7 +124,9 @@ def build_packed_transformer(
             if head_type is None:
                 packing["output.weight"] = pool.submit(Int8Table, head, scratch, read=read)
             else:  # read by our kernels as the file stores it: 1.06 bytes a weight at most
-                packing["output.weight"] = pool.submit(BlockLinear, head, head_type, paths.variant_number, 16, read=read)
+                packing["output.weight"] = pool.submit(
+                    BlockLinear, head, head_type, paths.variant_number, 16, read=read
+                )
         for name, mode in modes.items():
             bits = paths.activation_bits
             if MIXED in mode:
@@ -163,7 +165,8 @@ def build_packed_transformer(
 
 
 def packed_from_cache(
-    checkpoint: Checkpoint, source: Path, paths: CpuPaths, modes: dict[str, str], shard: Shard | None, progress: Progress
+    checkpoint: Checkpoint, source: Path, paths: CpuPaths, modes: dict[str, str], shard: Shard | None,
+    progress: Progress,
 ) -> tuple[Transformer, str]:
     """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
     entries for this source and packing are there, else packed from the source and written
@@ -172,7 +175,8 @@ def packed_from_cache(
     matrices is an entry of its own, and the replicated tensors (embedding, head, norms)
     one entry that every rank maps, so the ranks on a host hold them once."""
     ranks = shard is not None and shard.world > 1
-    entries = {"own": packed_cache.entry_path(source, {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None})}
+    own = {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None}
+    entries = {"own": packed_cache.entry_path(source, own)}
     if ranks:
         entries["replicated"] = packed_cache.entry_path(source, {"modes": modes, "replicated_of": shard.world})
     note = ""

@@ -3,6 +3,8 @@ this CPU can run, with gguf's own dequantisation as the oracle for the blocks; t
 quantisers; the build, its cache and the fallback to PyTorch's kernels."""
 
 import os
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -271,16 +273,14 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
 def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
     """The decode step's compiler unpickles the model in a child process: it loads the file
     its parent loaded, even with no build of the sources on disk for its own key."""
-    import subprocess
-    import sys
-
     assert native.load_built()
     environment = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "nothing-built")}
-    code = "from llama_chat.kernels import native; import torch; print(native.load_built(), torch.ops.llama_chat.supported_variants() > 0)"
+    imports = "from llama_chat.kernels import native; import torch"
+    code = f"{imports}; print(native.load_built(), torch.ops.llama_chat.supported_variants() > 0)"
     result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-500:]
     assert result.stdout.split() == ["True", "True"]
     del environment[native.LOADED_LIBRARY]
-    alone = subprocess.run([sys.executable, "-c", code.split(";")[0] + "; print(native.load_built())"], env=environment,
+    alone = subprocess.run([sys.executable, "-c", f"{imports}; print(native.load_built())"], env=environment,
                            capture_output=True, text=True, check=True)
     assert alone.stdout.split() == ["False"]

@@ -68,7 +68,8 @@ def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     assert isinstance(w2, BlockLinear) and w2.blocks.untyped_storage().nbytes() == entry.stat().st_size
     # The weights used are the file's bytes, in the kernels' order.
     stored = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
-    assert torch.equal(w2.file_blocks(), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
+    file_bytes = torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1)
+    assert torch.equal(w2.file_blocks(), file_bytes)
     ids = list(range(3, 15))
     assert torch.equal(first.logits(ids), second.logits(ids))
 

@@ -237,8 +237,9 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
     print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
           f"{result['memory_before_load_mb']:.0f} MB before loading, "
           f"{result['peak_memory_after_load_mb']:.0f} MB right after; now {result['resident_memory_mb']:.0f} MB "
-          f"resident, {result['own_memory_mb']:.0f} MB of it the process's own ({result['own_memory_before_load_mb']:.0f} "
-          "MB before loading; the rest is mapped files, shared between processes and reclaimable)")
+          f"resident, {result['own_memory_mb']:.0f} MB of it the process's own "
+          f"({result['own_memory_before_load_mb']:.0f} MB before loading; the rest is mapped files, shared between "
+          "processes and reclaimable)")
     if "memory_mb_per_rank" in result:
         ranks = ", ".join(f"rank {rank} {peak:.0f} MB peak, {own:.0f} MB own"
                           for rank, (peak, own) in enumerate(result["memory_mb_per_rank"]))

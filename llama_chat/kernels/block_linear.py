@@ -233,7 +233,8 @@ class BlockLinear(nn.Module):
         unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
         width = arranged_bytes(block_type, self.in_features)
         device = None if read else "meta"
-        self.register_buffer("blocks", torch.empty(-(-self.out_features // unit), width, dtype=torch.uint8, device=device))
+        units = -(-self.out_features // unit)
+        self.register_buffer("blocks", torch.empty(units, width, dtype=torch.uint8, device=device))
         if not read:
             return
         alignment = math.lcm(unit, source.row_alignment)
@@ -267,12 +268,15 @@ class BlockLinear(nn.Module):
             bits = self.activation_bits
         else:  # a single token: 16-bit activations on tiles, float32 on other blocks
             bits = 16 if self.tiled else 0
-        out = torch.ops.llama_chat.block_linear(flat, self.blocks, self.type_number, self.out_features, self.variant, bits)
+        out = torch.ops.llama_chat.block_linear(
+            flat, self.blocks, self.type_number, self.out_features, self.variant, bits
+        )
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         layout = "tiles of 16 rows" if self.tiled else "groups of 4 rows"
-        return f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, {self.activation_bits}-bit steps"
+        return (f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, "
+                f"{self.activation_bits}-bit steps")
 
 
 class StackedBlockLinear(nn.Module):
@@ -289,7 +293,9 @@ class StackedBlockLinear(nn.Module):
             else:
                 runs.append([part])
         self.parts = nn.ModuleList(
-            BlockLinear(run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits, read=read)
+            BlockLinear(
+                run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits, read=read
+            )
             for run in runs
         )
 

@@ -299,7 +299,8 @@ class Int8Table(nn.Module):
         self.scratch = scratch
         device = None if read else "meta"
         self.register_buffer("levels", torch.empty(source.shape, dtype=torch.int8, device=device))
-        self.register_buffer("scales", torch.empty(self.vocab_size, self.dim // GROUP, dtype=torch.float32, device=device))
+        scales = torch.empty(self.vocab_size, self.dim // GROUP, dtype=torch.float32, device=device)
+        self.register_buffer("scales", scales)
         if not read:
             return
         step = chunk_rows(source, 1)
