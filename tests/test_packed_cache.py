@@ -1,6 +1,7 @@
 """The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
 ones, never trusted across a changed source, rebuilt when it does not read back."""
 
+import mmap
 import os
 
 import gguf
@@ -116,10 +117,12 @@ def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
     assert int(mapped.sum()) == 64 << 20  # every page read
     resident_mapped, own_mapped = memory_now_mb()
     assert resident_mapped - resident > 50 and abs(own_mapped - own) < 20
-    allocated = torch.ones(64 << 20, dtype=torch.uint8)
+    # Fresh anonymous pages: a heap allocation could reuse pages freed by earlier tests.
+    anonymous = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    torch.frombuffer(anonymous, dtype=torch.uint8).fill_(1)
     resident_allocated, own_allocated = memory_now_mb()
     assert own_allocated - own_mapped > 50 and resident_allocated - resident_mapped > 50
-    del allocated, mapped
+    del mapped
 
 
 def test_a_file_renamed_over_the_model_in_use_leaves_it_alone(tmp_path, tmp_cache):
