@@ -32,20 +32,9 @@ TEXT = (
 )
 
 
-@torch.inference_mode()
 def step_logits(model: llama_chat.Llama, ids: list[int], step: int) -> torch.Tensor:
     """Logits at every position, the text fed `step` tokens at a time through the cache."""
-    cache = model.new_cache(len(ids) + 8)
-    logits = []
-    for start in range(0, len(ids), step):
-        chunk = ids[start : start + step]
-        if len(chunk) == 1:
-            logits.append(model.feed(cache, chunk)[None])
-            continue
-        tokens = torch.tensor([chunk])
-        logits.append(model.transformer(tokens, start_pos=len(cache), cache=cache)[0])
-        cache.tokens.extend(chunk)
-    return torch.cat(logits)
+    return model.step(model.new_cache(len(ids) + 8), ids, every_logits=True, chunk_size=step)
 
 
 def compare(fast: llama_chat.Llama, reference: torch.Tensor, ids: list[int], step: int) -> tuple[float, float, float]:

@@ -9,23 +9,22 @@ import torch
 
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.config import ModelArgs
-from llama_chat.engine.decode_step import DecodeStep
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.generation import Generation
 from llama_chat.engine.model import Transformer
+from llama_chat.engine.step import PREFILL_CHUNK, ModelStep
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.errors import ContextOverflowError
-from llama_chat.parallel.ranks import Peers, uninterrupted
+from llama_chat.engine.speculation import Speculation
 from llama_chat.text.builtin_formats import PlainFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
 
 DEFAULT_CONTEXT = 4096
-PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the attention scores' memory
 
 
 class Llama:
-    """A loaded model: `tokenizer`, `logits(ids)`, `new_cache()`, `feed()` and `generate()`."""
+    """A loaded model: `tokenizer`, `step` (the model on a cache), `logits(ids)`, `new_cache()`, `feed()`
+    and `generate()`."""
 
     def __init__(
         self,
@@ -48,8 +47,8 @@ class Llama:
         first = next(transformer.parameters())
         self.device = first.device
         self.dtype = first.dtype
-        self.decode_step = DecodeStep(self.transformer, self.dtype)
-        self.peers: Peers | None = None  # the other ranks, when this is rank 0 of a group
+        # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
+        self.step = ModelStep(self.transformer, self.dtype)
 
     @classmethod
     def random(
@@ -83,41 +82,13 @@ class Llama:
         capacity = capacity or min(self.args.max_seq_len, DEFAULT_CONTEXT)
         return KVCache(self.args, capacity, device=self.device, dtype=self.dtype)
 
-    @torch.inference_mode()
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Float32 logits [len(ids), vocab] from one full forward pass, no cache involved."""
-        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        if self.peers is not None:
-            with uninterrupted():
-                self.peers.logits(ids)
-                return self.transformer(tokens)[0]
-        return self.transformer(tokens)[0]
+        return self.step.logits(ids)
 
-    @torch.inference_mode()
     def feed(self, cache: KVCache, ids: Sequence[int], chunk_size: int = PREFILL_CHUNK) -> torch.Tensor:
         """Append ids to the cache (in chunks); return the float32 logits after the last one."""
-        if len(ids) > cache.room():
-            raise ContextOverflowError(
-                f"{len(ids)} more tokens do not fit: the context holds {cache.capacity} and {len(cache)} are used"
-            )
-        if self.peers is not None:  # tensor parallel: every rank runs the same step
-            with uninterrupted():
-                self.peers.feed(cache, ids)
-                return self._feed(cache, ids, chunk_size)
-        return self._feed(cache, ids, chunk_size)
-
-    def _feed(self, cache: KVCache, ids: Sequence[int], chunk_size: int) -> torch.Tensor:
-        if len(ids) == 1:
-            return self.decode_step(cache, ids[0])
-        logits = None
-        for start in range(0, len(ids), chunk_size):
-            chunk = list(ids[start : start + chunk_size])
-            tokens = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            logits = self.transformer(tokens, start_pos=len(cache), cache=cache, last_only=True)
-            cache.tokens.extend(chunk)  # only once the buffers hold them
-        if logits is None:
-            raise ValueError("feed needs at least one token")
-        return logits[0, -1]
+        return self.step(cache, ids, chunk_size=chunk_size)
 
     def generate(
         self,
@@ -127,6 +98,7 @@ class Llama:
         cache: KVCache | None = None,
         stop_ids: Iterable[int] | None = None,
         stop_strings: Iterable[str] = (),
+        speculation: Speculation | None = None,
     ) -> Generation:
         """A streaming reply to prompt_ids: iterate it for Pieces; see Generation.
 
@@ -137,7 +109,7 @@ class Llama:
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
-        return Generation(self.feed, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings)
+        return Generation(self.step, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation)
 
 
 def init_random_weights(transformer: Transformer, seed: int) -> None:

@@ -2,6 +2,8 @@
 
 Rank 0 drives the group as the chat does (Peers, ParallelLoader) and saves what it saw;
 the other ranks follow. Every rank also saves the shapes of its own weights.
+`run_loads` does the same for several models loaded in turn, as /load does, each with
+load settings of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.cli.loaders import ParallelLoader
+from llama_chat.parallel.group_step import ParallelLoader
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load
@@ -22,6 +24,7 @@ from llama_chat.parallel.sharding import Shard
 
 PROMPT = [5, 17, 33, 2, 41, 8, 29, 60, 11, 3]
 TURNS = ("hello there", "and then?", "one more")
+FLOAT32 = {"dtype": "float32"}  # load settings: the model unpacked, in float32
 
 
 def weight_shapes(model) -> dict[str, list[int]]:
@@ -76,3 +79,57 @@ def observe(model) -> dict:
 def run_alone(model_path: str) -> dict:
     """The same, in one process."""
     return observe(load(model_path, device="cpu", dtype="float32"))
+
+
+def refused_name(rank: int) -> str:
+    """A file only `rank` fails to load (shard_loader refuses it there): a load failing on one rank."""
+    return f"refused-by-rank-{rank}.gguf"
+
+
+def shard_loader(shard: Shard, settings: dict[str, dict]):
+    """This rank's loader: `load` with the settings `settings` gives the path (float32 where it
+    gives none); a file named refused_name(this rank) fails here and loads everywhere else."""
+
+    def load_shard(path: str):
+        if Path(path).name == refused_name(shard.rank):
+            raise LlamaChatError(f"{Path(path).name}: refused on this rank by the test")
+        return load(path, device="cpu", shard=shard, **settings.get(str(path), FLOAT32))
+
+    return load_shard
+
+
+def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], settings: dict[str, dict]) -> None:
+    """Rank 0 loads each of `paths` in turn over the group and observes the model it has
+    then: the new one, or where the load failed (its line saved as "error") the one before."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    shard = Shard(rank, world)
+    store = join(shard)
+    load_shard = shard_loader(shard, settings)
+    if rank > 0:
+        shapes_seen = {}
+
+        def load_and_note(path):
+            model = load_shard(path)
+            shapes_seen[path] = weight_shapes(model)
+            return model
+
+        follow(store, load_and_note)
+        torch.save(shapes_seen, Path(out) / f"shapes-{rank}.pt")
+        return
+    peers = Peers(store)
+    model, results = None, []
+    for path in paths:
+        try:
+            model, error = ParallelLoader(load_shard, peers)(path), None
+        except LlamaChatError as failure:
+            error = str(failure)
+        results.append({"error": error, "quantization": model.quantization, **observe(model)})
+    peers.close()
+    torch.save(results, Path(out) / "rank0.pt")
+
+
+def run_alone_with(model_path: str, settings: dict) -> dict:
+    """run_alone with these load settings, and the packing the model got."""
+    model = load(model_path, device="cpu", **settings)
+    return {"quantization": model.quantization, **observe(model)}

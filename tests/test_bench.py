@@ -1,7 +1,9 @@
 import pytest
 
 from llama_chat.cli import main
-from llama_chat.cli.bench import random_prompt, run
+from llama_chat.cli.bench import measure_speculation, random_prompt, run, speculation_line
+
+from .test_session import chat_model
 
 
 def test_bench_measures_a_model_and_says_how_it_ran(tiny_model):
@@ -24,3 +26,15 @@ def test_counts_below_one_are_refused_in_one_line(flag, capsys):
         main(["bench", flag, "0"])
     assert exit_info.value.code == 2
     assert f"argument {flag}: must be positive, got 0" in capsys.readouterr().err
+
+
+def test_bench_measures_speculation_and_checks_each_reply():
+    model, draft = chat_model(seed=3), chat_model(seed=1)
+    results = measure_speculation(model, "abc abc abc abc abc abc", 30, 1, draft)
+    assert set(results) == {"without", "lookup", "draft"}
+    assert all(run["same_reply"] and run["decode_tokens_per_second"] > 0 for run in results.values())
+    # A draft model as slow as the model never pays, so auto may not draft with it here.
+    assert results["without"]["drafted_tokens"] == 0 and results["lookup"]["drafted_tokens"] > 0
+    line = speculation_line(results)
+    assert line.startswith("without ") and "prompt lookup" in line and "draft model" in line
+    assert "A DIFFERENT REPLY" not in line

@@ -54,6 +54,15 @@ def test_prompt_prints_only_the_reply_and_stats_go_to_stderr(loads, capsys):
                                "kernel_dtype": "auto", "shard": None, "progress": LoadProgress})]
 
 
+def test_a_draft_model_is_loaded_in_the_default_weights_mode_and_keeps_the_reply(loads, capsys):
+    argv = ["--model", "tiny.gguf", "-p", "hello", "--temperature", "0", "--max-tokens", "12", "--quantize", "none",
+            "--dtype", "float32", "--draft", "tiny.gguf", "--lookup", "3"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == visible(greedy_reply("hello", max_tokens=12)) + "\n"
+    assert [options.get("quantize", "auto") for _, options in loads] == ["none", "auto"]
+    assert loads[1][1]["device"] == "auto" and "dtype" not in loads[1][1]
+
+
 def test_piped_stdin_is_the_prompt(loads, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello"))
     assert main(["--model", "tiny.gguf", "--temperature", "0", "--max-tokens", "4"]) == 0
@@ -72,6 +81,7 @@ def test_raw_is_plain_completion(loads, capsys):
     (["--max-tokens", "0", "-p", "x"], "max_tokens must be a positive number"),
     (["--ctx-size", "0", "-p", "x"], "--ctx-size must be a positive number"),
     (["--raw"], "--raw needs a prompt"),
+    (["--lookup", "some", "-p", "x"], "--lookup takes auto or a number of tokens (0: off), not 'some'"),
 ])
 def test_bad_usage_exits_2_with_one_line_before_loading(loads, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(sys, "stdin", FakeTerminal())
@@ -112,7 +122,7 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     sessions = []
     real_run_repl = llama_chat.repl.app.run_repl
 
-    def run_repl_with_keys(session, load_model):
+    def run_repl_with_keys(session, load_model, load_draft):
         sessions.append(session)
         with create_pipe_input() as pipe:
             pipe.send_text("/settings\rhello\r/load other.gguf\r/quit\r")

@@ -14,7 +14,7 @@ from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
 import llama_chat
-from llama_chat import SamplingSettings
+from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.generation import GenerationStats, Piece
@@ -22,6 +22,7 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.repl.app import ChatCompleter, history_path, run_repl, toolbar
 from llama_chat.repl.render import Renderer
 
+from .conftest import tiny_args
 from .test_session import GREEDY, assert_consistent, chat_model, replay
 
 ENTER, ESCAPE, CTRL_C, CTRL_D = "\r", "\x1b", "\x03", "\x04"
@@ -94,6 +95,9 @@ def test_settings_change_through_slash_commands():
     ("/unknownthing", "unknown command /unknownthing: (/help lists the commands)"),
     ("/", "unknown command /: (/help lists the commands)"),
     ("/save ~no-such-user-here/chat.json", "cannot expand ~no-such-user-here/chat.json: no such user"),
+    ("/lookup many", "/lookup takes auto or a number of tokens (0: off), not 'many'"),
+    ("/lookup", "this command needs a number of tokens or auto"),
+    ("/draft missing.gguf", "could not load the draft model missing.gguf: missing.gguf: no such file or directory"),
 ])
 def test_bad_values_are_refused_and_nothing_changes(line, message):
     settings = SamplingSettings(temperature=0.5, seed=1)
@@ -102,6 +106,23 @@ def test_bad_values_are_refused_and_nothing_changes(line, message):
     assert code == 0
     assert message in output
     assert session.settings == settings and session.exchanges == []
+
+
+def test_speculation_is_set_from_the_chat():
+    session = Session(chat_model(), GREEDY)
+    wider = Llama.random(tiny_args(vocab_size=300), seed=1)
+    same_vocabulary = chat_model(seed=1, name="tiny draft")
+    drafts = {"wide.gguf": wider, "draft.gguf": same_vocabulary}
+    code, output = chat(session, "/lookup 5", "/settings", "/draft wide.gguf", "/draft draft.gguf", "/settings",
+                        "hello", "/stats", "/draft off", "/lookup 0", "/quit", load_model=drafts.__getitem__)
+    assert code == 0
+    assert "prompt lookup: up to 5 tokens" in output and "lookup = up to 5 tokens" in output
+    assert "the draft model has 300 tokens and the model 260" in output
+    assert "drafting with tiny draft" in output and "draft = " in output and "draft.gguf" in output
+    assert "(the draft model drafts instead)" in output
+    assert "draft model off; prompt lookup: up to 5 tokens" in output and "prompt lookup: off" in output
+    assert session.speculation.draft is None and session.speculation.lookup == 0
+    assert session.exchanges and session.exchanges[0].reply
 
 
 def test_help_lists_every_command():
@@ -159,18 +180,22 @@ def test_ctrl_d_at_an_empty_prompt_leaves_with_code_0():
 def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     model = chat_model()
     session = Session(model, SamplingSettings(temperature=0, max_tokens=10))
-    feed = model.feed
-    calls = []
+    session.speculation.lookup = 0  # a step per token
 
-    def feed_until_ctrl_c(cache, ids, *args, **kwargs):
-        # Ctrl-C lands while the model computes: here, in the fourth forward pass (the prefill,
-        # then one per generated token), so three tokens have been shown.
-        calls.append(ids)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return feed(cache, ids, *args, **kwargs)
+    class StepUntilCtrlC:
+        """Ctrl-C lands while the model computes: here, in the fourth step (the prefill, then
+        one per generated token), so three tokens have been shown."""
 
-    monkeypatch.setattr(model, "feed", feed_until_ctrl_c)
+        def __init__(self, step):
+            self.step, self.calls, self.seconds, self.describe = step, 0, step.seconds, step.describe
+
+        def __call__(self, cache, ids, **options):
+            self.calls += 1
+            if self.calls == 4:
+                raise KeyboardInterrupt
+            return self.step(cache, ids, **options)
+
+    monkeypatch.setattr(model, "step", StepUntilCtrlC(model.step))
     code, output = chat(session, "hello", "go on", "/quit")
     assert code == 0
     first, second = session.exchanges

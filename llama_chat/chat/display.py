@@ -25,4 +25,7 @@ def stats_line(stats: GenerationStats) -> str:
         f"first token {stats.time_to_first_token * 1000:.0f} ms, prompt {stats.prefilled_tokens} new "
         f"+ {stats.reused_tokens} cached tokens"
     )
+    if stats.drafted_tokens:
+        line += (f", drafted {stats.drafted_tokens}, accepted {stats.accepted_tokens} "
+                 f"({stats.accepted_tokens / stats.drafted_tokens:.0%})")
     return f"[{ending}] {line}" if ending else line

@@ -38,7 +38,8 @@ from llama_chat.chat.conversation_file import SavedConversation, read_conversati
 from llama_chat.chat.exchange import Exchange
 from llama_chat.engine.generation import Generation, GenerationStats, Piece
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.errors import ContextOverflowError, LlamaChatError
+from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
+from llama_chat.errors import ContextOverflowError, LlamaChatError, UsageError
 from llama_chat.llama import Llama
 from llama_chat.paths import expanded
 from llama_chat.text.chat_format import ChatFormat, Message
@@ -83,7 +84,9 @@ class Turn:
         self.user = text
         self.plan = plan
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
-        self.generation: Generation = session.model.generate(plan.prompt, session.settings, cache=session.cache)
+        self.generation: Generation = session.model.generate(
+            plan.prompt, session.settings, cache=session.cache, speculation=session.speculation
+        )
         self.exchange: Exchange | None = None
 
     @property
@@ -145,6 +148,7 @@ class Session:
         self.exchanges: list[Exchange] = []
         self.head_ids: list[int] | None = None  # ids before the first exchange; None: not known
         self.last_stats: GenerationStats | None = None
+        self.speculation = Speculation()  # prompt lookup, auto; or a draft model
         self.cache = model.new_cache(context_size)
         self._rebuild_ids()
 
@@ -218,12 +222,28 @@ class Session:
         self._rebuild_ids()
         self._trim_cache()
 
-    def set_model(self, model: Llama, model_path: str | Path | None) -> None:
-        """Continue the conversation with other weights (a new cache; ids rebuilt)."""
+    def set_model(self, model: Llama, model_path: str | Path | None) -> str | None:
+        """Continue the conversation with other weights (a new cache; ids rebuilt). Returns a
+        note when the draft model had to be let go (another vocabulary)."""
         capacity = min(self.context_size, model.args.max_seq_len) if self.context_size else None
         cache = model.new_cache(capacity)  # before anything changes: it may not fit in memory
         self.model, self.cache, self.model_path = model, cache, _absolute(model_path)
         self._rebuild_ids()
+        draft = self.speculation.draft
+        if draft is not None:
+            try:
+                check_same_vocabulary(model, draft.model)
+            except UsageError as error:
+                self.speculation.draft = None
+                return f"draft model off: {error}"
+        return None
+
+    def set_draft(self, draft: Llama | None, path: str | Path | None = None) -> None:
+        """Draft with this model (None: by prompt lookup again); one that does not share the
+        model's vocabulary is refused (UsageError) and nothing changes."""
+        if draft is not None:
+            check_same_vocabulary(self.model, draft)
+        self.speculation.draft = None if draft is None else DraftModel(draft, _absolute(path) or "")
 
     def _start(self, text: str) -> Turn:
         plan = self._plan(text)

@@ -13,18 +13,18 @@ import torch
 
 from llama_chat.cli.arguments import positive_int
 from llama_chat.cli.load_progress import LoadProgress
-from llama_chat.cli.loaders import ParallelLoader
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
 from llama_chat.errors import UsageError
 from llama_chat.kernels import native
 from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_gb_per_second
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load, model_memory_bytes
-from llama_chat.parallel.ranks import follow, join, lead, shard_from_environment
+from llama_chat.parallel.group_step import run_in_group
 from llama_chat.parallel.sharding import Shard
 from llama_chat.process_memory import memory_now_mb, memory_report, peak_memory_mb
 
@@ -73,6 +73,66 @@ def chat_turn_first_token(model: Llama, cached_tokens: int = 200, turn_tokens: i
     return generation.stats.time_to_first_token
 
 
+# What speculation is measured on: a reply that repeats a paragraph of its prompt (700
+# characters), as a reply quoting, correcting or editing text does.
+PARAGRAPH = (
+    "The old lighthouse stood on the northern cliff for two hundred years, guiding fishing boats through fog "
+    "and storm. Its keeper, a quiet man named Elias Marsh, climbed the one hundred and twelve spiral stairs every "
+    "evening to light the lamp, and in a leather logbook he wrote down the weather, the ships that passed, and the "
+    "birds that rested on the iron railing. When the harbour board replaced the lamp with an automatic beacon in "
+    "1962, Elias stayed on as caretaker, painting the walls white each spring and mending the shutters after the "
+    "winter gales. Visitors who climbed to the gallery found him there most afternoons, pointing out the wrecks "
+    "below the waterline and naming every island on the horizon."
+)
+SPECULATION_TOKENS = 256  # the longest reply measured (the paragraph is about 150 tokens)
+ECHO_REQUEST = f"Repeat the following paragraph exactly, word for word, and nothing else:\n\n{PARAGRAPH}"
+
+
+def measure_speculation(model: Llama, text: str, new_tokens: int, repeats: int, draft: Llama | None = None) -> dict:
+    """Decode speed of the greedy reply to a chat message `text`, without speculation, with
+    prompt lookup (auto) and with a draft model if given: each run in turn, so that the
+    machine's drift falls on all alike; the median of each, and whether its reply was the
+    same as without speculation."""
+    prompt = model.chat_format.encode([{"role": "user", "content": text}])
+    settings = SamplingSettings(temperature=0, max_tokens=new_tokens)
+    ways = {"without": Speculation(lookup=0), "lookup": Speculation()}
+    if draft is not None:
+        ways["draft"] = Speculation(draft=DraftModel(draft))
+    runs: dict[str, list] = {name: [] for name in ways}
+    for _ in range(repeats + 1):  # the first round warms every path up and is not counted
+        for name, speculation in ways.items():
+            cache = model.new_cache(min(model.args.max_seq_len, len(prompt) + new_tokens + 1))
+            generation = model.generate(prompt, settings, cache=cache, speculation=speculation)
+            for _ in generation:
+                pass
+            runs[name].append(generation)
+    plain = runs["without"][-1].tokens
+    return {
+        name: {
+            "decode_tokens_per_second": statistics.median(g.stats.decode_tokens_per_second for g in done[1:]),
+            "generated_tokens": done[-1].stats.generated_tokens,
+            "drafted_tokens": done[-1].stats.drafted_tokens,
+            "accepted_tokens": done[-1].stats.accepted_tokens,
+            "same_reply": all(g.tokens == plain for g in done),
+        }
+        for name, done in runs.items()
+    }
+
+
+def speculation_line(results: dict) -> str:
+    """One line: each way's decode speed against none, its acceptance and whether the reply held."""
+    base = results["without"]["decode_tokens_per_second"]
+    parts = [f"without {base:.1f} tok/s"]
+    for name, label in (("lookup", "prompt lookup"), ("draft", "draft model")):
+        if name in results:
+            run = results[name]
+            rate = run["decode_tokens_per_second"]
+            kept = f"accepted {run['accepted_tokens']} of {run['drafted_tokens']} drafted"
+            same = "same reply" if run["same_reply"] else "A DIFFERENT REPLY"
+            parts.append(f"{label} {rate:.1f} tok/s ({rate / base:.2f}x; {kept}; {same})")
+    return "; ".join(parts)
+
+
 def operator_calls_per_token(model: Llama) -> int:
     """PyTorch operators one decode step calls (top level only; what runs inside a fused
     compiled kernel calls none): the fixed cost per token that compiling removes."""
@@ -94,7 +154,7 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
         device=str(model.device),
         dtype=str(model.dtype).removeprefix("torch."),
         weights=model.describe_weights(),
-        decode_step=model.decode_step.describe(),
+        decode_step=model.step.describe(),
         operator_calls_per_token=operator_calls_per_token(model),
         cpu=cpu_model_name(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
@@ -126,22 +186,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tp", type=positive_int, default=1,
                         help="split the model over N processes on this host (tensor parallel); memory is "
                         "then given per rank")
+    parser.add_argument("--draft", metavar="MODEL",
+                        help="also measure speculation with this draft model (loaded in the default weights mode)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     options = parser.parse_args(argv)
     if options.threads:
         torch.set_num_threads(options.threads)
-    shard = shard_from_environment()  # a rank of a group started by --tp or torchrun
     if options.tp > 1 and options.random_shapes:
         raise UsageError("--tp needs weights from a file: give --model instead of --random-shapes")
-    if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
-        return follow(join(shard), partial(load_shard, options, shard))
-    shard, peers = lead(shard, options.tp, ["bench", *argv])
-    loader = partial(load_shard, options, shard)
-    try:
-        return measure_and_report(options, ParallelLoader(loader, peers) if peers is not None else loader)
-    finally:
-        if peers is not None:
-            peers.close()
+    return run_in_group(options.tp, ["bench", *argv], lambda shard: partial(load_shard, options, shard),
+                        partial(measure_and_report, options))
 
 
 def weight_bytes_a_token(model: Llama) -> int:
@@ -193,11 +247,20 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
     load_seconds = time.perf_counter() - started
     memory_after_load = peak_memory_mb()
     started = time.perf_counter()
-    peers = model.peers  # the other ranks, under --tp
-    if options.compile == "wait" and peers is None:  # the compiled step has no all-reduce
-        model.decode_step.compile(wait=True)
+    peers = model.step.peers  # the other ranks, under --tp
+    if options.compile == "wait":
+        model.step.compile(wait=True)
     compile_seconds = time.perf_counter() - started
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
+    draft = None
+    if options.draft:
+        draft = load(options.draft, device=options.device, progress=LoadProgress)
+        check_same_vocabulary(model, draft)
+        if options.compile == "wait":
+            draft.step.compile(wait=True)
+    echo_prompt = model.chat_format.encode([{"role": "user", "content": ECHO_REQUEST}])
+    if len(echo_prompt) + SPECULATION_TOKENS < model.args.max_seq_len:
+        result["speculation"] = measure_speculation(model, ECHO_REQUEST, SPECULATION_TOKENS, options.repeats, draft)
     resident_now, own_now = memory_now_mb() or (0.0, 0.0)
     result.update(
         load_seconds=load_seconds,
@@ -227,6 +290,9 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
           "a token")
     print(f"prefill ({result['prompt_tokens']} tokens): {result['prefill_tokens_per_second']:.1f} tok/s")
     print(f"decode ({result['new_tokens']} tokens): {result['decode_tokens_per_second']:.1f} tok/s")
+    if "speculation" in result:
+        print(f"decode with speculation, a reply repeating a {len(PARAGRAPH)}-character paragraph: "
+              f"{speculation_line(result['speculation'])}")
     print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms after the "
           f"{result['prompt_tokens']}-token prompt; {result['chat_turn_first_token'] * 1000:.0f} ms for a "
           "20-token chat turn after 200 cached")

@@ -11,15 +11,17 @@ from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.session import Session
 from llama_chat.cli.arguments import finite_float, positive_int
 from llama_chat.cli.load_progress import LoadProgress
-from llama_chat.cli.loaders import CompilingLoader, ParallelLoader
+from llama_chat.cli.loaders import CompilingLoader
 from llama_chat.cli.subcommands import SUBCOMMANDS
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
+from llama_chat.engine.speculation import LOOKUP_AUTO, parse_lookup
 from llama_chat.errors import SettingError, UsageError
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load
-from llama_chat.parallel.ranks import follow, join, lead, shard_from_environment
+from llama_chat.parallel.group_step import run_in_group
+from llama_chat.parallel.ranks import shard_from_environment
 from llama_chat.parallel.sharding import Shard
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 
@@ -56,6 +58,12 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=positive_int, default=1,
                         help="split the model over N processes on this host (tensor parallel, on the cpu); "
                         "under torchrun the group comes from the launcher (default: 1)")
+    parser.add_argument("--lookup", default=LOOKUP_AUTO, metavar="N|auto",
+                        help="speculative decoding by prompt lookup: draft up to N tokens from the conversation "
+                        "(0: off; default auto: where it measures faster)")
+    parser.add_argument("--draft", metavar="MODEL",
+                        help="speculative decoding with a smaller model of the same vocabulary, loaded with the "
+                        "default weights mode (for example the same file drafting for --quantize none)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)
@@ -108,6 +116,12 @@ def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Cal
                    quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress)
 
 
+def draft_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
+    """Loads a draft model: on the command line's device, in the default weights mode (the
+    fastest measured here), whatever --quantize and --dtype say of the model."""
+    return partial(load, device=options.device, chat_format="plain", progress=LoadProgress)
+
+
 def main(argv: list[str]) -> int:
     return run_chat(chat_parser().parse_args(argv), argv)
 
@@ -116,37 +130,37 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = settings_from(options)
     if options.ctx_size is not None and options.ctx_size <= 0:
         raise UsageError(f"--ctx-size must be a positive number of tokens, got {options.ctx_size}")
-    shard = shard_from_environment()
-    if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
-        return follow(join(shard), model_loader(options, shard))
-    prompt = read_prompt(options)
-    model_path = options.model or require_default_model()
-    if shard is not None or options.tp > 1:
-        if options.device not in ("auto", "cpu"):
-            raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
-        options.device, options.compile = "cpu", "off"  # the compiled step has no all-reduce
-    shard, peers = lead(shard, options.tp, argv)
-    try:
-        base_loader = model_loader(options, shard)
-        if peers is not None:
-            base_loader = ParallelLoader(base_loader, peers)
+    if options.tp > 1 and options.device not in ("auto", "cpu"):
+        raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
+    if options.tp > 1 or shard_from_environment() is not None:
+        options.device = "cpu"
+
+    lookup = parse_lookup(options.lookup)
+
+    def chat(load_shard: Callable[[str], Llama]) -> int:
+        prompt = read_prompt(options)
+        model_path = options.model or require_default_model()
         # A one-shot reply ends long before a first compile would: it uses a compiled step
         # only if one is on disk already (or --compile wait).
-        load_model = CompilingLoader(base_loader, options.compile, background=prompt is None)
+        load_model = CompilingLoader(load_shard, options.compile, background=prompt is None)
+        load_draft = CompilingLoader(draft_loader(options), options.compile, background=prompt is None)
         try:
             system = None if options.system is None else checked_text(options.system, "--system")
             session = Session(load_model(model_path), settings, system=system,
                               context_size=options.ctx_size, model_path=model_path)
+            session.speculation.lookup = lookup
+            if options.draft:
+                session.set_draft(load_draft(options.draft), options.draft)
             if prompt is not None:
                 return answer_once(session, prompt, options.stats)
             from llama_chat.repl.app import run_repl
 
-            return run_repl(session, load_model)
+            return run_repl(session, load_model, load_draft=load_draft)
         finally:
             load_model.stop()
-    finally:
-        if peers is not None:
-            peers.close()
+            load_draft.stop()
+
+    return run_in_group(options.tp, argv, partial(model_loader, options), chat)
 
 
 def answer_once(session: Session, prompt: str, show_stats: bool) -> int:

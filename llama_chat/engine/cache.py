@@ -36,8 +36,6 @@ class KVCache:
         # model's 4096 positions in float32).
         self.keys = torch.empty(shape, device=device, dtype=dtype)
         self.values = torch.empty(shape, device=device, dtype=dtype)
-        # Each layer's views, made once rather than on every forward pass.
-        self._layers = list(zip(self.keys.unbind(0), self.values.unbind(0)))
         self._zeros = torch.zeros(capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self.tokens: list[int] = []
@@ -45,26 +43,24 @@ class KVCache:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers of one layer: [1, kv_heads, capacity, head_dim]."""
-        return self._layers[index]
-
     def past_bias(self) -> torch.Tensor:
         """The attention bias of the positions held (zeros: every one visible to a new token);
         its length tells a decode step its position."""
         return self._zeros[: len(self.tokens)]
 
-    def append(self, token: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Write one token's keys and values [n_layers, kv_heads, head_dim] at the next position."""
-        position = len(self.tokens)
-        if position >= self.capacity:
+    def write(self, ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write the keys and values [n_layers, kv_heads, len(ids), head_dim] of ids at the next
+        positions: the one way anything enters the cache."""
+        start = len(self.tokens)
+        if start + len(ids) > self.capacity:
             raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        self.keys[:, 0, :, position] = keys
-        self.values[:, 0, :, position] = values
-        self.tokens.append(token)
+        self.keys[:, 0, :, start : start + len(ids)] = keys
+        self.values[:, 0, :, start : start + len(ids)] = values
+        self.tokens.extend(ids)
 
     def truncate(self, length: int) -> None:
-        """Forget every position from `length` on, without copying anything."""
+        """Forget every position from `length` on, without copying anything: how a rejected
+        draft, a retried reply or a changed prompt is taken back."""
         if not 0 <= length <= len(self.tokens):
             raise ValueError(f"cannot truncate a cache of {len(self.tokens)} tokens to {length}")
         del self.tokens[length:]
@@ -85,3 +81,10 @@ class KVCache:
     def room(self) -> int:
         """How many more positions fit."""
         return self.capacity - len(self.tokens)
+
+    def check_room(self, count: int) -> None:
+        """Refuse, with one line, `count` more tokens that do not fit."""
+        if count > self.room():
+            raise ContextOverflowError(
+                f"{count} more tokens do not fit: the context holds {self.capacity} and {len(self)} are used"
+            )

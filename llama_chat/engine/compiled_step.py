@@ -1,6 +1,6 @@
 """The decode step compiled ahead of time, kept on disk and loaded in a moment.
 
-`Transformer.decode` has the same shapes at every position (the position is the length
+`Transformer.step` for one token has the same shapes at every position (the position is the length
 of an input), so torch.export traces it once and AOTInductor compiles it to a package:
 fused C++ for the small operations between the matrix kernels, called from C++ rather
 than Python. Every weight is an input of the compiled step, not a constant inside it, so
@@ -34,11 +34,9 @@ from torch import nn
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.paths import cache_root
 
-# Code a package is traced from (paths inside llama_chat/): a change to any of it makes a new package.
-TRACED_SOURCES = (
-    "engine/model.py", "engine/rope.py", "engine/cache.py", "kernels/packed.py", "kernels/block_linear.py",
-    "engine/compiled_step.py",
-)
+# The packages a step's code can come from (model, cache, kernels, tensor-parallel layers):
+# a change to any of their Python sources makes a new package.
+TRACED_PACKAGES = ("engine", "kernels", "parallel")
 
 
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
@@ -47,7 +45,7 @@ def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class _Decode(nn.Module):
-    """Transformer.decode as a module's forward, with the weights passed in as a list."""
+    """Transformer.step for one token as a module's forward, with the weights passed in as a list."""
 
     def __init__(self, structure: nn.Module) -> None:
         super().__init__()
@@ -59,7 +57,7 @@ class _Decode(nn.Module):
         state = dict(zip(self.names, weights))
         # tie_weights: a tied head is one tensor, named once among the inputs.
         with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
-            return self.structure.decode(token, past_bias, keys, values)
+            return self.structure.step(token, past_bias, keys, values)
 
 
 def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
@@ -71,7 +69,11 @@ def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
         "cache": str(cache_dtype),
         "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
         "torch": torch.__version__,
-        "code": [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in TRACED_SOURCES],
+        "code": [
+            hashlib.sha256(path.read_bytes()).hexdigest()
+            for name in TRACED_PACKAGES
+            for path in sorted((package / name).rglob("*.py"))
+        ],
     }
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 
@@ -127,7 +129,7 @@ def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: P
 
 
 class CompiledStep:
-    """A loaded package, called like Transformer.decode with the model's own weights.
+    """A loaded package, called like Transformer.step with the model's own weights.
 
     It is opened with PyTorch's C++ loader itself: `torch._inductor.aoti_load_package`
     would first import the compiler's Python modules, over a second, for nothing a

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import Sampler, SamplingSettings
+from llama_chat.engine.speculation import Draft, PromptLookup, Speculation, accept
+from llama_chat.engine.step import ModelStep
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
 from llama_chat.text.tokenizer import Tokenizer
 
-# Appends ids to a cache and returns the float32 logits after the last one (Llama.feed).
-Feed = Callable[[KVCache, Sequence[int]], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class GenerationStats:
     generated_tokens: int = 0
     decode_seconds: float = 0.0  # from the first generated token to the last
     stop_reason: str = ""  # stop_token, stop_string, max_tokens, context_full, interrupted
+    drafted_tokens: int = 0  # tokens proposed by speculation (prompt lookup or a draft model)
+    accepted_tokens: int = 0  # of those, the ones the model kept
 
     @property
     def prefilled_tokens(self) -> int:
@@ -93,13 +96,14 @@ class Generation:
 
     def __init__(
         self,
-        feed: Feed,
+        step: ModelStep,
         tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         settings: SamplingSettings,
         cache: KVCache,
         stop_ids: Iterable[int],
         stop_strings: Iterable[str] = (),
+        speculation: Speculation | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("generation needs at least one prompt token")
@@ -108,13 +112,17 @@ class Generation:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {cache.capacity}: "
                 "shorten it or raise --ctx-size"
             )
-        self.feed = feed
+        self.step = step  # the model on the cache (a ModelStep, or its tensor-parallel wrapper)
         self.tokenizer = tokenizer
         self.prompt_ids = list(prompt_ids)
         self.settings = settings
         self.cache = cache
         self.stop_ids = frozenset(stop_ids)
         self.stop_strings = list(stop_strings)
+        self.speculation = speculation
+        # A draft model draws from generator of its own, with the same settings.
+        draft_seed = None if settings.seed is None else settings.seed + 1
+        self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.tokens: list[int] = []
         self.text = ""
@@ -124,14 +132,16 @@ class Generation:
         self.stats.stop_reason = "interrupted"  # until the loop says otherwise
         logits = self._prefill()
         self.stats.prefill_seconds = time.perf_counter() - started
-        sampler = Sampler(self.settings)
         detokenizer = StreamingDetokenizer(self.tokenizer)
         stops = StopStrings(self.stop_strings)
-        history = list(self.prompt_ids)
         first_token_at = None
         reason = "max_tokens"
+        tokens = self._next_tokens(logits, Sampler(self.settings))
         for step in range(self.settings.max_tokens):
-            token = sampler(logits, history)
+            token = next(tokens, None)
+            if token is None:
+                reason = "context_full"
+                break
             now = time.perf_counter()
             if first_token_at is None:
                 first_token_at = now
@@ -140,7 +150,6 @@ class Generation:
             if token in self.stop_ids:
                 reason = "stop_token"
                 break
-            history.append(token)
             self.tokens.append(token)
             self.stats.generated_tokens += 1
             text, hit_stop_string = stops.feed(detokenizer.add(token))
@@ -149,12 +158,6 @@ class Generation:
             if hit_stop_string:
                 reason = "stop_string"
                 break
-            if step + 1 == self.settings.max_tokens:
-                break
-            if self.cache.room() == 0:
-                reason = "context_full"
-                break
-            logits = self.feed(self.cache, [token])
         self.stats.stop_reason = reason
         if reason != "stop_string":
             rest, _ = stops.feed(detokenizer.flush())
@@ -163,9 +166,52 @@ class Generation:
                 self.text += rest
                 yield Piece(None, rest)
 
+    def _next_tokens(self, logits: torch.Tensor, sampler: Sampler) -> Iterator[int]:
+        """The reply's tokens in order, each fed to the model only once the next one is wanted
+        (ending when the context has no room for it). With speculation, a token and the
+        drafts after it are fed in one verify step, and the drafts the model keeps follow
+        without a step of their own."""
+        history = list(self.prompt_ids)
+        planner = self.speculation.planner(self.step.seconds) if self.speculation is not None else None
+        lookup = PromptLookup()
+        token = sampler(logits, history)
+        while True:
+            history.append(token)
+            yield token
+            if self.cache.room() == 0:
+                return
+            still_wanted = self.settings.max_tokens - (len(history) - len(self.prompt_ids))
+            count = 0
+            if planner is not None:
+                count = min(planner.length(self._draft_seconds()), still_wanted - 1, self.cache.room() - 1)
+            drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
+            if not drafted.tokens:
+                token = sampler(self.step(self.cache, [token]), history)
+                continue
+            start = len(self.cache)
+            verified = self.step(self.cache, [token, *drafted.tokens], every_logits=True)
+            kept, token = accept(drafted, verified, sampler, history)
+            self.cache.truncate(start + 1 + kept)  # the refused drafts' keys and values go
+            planner.record(len(drafted.tokens), kept)
+            self.stats.drafted_tokens += len(drafted.tokens)
+            self.stats.accepted_tokens += kept
+            for accepted in drafted.tokens[:kept]:
+                history.append(accepted)
+                yield accepted
+
+    def _draft(self, lookup: PromptLookup, history: list[int], count: int) -> Draft:
+        draft_model = self.speculation.draft
+        if draft_model is None:
+            return lookup.propose(history, count)
+        return draft_model.propose(history, count, self.draft_sampler, self.cache.capacity)
+
+    def _draft_seconds(self) -> float:
+        draft_model = self.speculation.draft
+        return 0.0 if draft_model is None else draft_model.seconds_a_token
+
     def _prefill(self):
         """Feed the prompt tokens not already cached; return the last position's logits."""
         # The last prompt token must be fed to get logits for what follows it.
         reused = self.cache.keep_common_prefix(self.prompt_ids, at_most=len(self.prompt_ids) - 1)
         self.stats.reused_tokens = reused
-        return self.feed(self.cache, self.prompt_ids[reused:])
+        return self.step(self.cache, self.prompt_ids[reused:])

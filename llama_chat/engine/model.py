@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llama_chat.engine.cache import KVCache
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.rope import apply_rotary, rope_tables
 
@@ -60,62 +59,62 @@ class Attention(nn.Module):
         self.wqkv = UninitializedLinear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim)
         self.wo = UninitializedLinear(args.n_heads * args.head_dim, args.dim)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-        layer_cache: tuple[torch.Tensor, torch.Tensor] | None,
-        start_pos: int,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Causal attention within x [batch, time, dim] alone (no cache): the whole-sequence pass."""
         batch, time, _ = x.shape
-        rotated_heads = self.n_heads + self.n_kv_heads
-        qkv = self.wqkv(x).view(batch, time, rotated_heads + self.n_kv_heads, self.head_dim)
-        qk = apply_rotary(qkv.narrow(2, 0, rotated_heads), cos, sin)
-        q, k = qk.narrow(2, 0, self.n_heads), qk.narrow(2, self.n_heads, self.n_kv_heads).transpose(1, 2)
-        v = qkv.narrow(2, rotated_heads, self.n_kv_heads).transpose(1, 2)
-        if layer_cache is not None:
-            cache_k, cache_v = layer_cache
-            cache_k.narrow(2, start_pos, time).copy_(k)
-            cache_v.narrow(2, start_pos, time).copy_(v)
-            k, v = cache_k.narrow(2, 0, start_pos + time), cache_v.narrow(2, 0, start_pos + time)
+        q, k, v = self._project(x, cos, sin)
         # Put the n_rep query heads that share a key/value head next to each other
         # along the time axis, so attention broadcasts over K/V without repeating them.
         q = q.view(batch, time, self.n_kv_heads, self.n_rep, self.head_dim)
         q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.n_kv_heads, self.n_rep * time, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         out = out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim)
         return self.wo(out.permute(0, 3, 1, 2, 4).reshape(batch, time, -1))
 
-    def decode(
+    def step(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         past_bias: torch.Tensor,
+        new_bias: torch.Tensor | None,
         past_keys: torch.Tensor,
         past_values: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One new token x [1, 1, dim] after the len(past_bias) positions held in past_keys and
-        past_values [1, kv_heads, capacity, head_dim]; returns the output and the token's key
-        and value [kv_heads, head_dim], which the caller writes to the cache.
+        """New tokens x [1, time, dim] after the len(past_bias) positions held in past_keys and
+        past_values [1, kv_heads, capacity, head_dim]; returns the output and the new tokens'
+        keys and values [kv_heads, time, head_dim], which the caller writes to the cache.
 
-        Nothing here depends on the position except through past_bias's length, so the
-        step's shapes are the same at every position and it compiles once. The new key is
-        scored on its own rather than written first, which keeps the step free of mutation.
+        The cached positions and the new ones are scored apart (the new ones under new_bias,
+        the causal mask among them; None for a single token) and weighed by one softmax, so
+        nothing is written here: the step is free of mutation, its shapes depend on the
+        position only through past_bias's length, and it compiles once.
         """
+        time = x.shape[1]
         position = past_bias.shape[0]
-        rotated_heads = self.n_heads + self.n_kv_heads
-        qkv = self.wqkv(x).view(rotated_heads + self.n_kv_heads, self.head_dim)
-        qk = apply_rotary(qkv[:rotated_heads], cos, sin)
-        q = qk[: self.n_heads].view(self.n_kv_heads, self.n_rep, self.head_dim) * self.head_dim**-0.5
-        k, v = qk[self.n_heads :], qkv[rotated_heads:]
+        q, k, v = self._project(x, cos, sin)
+        # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
+        q = q[0].view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
+        q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.head_dim**-0.5
+        k, v = k[0].transpose(0, 1), v[0].transpose(0, 1)
         past_scores = torch.matmul(q, past_keys[0, :, :position].transpose(1, 2)) + past_bias
-        new_scores = (q * k[:, None]).sum(-1, keepdim=True)
+        new_scores = torch.matmul(q, k.transpose(1, 2))
+        if new_bias is not None:
+            new_scores = new_scores + new_bias
         weights = torch.softmax(torch.cat([past_scores, new_scores], dim=-1), dim=-1)
-        out = torch.matmul(weights[..., :position], past_values[0, :, :position]) + weights[..., position:] * v[:, None]
-        return self.wo(out.reshape(1, 1, -1)), k, v
+        out = torch.matmul(weights[..., :position], past_values[0, :, :position])
+        out = out + torch.matmul(weights[..., position:], v)
+        out = out.view(self.n_kv_heads, self.n_rep, time, self.head_dim).permute(2, 0, 1, 3)
+        return self.wo(out.reshape(1, time, -1)), k, v
+
+    def _project(self, x, cos, sin):
+        """Rotated queries and keys and the values of x [batch, time, dim], each [batch, time, heads, head_dim]."""
+        batch, time, _ = x.shape
+        rotated_heads = self.n_heads + self.n_kv_heads
+        qkv = self.wqkv(x).view(batch, time, rotated_heads + self.n_kv_heads, self.head_dim)
+        qk = apply_rotary(qkv.narrow(2, 0, rotated_heads), cos, sin)
+        q, k = qk.narrow(2, 0, self.n_heads), qk.narrow(2, self.n_heads, self.n_kv_heads)
+        return q, k, qkv.narrow(2, rotated_heads, self.n_kv_heads)
 
 
 class FeedForward(nn.Module):
@@ -141,12 +140,13 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x, cos, sin, mask, layer_cache, start_pos):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask, layer_cache, start_pos)
+    def forward(self, x, cos, sin, mask):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
-    def decode(self, x, cos, sin, past_bias, past_keys, past_values):
-        attended, k, v = self.attention.decode(self.attention_norm(x), cos, sin, past_bias, past_keys, past_values)
+    def step(self, x, cos, sin, past_bias, new_bias, past_keys, past_values):
+        attended, k, v = self.attention.step(self.attention_norm(x), cos, sin, past_bias, new_bias, past_keys,
+                                             past_values)
         x = x + attended
         return x + self.feed_forward(self.ffn_norm(x)), k, v
 
@@ -168,75 +168,66 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        start_pos: int = 0,
-        cache: KVCache | None = None,
-        last_only: bool = False,
-    ) -> torch.Tensor:
-        """Logits for tokens [batch, time] standing at positions start_pos.. .
-
-        With a cache, K/V are written at [start_pos, start_pos+time) and attention runs
-        over [0, start_pos+time); without one, start_pos must be 0. `last_only` returns
-        logits for the final position only ([batch, 1, vocab]), which is all decoding needs.
-        """
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [batch, time, vocab] for whole sequences tokens [batch, time] from
+        position 0, no cache involved (training, and checks against references)."""
         time = tokens.shape[1]
-        end = start_pos + time
-        if cache is None and start_pos:
-            raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
-        if cache is not None and tokens.shape[0] != 1:
-            raise ValueError(f"a KV cache holds one sequence, not a batch of {tokens.shape[0]}")
-        if end > self.rope_cos.shape[0]:
-            raise ValueError(f"position {end} is past the model's context of {self.rope_cos.shape[0]}")
+        if time > self.rope_cos.shape[0]:
+            raise ValueError(f"position {time} is past the model's context of {self.rope_cos.shape[0]}")
         x = self.tok_embeddings(tokens)
-        cos = self.rope_cos[start_pos:end].to(x.dtype)
-        sin = self.rope_sin[start_pos:end].to(x.dtype)
-        mask = causal_mask(start_pos, time, self.args.n_rep, tokens.device, x.dtype)
-        for index, layer in enumerate(self.layers):
-            layer_cache = cache.layer(index) if cache is not None else None
-            x = layer(x, cos, sin, mask, layer_cache, start_pos)
-        if last_only:
-            x = x[:, -1:]
+        cos, sin = self.rope_cos[:time].to(x.dtype), self.rope_sin[:time].to(x.dtype)
+        mask = causal_mask(time, self.args.n_rep, tokens.device, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
         return self.output(self.norm(x)).float()
 
-    def decode(
-        self, token: torch.Tensor, past_bias: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    def step(
+        self,
+        tokens: torch.Tensor,
+        past_bias: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One decode step: the float32 logits [vocab] for token [1, 1] standing at position
-        len(past_bias), and its keys and values for every layer [n_layers, kv_heads, head_dim].
+        """The model on a cache: float32 logits [time, vocab] for tokens [1, time] standing at
+        positions len(past_bias).., and their keys and values for every layer
+        [n_layers, kv_heads, time, head_dim]. With last_only, logits for the last token only
+        [1, vocab] (a prompt chunk needs no more).
 
         keys and values are a KVCache's whole buffers, read up to that position and not
         written; past_bias [position] is added to the attention scores of the cached
-        positions (zeros: all visible). Every shape is fixed but that length, so one
-        compiled graph serves every step (see compiled_step).
+        positions (zeros: all visible). Every shape is fixed but that length and the number
+        of tokens, so one compiled graph serves every single-token step (see compiled_step).
         """
+        time = tokens.shape[1]
         position = past_bias.shape[0]
-        x = self.tok_embeddings(token)
-        cos, sin = self.rope_cos[position].to(x.dtype), self.rope_sin[position].to(x.dtype)
+        if position + time > self.rope_cos.shape[0]:
+            raise ValueError(f"position {position + time} is past the model's context of {self.rope_cos.shape[0]}")
+        x = self.tok_embeddings(tokens)
+        cos = self.rope_cos[position : position + time].to(x.dtype)
+        sin = self.rope_sin[position : position + time].to(x.dtype)
+        new_bias = causal_mask(time, self.args.n_rep, tokens.device, x.dtype)
         new_keys, new_values = [], []
         for layer, past_keys, past_values in zip(self.layers, keys.unbind(0), values.unbind(0)):
-            x, k, v = layer.decode(x, cos, sin, past_bias, past_keys, past_values)
+            x, k, v = layer.step(x, cos, sin, past_bias, new_bias, past_keys, past_values)
             new_keys.append(k)
             new_values.append(v)
+        if last_only:
+            x = x[:, -1:]
         logits = self.output(self.norm(x)).float()
-        return logits[0, 0], torch.stack(new_keys), torch.stack(new_values)
+        return logits[0], torch.stack(new_keys), torch.stack(new_values)
 
 
-def causal_mask(
-    start_pos: int, time: int, n_rep: int, device: torch.device, dtype: torch.dtype
-) -> torch.Tensor | None:
-    """Additive mask [n_rep*time, start_pos+time] for the grouped query rows: 0 where a key
-    is visible, -inf where it is in the future.
+def causal_mask(time: int, n_rep: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    """Additive mask [n_rep*time, time] among `time` tokens for the grouped query rows: 0
+    where a key is visible, -inf where it is in the future.
 
-    Made once per forward pass in the model's dtype: a boolean mask would be converted
-    to this inside every layer's attention call. A single new token may see every
-    cached position, so it needs no mask at all.
+    Made once per call in the model's dtype: a boolean mask would be converted to this
+    inside every layer's attention call. A single token needs no mask at all.
     """
     if time == 1:
         return None
-    query_positions = torch.arange(start_pos, start_pos + time, device=device)
-    key_positions = torch.arange(start_pos + time, device=device)
-    future = key_positions[None, :] > query_positions[:, None]
+    positions = torch.arange(time, device=device)
+    future = positions[None, :] > positions[:, None]
     mask = torch.zeros(future.shape, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
     return mask.repeat(n_rep, 1)

@@ -120,18 +120,43 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
         """The next token id given 1-D float logits and the ids that came before."""
+        logits, candidates = self._filtered(logits, history)
+        if self.settings.temperature == 0:
+            return int(torch.argmax(logits))
+        choice = self.draw(torch.softmax(logits, dim=-1))
+        return int(candidates[choice]) if candidates is not None else choice
+
+    def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
+        """The distribution [vocab] the next token is drawn from (at temperature 0, all of it
+        on the likeliest token): what a speculative step weighs drafts by."""
+        filtered, candidates = self._filtered(logits, history)
+        if self.settings.temperature == 0:
+            return torch.zeros(logits.numel()).index_fill_(0, torch.argmax(filtered), 1.0)
+        probs = torch.softmax(filtered, dim=-1)
+        if candidates is None:
+            return probs
+        return torch.zeros(logits.numel()).index_put_((candidates,), probs)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        """An index drawn from probs (which need not add up to 1) with this sampler's generator."""
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        """A number drawn uniformly from [0, 1) with this sampler's generator."""
+        return float(torch.rand(1, generator=self.generator))
+
+    def _filtered(self, logits: torch.Tensor, history: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits after the penalty, and at a positive temperature after the scaling and the
+        filters too; with top-k, only the k best, whose ids come second (else None)."""
         s = self.settings
         logits = logits.detach().float().cpu()
         if s.repeat_last_n:
             logits = apply_repeat_penalty(logits, history[-s.repeat_last_n :], s.repeat_penalty)
         if s.temperature == 0:
-            return int(torch.argmax(logits))
+            return logits, None
         candidates = None
         if 0 < s.top_k < logits.numel():
             # Work on the k best only: the other filters and the draw then touch k values.
             logits, candidates = torch.topk(logits, s.top_k)
         logits = apply_temperature(logits, s.temperature)
-        logits = min_p_filter(top_p_filter(logits, s.top_p), s.min_p)
-        probs = torch.softmax(logits, dim=-1)
-        choice = int(torch.multinomial(probs, 1, generator=self.generator))
-        return int(candidates[choice]) if candidates is not None else choice
+        return min_p_filter(top_p_filter(logits, s.top_p), s.min_p), candidates

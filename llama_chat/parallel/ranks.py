@@ -2,7 +2,7 @@
 to compute.
 
 Rank 0 owns the terminal, the tokenizer, the session and sampling. Whenever it runs the
-model (`Llama.feed`, `Llama.logits`) it first posts the same call to the other ranks
+model (`ParallelStep`) it first posts the same call to the other ranks
 through the process group's key-value store: which cache (by a number), where it starts,
 which token ids. Every rank then runs the same blocks on its own shard, and the blocks'
 all-reduces keep them in step. Caches are mirrored by position: a command says where the
@@ -22,10 +22,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -142,8 +140,9 @@ class Peers:
             self._next_cache += 1
         return self._cache_numbers[cache]
 
-    def feed(self, cache, ids: Sequence[int]) -> None:
-        self._post("feed", cache=self._number(cache), capacity=cache.capacity, start=len(cache), ids=list(ids))
+    def feed(self, cache, ids: Sequence[int], chunk_size: int) -> None:
+        self._post("feed", cache=self._number(cache), capacity=cache.capacity, start=len(cache), ids=list(ids),
+                   chunk=chunk_size)
 
     def logits(self, ids: Sequence[int]) -> None:
         self._post("logits", ids=list(ids))
@@ -192,23 +191,6 @@ def load_everywhere(load_model: Callable[[str], object], path: str, store: dist.
     return model
 
 
-@contextmanager
-def uninterrupted() -> Iterator[None]:
-    """Hold Ctrl-C until a step is done on every rank: stopping rank 0 between two
-    all-reduces would leave the others waiting on the second."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: received.append(1))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
-
 def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
     """A rank other than 0: do what rank 0 posts, until it says quit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides what Ctrl-C does
@@ -232,7 +214,7 @@ def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
             if cache is None:
                 cache = caches[command["cache"]] = model.new_cache(command["capacity"])
             cache.truncate(command["start"])
-            model.feed(cache, command["ids"])
+            model.step(cache, command["ids"], chunk_size=command["chunk"])
         elif operation == "logits":
             model.logits(command["ids"])
         elif operation == "report":

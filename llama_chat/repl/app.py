@@ -170,13 +170,14 @@ def run_repl(
     session: Session,
     load_model: Callable[[str], Llama],
     *,
+    load_draft: Callable[[str], Llama] | None = None,
     renderer: Renderer | None = None,
     input: Input | None = None,
     output: Output | None = None,
     history: History | None = None,
 ) -> int:
     """Chat until /quit or Ctrl-D; returns the exit code (0)."""
-    state = ChatState(session, renderer or Renderer(), load_model)
+    state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model)
     prompt = prompt_session(state, input=input, output=output, history=history)
     model = session.model
     state.renderer.note(

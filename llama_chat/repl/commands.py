@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from llama_chat.chat.display import stats_line
 from llama_chat.chat.session import Session
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
-from llama_chat.errors import LlamaChatError
+from llama_chat.engine.speculation import LOOKUP_AUTO, Speculation, parse_lookup
+from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
@@ -35,6 +36,7 @@ class ChatState:
     session: Session
     renderer: Renderer
     load_model: Callable[[str], Llama]  # the command line's device, dtype and chat format applied
+    load_draft: Callable[[str], Llama]  # a draft model: the command line's device, default weights
 
 
 Handler = Callable[[ChatState, str], "bool | None"]
@@ -100,6 +102,10 @@ def run_settings(state: ChatState, text: str) -> None:
     state.renderer.line(f"system = {session.system!r}")
     state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
     state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
+    draft = session.speculation.draft
+    state.renderer.line(f"draft = {draft.path or draft.model.name}" if draft else "draft = off")
+    drafts_instead = " (the draft model drafts instead)" if draft else ""
+    state.renderer.line(f"lookup = {describe_lookup(session.speculation)}{drafts_instead}")
 
 
 def run_system(state: ChatState, text: str) -> None:
@@ -135,11 +141,49 @@ def run_load(state: ChatState, text: str) -> None:
     except Exception as error:  # a foreign file can fail in many ways; the chat must go on
         reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
-    session.set_model(model, text)
+    draft_note = session.set_model(model, text)
     state.renderer.note(
         f"loaded {model.name} on {describe_device(model)}, context {session.capacity} tokens; "
         f"the conversation goes on ({exchanges(len(session.exchanges))})"
     )
+    if draft_note:
+        state.renderer.note(draft_note)
+
+
+def run_lookup(state: ChatState, text: str) -> None:
+    try:
+        state.session.speculation.lookup = parse_lookup(text)
+    except UsageError as error:
+        raise CommandError(str(error).replace("--lookup", "/lookup")) from None
+    state.renderer.note(f"prompt lookup: {describe_lookup(state.session.speculation)}")
+
+
+def run_draft(state: ChatState, text: str) -> None:
+    session = state.session
+    if text == "off":
+        session.set_draft(None)
+        state.renderer.note(f"draft model off; prompt lookup: {describe_lookup(session.speculation)}")
+        return
+    try:
+        draft = state.load_draft(text)
+    except RankLost:
+        raise
+    except Exception as error:  # noqa: BLE001 (as /load: the chat goes on)
+        reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
+        raise CommandError(f"could not load the draft model {text}: {reason}") from None
+    try:
+        session.set_draft(draft, text)
+    except UsageError as error:
+        raise CommandError(str(error)) from None
+    state.renderer.note(f"drafting with {draft.name} on {describe_device(draft)}")
+
+
+def describe_lookup(speculation: Speculation) -> str:
+    if speculation.lookup == 0:
+        return "off"
+    if speculation.lookup == LOOKUP_AUTO:
+        return "auto (drafts where it measures faster)"
+    return f"up to {speculation.lookup} tokens"
 
 
 def run_save(state: ChatState, text: str) -> None:
@@ -209,7 +253,7 @@ def usage(command: Command) -> str:
 
 
 def describe_device(model: Llama) -> str:
-    return f"{model.device} ({model.describe_weights()}; decode step {model.decode_step.describe()})"
+    return f"{model.device} ({model.describe_weights()}; decode step {model.step.describe()})"
 
 
 def describe_memory() -> str:
@@ -269,6 +313,10 @@ COMMANDS: list[Command] = [
             needs_argument(run_save, "a file name"), takes_path=True),
     Command("open", "FILE", "open a conversation saved with /save",
             needs_argument(run_open, "a file name"), takes_path=True),
+    Command("lookup", "N|auto", "draft up to N tokens by prompt lookup (0: off; auto: where it measures faster)",
+            needs_argument(run_lookup, "a number of tokens or auto"), choices=("auto", "0")),
+    Command("draft", "PATH|off", "draft with a smaller model of the same vocabulary (off: prompt lookup again)",
+            needs_argument(run_draft, "a model path or off"), takes_path=True),
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),
     Command("markdown", "on|off", "render finished replies as Markdown", run_markdown,

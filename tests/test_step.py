@@ -33,7 +33,7 @@ def test_a_decode_step_matches_the_forward_pass_and_writes_the_same_keys_and_val
     cache = model.new_cache(32)
     model.feed(cache, ids[:5])
     steps = [model.feed(cache, [token]) for token in ids[5:]]
-    assert model.decode_step.compiled is None
+    assert model.step.compiled is None
     assert cache.tokens == ids
     assert torch.allclose(torch.stack(steps), reference[5:], atol=1e-5, rtol=1e-5)
     # The keys and values the step wrote are those a prompt pass writes.
@@ -48,7 +48,7 @@ def test_a_full_cache_refuses_another_token():
     cache = model.new_cache(4)
     model.feed(cache, [5, 6, 7, 8])
     with pytest.raises(llama_chat.errors.ContextOverflowError):
-        model.decode_step(cache, 5)
+        model.step(cache, [5])
     assert len(cache) == 4
 
 
@@ -82,11 +82,11 @@ def test_the_compiled_step_is_built_in_the_background_and_picked_up(packed_model
 def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compiled_package):
     destination, _ = compiled_package
     eager_ids, eager_logits = greedy(packed_model, IDS[:10], 30)
-    packed_model.decode_step.compiled = compiled_step.CompiledStep(destination, packed_model.transformer)
+    packed_model.step.compiled = compiled_step.CompiledStep(destination, packed_model.transformer)
     try:
         compiled_ids, compiled_logits = greedy(packed_model, IDS[:10], 30)
     finally:
-        packed_model.decode_step.compiled = None
+        packed_model.step.compiled = None
     assert compiled_ids == eager_ids
     difference = (torch.stack(compiled_logits) - torch.stack(eager_logits)).abs().max()
     assert difference <= 5e-3 * torch.stack(eager_logits).abs().max()
@@ -96,7 +96,7 @@ def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compi
     step = compiled_step.CompiledStep(destination, packed_model.transformer)
     tokens = torch.tensor([[IDS[0]]])
     compiled = step(tokens, cache.past_bias(), cache.keys, cache.values)[0]
-    eager = packed_model.transformer.decode(tokens, cache.past_bias(), cache.keys, cache.values)[0]
+    eager = packed_model.transformer.step(tokens, cache.past_bias(), cache.keys, cache.values)[0]
     assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
 
 
@@ -110,7 +110,7 @@ def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
     assert background.error == "" and background.step is not None
     prompt = [(37 * i) % 250 + 3 for i in range(10)]
     eager_ids, eager_logits = greedy(model, prompt, 12)
-    model.decode_step.compiled = background.step
+    model.step.compiled = background.step
     compiled_ids, compiled_logits = greedy(model, prompt, 12)
     assert compiled_ids == eager_ids
     assert torch.allclose(torch.stack(compiled_logits), torch.stack(eager_logits), atol=1e-4, rtol=1e-4)
@@ -124,14 +124,14 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
     path.write_bytes(destination.read_bytes())
     # Without waiting, and in one-shot mode (no background work) too: it opens in milliseconds.
     for background in (True, False):
-        step = llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+        step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
         started = time.perf_counter()
         assert step.compile(background=background) == "compiled"
         assert time.perf_counter() - started < 1
         assert step.compiled is not None and step.pending is None
     # A package that does not open is one line, and the eager step goes on.
     path.write_bytes(b"not a package")
-    broken = llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+    broken = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
     note = broken.compile()
     assert note.startswith("eager (the compiled decode step did not load") and "\n" not in note
     assert broken.compiled is None
@@ -142,7 +142,7 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
 
     # The child process cannot be patched, so it is handed a structure file it cannot read.
     monkeypatch.setattr(compiled_step, "structure_copy", lambda transformer: "not a model")
-    step = llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32)
+    step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
     step.compile(wait=True)
     assert step.compiled is None
     assert step.note.startswith("eager (compiling the decode step failed")
@@ -150,7 +150,7 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
     reply = packed_model.generate(IDS[:5], SamplingSettings(temperature=0, max_tokens=5), stop_ids=())
     assert len(list(reply)) == 5  # the eager step still runs
     monkeypatch.setattr(compiled_step, "available", lambda: False)
-    assert llama_chat.engine.decode_step.DecodeStep(packed_model.transformer, torch.float32).compile() == (
+    assert llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32).compile() == (
         "eager (this PyTorch cannot run a step compiled ahead of time)"
     )
 
@@ -159,12 +159,12 @@ def test_the_chat_compiles_in_the_background_but_a_one_shot_reply_does_not(packe
     from llama_chat.cli.loaders import CompilingLoader
 
     started = []
-    packed_model.decode_step.compile = lambda wait=False, background=True: started.append((wait, background))
+    packed_model.step.compile = lambda wait=False, background=True: started.append((wait, background))
     try:
         CompilingLoader(lambda path: packed_model, "auto", background=True)("m")
         CompilingLoader(lambda path: packed_model, "auto", background=False)("m")
         CompilingLoader(lambda path: packed_model, "wait", background=False)("m")
         CompilingLoader(lambda path: packed_model, "off", background=True)("m")
     finally:
-        del packed_model.decode_step.compile
+        del packed_model.step.compile
     assert started == [(False, True), (False, False), (True, True)]

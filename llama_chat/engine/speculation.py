@@ -1,0 +1,220 @@
+"""Speculative decoding: tokens drafted cheaply, checked by one verify step of the model.
+
+A drafter guesses the tokens that come next: `PromptLookup` proposes what followed the
+latest earlier occurrence of the last few tokens in the conversation, `DraftModel` a
+smaller model's own choices. The model then runs the last token and the drafts in one
+step, which reads its weights once for all of them, and `accept` keeps the drafts the
+model would have produced itself:
+- at temperature 0, a draft is kept while it is the model's own choice, so replies are
+  those without drafts;
+- when sampling, by the speculative-sampling rule: a draft d drafted with probability
+  q(d) is kept with probability min(1, p(d)/q(d)), and the first one refused is replaced
+  by a draw from the normalised max(0, p - q), so replies are distributed as without
+  drafts. p and q come from the same Sampler settings (penalty, temperature, filters).
+The refused draft and everything after it are taken back from the cache.
+
+How many tokens to draft is chosen by measurement (`DraftPlanner`): the expected tokens
+a verify step yields, from the acceptance seen so far, against what steps of that many
+tokens have cost on this machine; where no length pays, nothing is drafted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from llama_chat.engine.cache import KVCache
+from llama_chat.engine.sampling import Sampler
+from llama_chat.errors import UsageError
+
+LOOKUP_AUTO = "auto"
+MOST_DRAFTED = 8  # tokens drafted at most by default: a verify step of 9
+NGRAM_SIZES = (3, 2)  # the tail lengths prompt lookup matches, longest first
+GAIN_MARGIN = 1.1  # drafting must promise this much more speed than single steps
+# Before a multi-token step has been timed: its cost per extra token, against one token's
+# step (measured 0.2-0.35 on the integer kernels), so that a first verify step is tried.
+PRIOR_SLOPE = 0.3
+
+
+def parse_lookup(value: str) -> str | int:
+    """--lookup's value: "auto", or a whole number of tokens (0: off)."""
+    if value == LOOKUP_AUTO:
+        return value
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = -1
+    if tokens < 0:
+        raise UsageError(f"--lookup takes auto or a number of tokens (0: off), not {value!r}")
+    return tokens
+
+
+@dataclass
+class Draft:
+    """Tokens guessed to come next, and the distribution each was drawn from (None: drafted
+    with certainty, as prompt lookup does)."""
+
+    tokens: list[int]
+    probabilities: list[torch.Tensor] | None = None
+
+
+class PromptLookup:
+    """Drafts what followed the latest earlier occurrence of the conversation's last few
+    tokens. Built once per reply; the conversation only grows while it is in use."""
+
+    def __init__(self) -> None:
+        self._latest: dict[tuple[int, ...], int] = {}  # an n-gram -> where it last ended
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def propose(self, history: Sequence[int], limit: int) -> Draft:
+        # Index every n-gram that ends before the last position: the tail's own occurrence
+        # must not match itself.
+        end = len(history)
+        for stop in range(max(self._indexed, 1), end):
+            for size in NGRAM_SIZES:
+                if stop >= size:
+                    self._latest[tuple(history[stop - size : stop])] = stop
+        self._indexed = max(self._indexed, end)
+        for size in NGRAM_SIZES:
+            found = self._latest.get(tuple(history[end - size :])) if end >= size else None
+            if found is not None:
+                return Draft(list(history[found : found + limit]))
+        return Draft([])
+
+
+class DraftModel:
+    """A smaller model sharing the target's vocabulary, with a KV cache of its own that
+    follows the conversation: each proposal first feeds it what it has not seen."""
+
+    def __init__(self, model, path: str = "") -> None:
+        self.model = model
+        self.path = path
+        self.cache: KVCache | None = None
+        self.seconds_a_token = 0.0  # its single steps, measured
+
+    def propose(self, history: Sequence[int], limit: int, sampler: Sampler, capacity: int) -> Draft:
+        if self.cache is None or self.cache.capacity != capacity:
+            self.cache = self.model.new_cache(capacity)
+        kept = self.cache.keep_common_prefix(history, at_most=len(history) - 1)
+        logits = self.model.step(self.cache, history[kept:])
+        greedy = sampler.settings.temperature == 0
+        tokens, distributions = [], []
+        started = time.perf_counter()
+        for index in range(limit):
+            if greedy:
+                tokens.append(sampler(logits, [*history, *tokens]))
+            else:
+                distributions.append(sampler.probabilities(logits, [*history, *tokens]))
+                tokens.append(sampler.draw(distributions[-1]))
+            if index + 1 < limit and self.cache.room() > 0:
+                logits = self.model.step(self.cache, tokens[-1:])
+        if limit > 1:
+            self.seconds_a_token = (time.perf_counter() - started) / limit
+        return Draft(tokens, None if greedy else distributions)
+
+
+def check_same_vocabulary(target, draft) -> None:
+    """Refuse, in one line, a draft model whose tokens are not the target's."""
+    ours, theirs = target.tokenizer, draft.tokenizer
+    if ours.vocab_size != theirs.vocab_size or target.args.vocab_size != draft.args.vocab_size:
+        raise UsageError(
+            f"the draft model has {draft.args.vocab_size} tokens and the model {target.args.vocab_size}: "
+            "a draft model must share the model's vocabulary"
+        )
+    for token in range(ours.vocab_size):
+        mine, other = ours.decode([token]), theirs.decode([token])
+        if mine != other:
+            raise UsageError(
+                f"token {token} is {other!r} for the draft model and {mine!r} for the model: "
+                "a draft model must share the model's vocabulary"
+            )
+
+
+def accept(
+    drafted: Draft, logits: torch.Tensor, sampler: Sampler, history: Sequence[int]
+) -> tuple[int, int]:
+    """How many drafts the model keeps, and the token it chooses after them (in place of the
+    first refused draft, or after the last one). logits [len(drafts) + 1, vocab] are the
+    verify step's, row i after the i-th draft; history is everything before the drafts."""
+    greedy = sampler.settings.temperature == 0
+    context = list(history)
+    for index, token in enumerate(drafted.tokens):
+        if greedy:
+            chosen = sampler(logits[index], context)
+            if chosen != token:
+                return index, chosen
+        else:
+            p = sampler.probabilities(logits[index], context)
+            q = drafted.probabilities[index] if drafted.probabilities is not None else None
+            drafted_with = 1.0 if q is None else float(q[token])
+            if sampler.uniform() * drafted_with >= float(p[token]):  # refused: min(1, p/q) not met
+                residual = p.clone()
+                if q is None:
+                    residual[token] = 0.0
+                else:
+                    residual = (p - q).clamp_(min=0.0)
+                return index, sampler.draw(residual if float(residual.sum()) > 0 else p)
+        context.append(token)
+    return len(drafted.tokens), sampler(logits[len(drafted.tokens)], context)
+
+
+class DraftPlanner:
+    """Chooses how many tokens to draft from the acceptance seen in this reply and the
+    measured cost of the model's steps by size (`step_seconds`, kept by the model step)."""
+
+    def __init__(self, limit: int, automatic: bool, step_seconds: dict[int, float]) -> None:
+        self.limit = limit
+        self.automatic = automatic
+        self.step_seconds = step_seconds
+        # Acceptance as a chain: each draft kept with probability alpha while the ones before
+        # were. Counted from kept drafts and refusals, starting from one of each.
+        self.kept = 1
+        self.refused = 1
+
+    def record(self, drafted: int, kept: int) -> None:
+        self.kept += kept
+        self.refused += kept < drafted
+
+    def length(self, draft_seconds_a_token: float = 0.0) -> int:
+        """Tokens to draft now: the limit when forced, else the length that promises the most
+        tokens a second (0 where none beats single steps by the margin)."""
+        if not self.automatic:
+            return self.limit
+        single = self.step_seconds.get(1)
+        if single is None:
+            return 0
+        alpha = self.kept / (self.kept + self.refused)
+        # Each extra token's cost, from every size timed: their median, which one step slowed
+        # by the machine's other work does not move.
+        wider = [(seconds - single) / (rows - 1) for rows, seconds in self.step_seconds.items() if rows > 1]
+        slope = max(0.0, statistics.median(wider)) if wider else PRIOR_SLOPE * single
+        best, best_rate = 0, GAIN_MARGIN / single
+        for count in range(1, self.limit + 1):
+            expected = (1 - alpha ** (count + 1)) / (1 - alpha)  # tokens a verify step of count drafts yields
+            rate = expected / (single + slope * count + draft_seconds_a_token * count)
+            if rate > best_rate:
+                best, best_rate = count, rate
+        return best
+
+
+@dataclass
+class Speculation:
+    """How a reply drafts: with a draft model when there is one, else by prompt lookup.
+    `lookup` and `draft_length` say how many tokens each drafts: "auto", at most N, or 0
+    for none."""
+
+    lookup: str | int = LOOKUP_AUTO
+    draft: DraftModel | None = None
+    draft_length: str | int = LOOKUP_AUTO
+
+    def planner(self, step_seconds: dict[int, float]) -> DraftPlanner | None:
+        """A planner for one reply, None when nothing is drafted."""
+        length = self.lookup if self.draft is None else self.draft_length
+        if length == 0:
+            return None
+        automatic = length == LOOKUP_AUTO
+        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, step_seconds)

@@ -1,0 +1,107 @@
+"""Rank 0's model step in a tensor-parallel group, and the start-up every front end shares.
+
+`ParallelStep` wraps a model's step: before each call it posts the same call to the other
+ranks, it holds Ctrl-C until every rank has finished the call, and it stays eager (a
+compiled step has no all-reduce between ranks). `run_in_group` starts or joins the group
+and runs a front end on rank 0 while the other ranks follow it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from llama_chat.engine.cache import KVCache
+from llama_chat.engine.step import PREFILL_CHUNK, ModelStep
+from llama_chat.parallel.ranks import Peers, follow, join, lead, shard_from_environment
+from llama_chat.parallel.sharding import Shard
+
+NOT_COMPILED = "eager (a compiled step cannot all-reduce between ranks)"
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C until a step is done on every rank: stopping rank 0 between two
+    all-reduces would leave the others waiting on the second."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: received.append(1))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+class ParallelStep:
+    """A ModelStep whose every call the other ranks of the group run too."""
+
+    def __init__(self, inner: ModelStep, peers: Peers) -> None:
+        self.inner = inner
+        self.peers = peers
+        self.note = NOT_COMPILED
+
+    def __call__(
+        self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, chunk_size: int = PREFILL_CHUNK
+    ) -> torch.Tensor:
+        cache.check_room(len(ids))  # before posting: a refused call must be refused on every rank
+        with uninterrupted():
+            self.peers.feed(cache, ids, chunk_size)
+            return self.inner(cache, ids, every_logits=every_logits, chunk_size=chunk_size)
+
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        with uninterrupted():
+            self.peers.logits(ids)
+            return self.inner.logits(ids)
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        return self.inner.seconds
+
+    def compile(self, **_) -> str:
+        return self.note
+
+    def describe(self) -> str:
+        return self.note
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+class ParallelLoader:
+    """Rank 0's loader in a group: every rank loads its shard, or none does."""
+
+    def __init__(self, load_shard: Callable[[str], object], peers: Peers) -> None:
+        self.load_shard = load_shard
+        self.peers = peers
+
+    def __call__(self, path: str):
+        model = self.peers.load(self.load_shard, path)
+        model.step = ParallelStep(model.step, self.peers)
+        return model
+
+
+def run_in_group(
+    tp: int, argv: Sequence[str], shard_loader: Callable[[Shard | None], Callable[[str], object]],
+    front_end: Callable[[Callable[[str], object]], int],
+) -> int:
+    """Run `front_end(loader)` on this process, alone or as rank 0 of a group (one formed by
+    a launcher, or `tp` ranks started here running `argv`); a process that is another rank
+    of a group follows rank 0 instead. `shard_loader(shard)` loads a rank's share."""
+    shard = shard_from_environment()
+    if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
+        return follow(join(shard), shard_loader(shard))
+    shard, peers = lead(shard, tp, argv)
+    try:
+        loader = shard_loader(shard)
+        return front_end(ParallelLoader(loader, peers) if peers is not None else loader)
+    finally:
+        if peers is not None:
+            peers.close()
