@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.errors import LlamaChatError
+from llama_chat.kernels import native
 from llama_chat.parallel.sharding import Shard, check_divisible
 
 from . import parallel_ranks
@@ -91,6 +93,150 @@ def test_what_does_not_divide_is_named():
     with pytest.raises(LlamaChatError, match="feed-forward width 192 does not split into 4"):
         check_divisible(llama_chat.ModelArgs(dim=96, n_layers=1, n_heads=8, n_kv_heads=8, vocab_size=10,
                                              hidden_dim=192), 4)
+
+
+def run_group(world: int, out: Path, paths: list[Path], settings: dict[Path, dict] | None = None) -> list[dict]:
+    """What rank 0 of a group of `world` ranks saw, loading each of `paths` in turn (see run_loads)."""
+    settings = {str(path): value for path, value in (settings or {}).items()}
+    arguments = (world, free_port(), str(out), [str(p) for p in paths], settings)
+    mp.start_processes(parallel_ranks.run_loads, args=arguments, nprocs=world, start_method="spawn")
+    return torch.load(out / "rank0.pt")
+
+
+def logits_gap(group: dict, alone: dict) -> float:
+    return float((group["logits"] - alone["logits"]).abs().max())
+
+
+def greedy_tokens(observed: dict) -> int:
+    """Tokens of the greedy reply (its last piece may be the detokenizer's flush, no token)."""
+    return sum(token is not None for token in observed["greedy"])
+
+
+@pytest.fixture(scope="module")
+def grouped_file(tmp_path_factory):
+    """The default model's head layout (SmolLM2-135M: 9 query heads sharing 3 key/value heads)
+    at a head size of 16, with a feed-forward width of 3 slices of 64."""
+    model = tiny_hf_model(seed=8, hidden_size=144, intermediate_size=192, num_attention_heads=9,
+                          num_key_value_heads=3)
+    return write_gguf(tmp_path_factory.mktemp("tp-grouped") / "grouped.gguf", model, qtype=QType.F32)
+
+
+def test_grouped_key_value_heads_split_over_three_ranks(grouped_file, tmp_path):
+    """Each rank takes one key/value head with the 3 query heads that share it. Float32 on
+    both sides: only the order of the all-reduced partial sums differs, a few float32
+    roundings of logits of standard deviation 1 (measured: 3e-6), so 1e-4 leaves room for
+    other CPUs' summation orders, while a misplaced head moves them by a large part of that."""
+    [group] = run_group(3, tmp_path, [grouped_file])
+    alone = parallel_ranks.run_alone_with(str(grouped_file), parallel_ranks.FLOAT32)
+    assert group["error"] is None and group["quantization"] == alone["quantization"] == "none"
+    assert logits_gap(group, alone) < 1e-4 < float(alone["logits"].std())
+    assert group["greedy"] == alone["greedy"] and greedy_tokens(group) == 20
+    assert group["turns"] == alone["turns"] and all(group["turns"])
+    for rank in range(3):
+        shapes = group["shapes"] if rank == 0 else torch.load(tmp_path / f"shapes-{rank}.pt")[str(grouped_file)]
+        assert shapes["layers.1.attention.wqkv.weight"] == [(3 + 2 * 1) * 16, 144]  # 3 query heads, 1 k, 1 v
+        assert shapes["layers.1.attention.wo.inner.weight"] == [144, 3 * 16]
+        assert shapes["layers.1.feed_forward.w13.weight"] == [2 * 64, 144]
+        assert shapes["layers.1.feed_forward.w2.inner.weight"] == [144, 64]
+
+
+@pytest.fixture(scope="module")
+def packable_model():
+    """Widths that split over 2 ranks into whole blocks of 32 (and whole int4 blocks of 64
+    rows): 4 query heads of 32 sharing 2 key/value heads, and a feed-forward width of 256."""
+    return tiny_hf_model(seed=9, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                         num_key_value_heads=2)
+
+
+def test_packed_weights_split_over_two_ranks_on_pytorch_kernels(packable_model, tmp_path, monkeypatch):
+    """int4 groups and int8 rows on PyTorch's kernels, each /load-ed in turn over 2 ranks.
+
+    int4 groups of 32 split on whole groups: every rank holds exactly the one process's
+    weights, so only the order of float32 sums differs (measured: 2e-6 on logits of std 1;
+    1e-4 allows other CPUs' kernels). int8 keeps one scale per row, and a rank's row of wo
+    and w2 is half a row: its scale is its half's, so those weights differ from the one
+    process's by up to one int8 step. What holds there: the group is nearer the one process
+    than int8 itself is to float32 (measured: 0.05 against 0.09 on logits of std 1), and
+    the greedy reply is the same."""
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "512")  # every step through the packed kernels
+    modes = {quantize: {"quantize": quantize, "dtype": "float32", "kernel_dtype": "float32"}
+             for quantize in ("int4", "int8")}
+    paths = {quantize: write_gguf(tmp_path / f"{quantize}.gguf", packable_model) for quantize in modes}
+    int4, int8 = run_group(2, tmp_path, list(paths.values()), {paths[q]: modes[q] for q in modes})
+    alone = {quantize: parallel_ranks.run_alone_with(str(paths[quantize]), modes[quantize]) for quantize in modes}
+    exact = parallel_ranks.run_alone_with(str(paths["int8"]), parallel_ranks.FLOAT32)
+    assert int4["error"] is None and int4["quantization"] == alone["int4"]["quantization"] == "int4"
+    assert logits_gap(int4, alone["int4"]) < 1e-4 < logits_gap(alone["int4"], exact)
+    assert int4["greedy"] == alone["int4"]["greedy"] and greedy_tokens(int4) == 20
+    assert int4["turns"] == alone["int4"]["turns"]
+    assert int8["error"] is None and int8["quantization"] == alone["int8"]["quantization"] == "int8"
+    assert logits_gap(int8, alone["int8"]) < logits_gap(alone["int8"], exact)
+    assert int8["greedy"] == alone["int8"]["greedy"] and greedy_tokens(int8) == 20
+
+
+def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_path, monkeypatch):
+    """Q4_0 and Q8_0 files as their blocks, and int4 and int8 packing of a float32 file (Q4_1
+    and Q8_0 blocks), each /load-ed in turn over 2 ranks on llama-chat's kernels. Blocks hold
+    32 weights of a row, and every rank's rows and columns are whole blocks, so each rank
+    holds the one process's own blocks (wo and w2 too: a column range keeps the file's
+    blocks). Prompt steps quantise activations in groups of 32 to 16 bits, so sums in
+    another order can move a level: measured up to 2e-4 on logits of std 1. 2e-3 leaves
+    room, and is 20 times below how far 16-bit activations move them from float32 (0.04)."""
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
+    cases = {"Q4_0": ("auto", QType.Q4_0), "Q8_0": ("auto", QType.Q8_0), "Q4_1": ("int4", QType.F32),
+             "int8-Q8_0": ("int8", QType.F32)}
+    paths = {name: write_gguf(tmp_path / f"{name}.gguf", packable_model, qtype=qtype)
+             for name, (_, qtype) in cases.items()}
+    settings = {paths[name]: {"quantize": quantize} for name, (quantize, _) in cases.items()}
+    group = run_group(2, tmp_path, list(paths.values()), settings)
+    for seen, (name, path) in zip(group, paths.items()):
+        alone = parallel_ranks.run_alone_with(str(path), settings[path])
+        assert seen["error"] is None and seen["quantization"] == alone["quantization"] == name.split("-")[-1]
+        assert logits_gap(seen, alone) < 2e-3, name
+        assert seen["greedy"] == alone["greedy"] and greedy_tokens(seen) == 20
+        assert seen["turns"] == alone["turns"]
+
+
+def test_widths_that_leave_part_blocks_are_refused_for_int4(model_file, monkeypatch):
+    """6 heads of 16 over 2 ranks: a rank's wo is 48 columns wide, not whole groups of 32, so
+    int4 is refused (the whole model packs); on PyTorch's kernels wqkv's 144 rows per rank,
+    not whole int4 blocks of rows on some CPUs, may be what is named first."""
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
+    with pytest.raises(LlamaChatError) as refused:
+        llama_chat.load(model_file, device="cpu", quantize="int4", shard=Shard(1, 2))
+    assert str(refused.value) == ("layers.0.attention.wo.weight (48 columns) does not split into groups of 32; "
+                                  "use --quantize int8")
+    assert llama_chat.load(model_file, device="cpu", quantize="int4").quantization == "Q4_1"
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
+    with pytest.raises(LlamaChatError) as refused:
+        llama_chat.load(model_file, device="cpu", quantize="int4", dtype="float32", kernel_dtype="float32",
+                        shard=Shard(1, 2))
+    assert re.fullmatch(r"layers\.0\.attention\.(wqkv\.weight \(144 x 96\)|wo\.weight \(96 x 48\)) does not split "
+                        r"into this CPU's int4 blocks; use --quantize int8", str(refused.value)), refused.value
+
+
+def test_a_load_failing_on_one_rank_leaves_every_rank_its_model(model_file, alone, tmp_path):
+    """/load of a file that loads on ranks 0 and 2 but fails on rank 1: no rank takes it (0
+    and 2 drop what they loaded), the error names rank 1, and the group answers as before;
+    a later /load of the same weights under another name loads on every rank."""
+    other = tiny_hf_model(seed=6, hidden_size=96, intermediate_size=192, num_attention_heads=6,
+                          num_key_value_heads=6)
+    refused = write_gguf(tmp_path / parallel_ranks.refused_name(1), other, qtype=QType.F32)
+    accepted = write_gguf(tmp_path / "accepted.gguf", other, qtype=QType.F32)
+    first, after_failure, later = run_group(3, tmp_path, [model_file, refused, accepted])
+    assert first["error"] is None and first["greedy"] == alone["greedy"]
+    assert after_failure["error"] == f"rank 1: {refused.name}: refused on this rank by the test"
+    assert torch.allclose(after_failure["logits"], alone["logits"], atol=1e-4, rtol=0)
+    assert after_failure["greedy"] == alone["greedy"] and after_failure["turns"] == alone["turns"]
+    other_alone = parallel_ranks.run_alone(str(accepted))
+    assert other_alone["greedy"] != alone["greedy"]  # the refused model would have answered otherwise
+    assert later["error"] is None and later["greedy"] == other_alone["greedy"]
+    assert torch.allclose(later["logits"], other_alone["logits"], atol=1e-4, rtol=0)
+    for rank in (1, 2):  # rank 2 did load the refused file (and dropped it); rank 1 did not
+        assert (str(refused) in torch.load(tmp_path / f"shapes-{rank}.pt")) == (rank == 2)
 
 
 def chat_command(*arguments: str) -> list[str]:

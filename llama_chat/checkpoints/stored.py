@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from llama_chat.errors import LlamaChatError
 
@@ -199,8 +200,8 @@ class RowRange(StoredMatrix):
 
 
 class ColumnRange(StoredMatrix):
-    """Columns first..first+count of a stored matrix; exact 4-bit groups stay exact when the
-    range falls on whole groups."""
+    """Columns first..first+count of a stored matrix; exact 4-bit groups stay exact, and the
+    file's blocks stay the file's, when the range falls on whole groups and blocks."""
 
     def __init__(self, source: StoredMatrix, first: int, count: int) -> None:
         self.source, self.first, self.count = source, first, count
@@ -209,6 +210,14 @@ class ColumnRange(StoredMatrix):
         self.float_storage = source.float_storage
         self.row_alignment = source.row_alignment
         self.stored_bytes = source.stored_bytes * count // source.shape[1]
+        if source.block_type is not None:
+            weights, size = GGML_QUANT_SIZES[GGMLQuantizationType[source.block_type]]
+            if first % weights == 0 and count % weights == 0:
+                self.block_type = source.block_type
+                self._block_bytes = slice(first // weights * size, (first + count) // weights * size)
+
+    def blocks(self, start: int, stop: int) -> torch.Tensor:
+        return self.source.blocks(start, stop)[:, self._block_bytes].contiguous()
 
     def rows(self, start: int, stop: int) -> Rows:
         stored = self.source.rows(start, stop)
