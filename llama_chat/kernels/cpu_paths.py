@@ -37,6 +37,7 @@ import torch
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
+from llama_chat.engine.step import PREFILL_CHUNK
 from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import BlockLinear
@@ -46,7 +47,6 @@ from llama_chat.paths import cache_root
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
 PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole layer, is wanted
-MAX_KERNEL_ROWS = 512  # a prompt step's rows at most (Llama.feed's chunk)
 STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
 
 
@@ -157,7 +157,7 @@ def measure_rows(args: ModelArgs, mode: str, matmul: torch.dtype, kernel: torch.
     calls = {}
     for count in STEP_ROWS:
         rows = torch.randn(count, args.dim)
-        calls[f"kernel {count}"] = lambda rows=rows: forward(rows, MAX_KERNEL_ROWS)
+        calls[f"kernel {count}"] = lambda rows=rows: forward(rows, PREFILL_CHUNK)
         calls[f"dequantise {count}"] = lambda rows=rows: forward(rows, 0)
     return one_thread(lambda: fastest_of(calls))
 
@@ -174,9 +174,9 @@ def kernel_rows(row_times: dict[str, float]) -> int:
     kernel_start, kernel_slope = line("kernel")
     dense_start, dense_slope = line("dequantise")
     if kernel_slope <= dense_slope:
-        return MAX_KERNEL_ROWS if kernel_start <= dense_start else 1
+        return PREFILL_CHUNK if kernel_start <= dense_start else 1
     crossing = (dense_start - kernel_start) / (kernel_slope - dense_slope)
-    return int(min(MAX_KERNEL_ROWS, max(1, round(crossing, 6))))
+    return int(min(PREFILL_CHUNK, max(1, round(crossing, 6))))
 
 
 def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
