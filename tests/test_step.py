@@ -70,7 +70,7 @@ def compiled_package(packed_model, tmp_path_factory):
 
 def test_the_compiled_step_is_built_in_the_background_and_picked_up(packed_model, compiled_package):
     destination, background = compiled_package
-    assert destination.exists() and background.step is not None
+    assert compiled_step.is_built(destination) and background.step is not None
     # The package holds code, not the weights: those stay the model's own.
     weight_bytes = sum(t.numel() * t.element_size() for t in compiled_step.step_weights(packed_model.transformer).values())
     assert destination.stat().st_size < 50 * 2**20 and background.step.weights[0] is next(
@@ -100,6 +100,28 @@ def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compi
     assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
 
 
+@pytest.mark.parametrize("count", [2, 5, compiled_step.VERIFY_TOKENS])
+def test_the_compiled_verify_step_agrees_with_the_eager_one(packed_model, compiled_package, count):
+    """Verify steps of any size up to VERIFY_TOKENS run through the second package: logits for
+    each token and the keys and values written as the eager step writes them."""
+    destination, _ = compiled_package
+    drafts = (IDS * 4)[40 : 40 + count]
+    eager_cache, compiled_cache = packed_model.new_cache(64), packed_model.new_cache(64)
+    for cache in (eager_cache, compiled_cache):
+        packed_model.feed(cache, (IDS * 4)[:40])
+    eager = packed_model.step(eager_cache, drafts, every_logits=True)
+    packed_model.step.compiled = compiled_step.CompiledStep(destination, packed_model.transformer)
+    try:
+        compiled = packed_model.step(compiled_cache, drafts, every_logits=True)
+    finally:
+        packed_model.step.compiled = None
+    assert compiled.shape == eager.shape == (count, packed_model.args.vocab_size)
+    assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
+    assert compiled_cache.tokens == eager_cache.tokens
+    written = slice(40, 40 + count)
+    assert torch.allclose(compiled_cache.keys[:, :, :, written], eager_cache.keys[:, :, :, written], atol=1e-3)
+
+
 def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
     """Float32 weights as parameters, the output head the embedding's own (named once)."""
     model = Llama.random(tiny_args(tie_embeddings=True), seed=4)
@@ -122,6 +144,7 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
     path = compiled_step.package_path(packed_model.transformer, torch.float32)
     path.parent.mkdir(parents=True)
     path.write_bytes(destination.read_bytes())
+    compiled_step.verify_path(path).write_bytes(compiled_step.verify_path(destination).read_bytes())
     # Without waiting, and in one-shot mode (no background work) too: it opens in milliseconds.
     for background in (True, False):
         step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)

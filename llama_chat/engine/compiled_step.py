@@ -34,6 +34,7 @@ from torch import nn
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.paths import cache_root
 
+VERIFY_TOKENS = 16  # the compiled verify step takes 2 to this many tokens (a token and its drafts)
 # The packages a step's code can come from (model, cache, kernels, tensor-parallel layers):
 # a change to any of their Python sources makes a new package.
 TRACED_PACKAGES = ("engine", "kernels", "parallel")
@@ -90,9 +91,29 @@ def available() -> bool:
     return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")
 
 
-def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
-    """Export and compile the decode step of `structure` (a model, or a copy without data)
-    into a package at destination, written whole or not at all, for `threads` threads."""
+def verify_path(path: Path) -> Path:
+    """Where the verify step of the package at `path` (the single-token step) is kept."""
+    return path.with_name("verify" + path.name.removeprefix("decode"))
+
+
+def is_built(path: Path) -> bool:
+    """Whether both packages of a model's step are on disk."""
+    return path.exists() and verify_path(path).exists()
+
+
+def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
+    """Both packages of `structure`'s step: one token at destination, then the verify step
+    beside it (the single-token one first: a chat uses it most)."""
+    build_package(structure, cache_dtype, destination, threads, 1)
+    build_package(structure, cache_dtype, verify_path(destination), threads, VERIFY_TOKENS)
+
+
+def build_package(
+    structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int, most_tokens: int
+) -> None:
+    """Export and compile the step of `structure` (a model, or a copy without data) for one
+    token (most_tokens 1) or for 2 to most_tokens tokens, into a package at destination,
+    written whole or not at all, for `threads` threads."""
     # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched.
     weights = [
         torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in step_weights(structure).values()
@@ -100,15 +121,16 @@ def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: P
     args = structure.args
     cache_shape = (args.n_layers, 1, args.n_kv_heads, 16, args.head_dim)
     example = (
-        torch.zeros(1, 1, dtype=torch.long),
+        torch.zeros(1, min(most_tokens, 4), dtype=torch.long),
         torch.zeros(8, dtype=cache_dtype),
         torch.zeros(cache_shape, dtype=cache_dtype),
         torch.zeros(cache_shape, dtype=cache_dtype),
         weights,
     )
-    position = torch.export.Dim("position", min=1, max=args.max_seq_len - 1)
+    position = torch.export.Dim("position", min=1, max=args.max_seq_len - most_tokens)
     capacity = torch.export.Dim("capacity", min=2, max=args.max_seq_len)
-    dynamic = ({}, {0: position}, {3: capacity}, {3: capacity}, [{}] * len(weights))
+    tokens = {} if most_tokens == 1 else {1: torch.export.Dim("tokens", min=2, max=most_tokens)}
+    dynamic = (tokens, {0: position}, {3: capacity}, {3: capacity}, [{}] * len(weights))
     with torch.no_grad():
         program = torch.export.export(_Decode(structure), example, dynamic_shapes=dynamic, strict=False)
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +151,8 @@ def build_package(structure: nn.Module, cache_dtype: torch.dtype, destination: P
 
 
 class CompiledStep:
-    """A loaded package, called like Transformer.step with the model's own weights.
+    """A model's two loaded packages (one token; a verify step of 2 to VERIFY_TOKENS),
+    called like Transformer.step with the model's own weights.
 
     It is opened with PyTorch's C++ loader itself: `torch._inductor.aoti_load_package`
     would first import the compiler's Python modules, over a second, for nothing a
@@ -137,11 +160,13 @@ class CompiledStep:
     """
 
     def __init__(self, path: Path, transformer: nn.Module) -> None:
-        self.runner = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        self.single = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        self.verify = torch._C._aoti.AOTIModelPackageLoader(str(verify_path(path)), "model", False, 1, -1)
         self.weights = list(step_weights(transformer).values())
 
-    def __call__(self, token, past_bias, keys, values):
-        logits, new_keys, new_values = self.runner.boxed_run([token, past_bias, keys, values, *self.weights])
+    def __call__(self, tokens, past_bias, keys, values):
+        runner = self.single if tokens.shape[1] == 1 else self.verify
+        logits, new_keys, new_values = runner.boxed_run([tokens, past_bias, keys, values, *self.weights])
         return logits, new_keys, new_values
 
 
@@ -212,7 +237,7 @@ def main(argv: list[str]) -> int:
     structure_file, cache_dtype, destination, threads = argv
     torch.set_num_threads(1)
     structure = torch.load(structure_file, weights_only=False)  # our own copy, written just now
-    build_package(structure, getattr(torch, cache_dtype), Path(destination), int(threads))
+    build_packages(structure, getattr(torch, cache_dtype), Path(destination), int(threads))
     return 0
 
 

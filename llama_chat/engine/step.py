@@ -21,7 +21,6 @@ from llama_chat.engine.model import Transformer
 from llama_chat.errors import first_line
 
 PREFILL_CHUNK = 512  # tokens per model call at most: bounds the attention scores' memory
-TIMED_ROWS = 16  # steps of up to this many tokens are timed (what speculation weighs)
 
 
 class ModelStep:
@@ -54,14 +53,15 @@ class ModelStep:
             chunk = list(ids[start : start + chunk_size])
             tokens = torch.tensor([chunk], dtype=torch.long, device=cache.keys.device)
             inputs = (tokens, cache.past_bias(), cache.keys, cache.values)
-            # The compiled step was traced for one token after at least one cached position.
-            if len(chunk) == 1 and self.compiled is not None and len(cache):
+            # The compiled steps were traced for up to VERIFY_TOKENS tokens after at least one
+            # cached position (they give logits for every token).
+            if self.compiled is not None and len(cache) and len(chunk) <= compiled_step.VERIFY_TOKENS:
                 logits, keys, values = self.compiled(*inputs)
             else:
                 logits, keys, values = self.transformer.step(*inputs, last_only=not every_logits)
             cache.write(chunk, keys, values)
             outputs.append(logits)
-        if len(ids) <= TIMED_ROWS:
+        if len(ids) <= compiled_step.VERIFY_TOKENS:  # short steps are timed: what speculation weighs
             self._times.setdefault(len(ids), deque(maxlen=8)).append(time.perf_counter() - started)
         return torch.cat(outputs) if every_logits else outputs[-1][-1]
 
@@ -94,7 +94,7 @@ class ModelStep:
         if path is None:
             self.note = "eager (compiled steps are kept in the cache, which is off)"
             return self.note
-        if path.exists():
+        if compiled_step.is_built(path):
             try:
                 self.compiled = compiled_step.CompiledStep(path, self.transformer)
                 self.note = "compiled"

@@ -310,12 +310,12 @@ class Int8Table(nn.Module):
 
     def _dequantize(self, levels: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         out.copy_(levels)
-        out.view(len(out), -1, GROUP).mul_(scales[..., None])
+        out.view(out.shape[0], -1, GROUP).mul_(scales[..., None])
         return out
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         flat = ids.reshape(-1)
-        out = torch.empty(len(flat), self.dim)
+        out = torch.empty(flat.shape[0], self.dim)  # shape, not len(): a traced size stays symbolic
         return self._dequantize(self.levels[flat], self.scales[flat], out).view(*ids.shape, self.dim).to(dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
