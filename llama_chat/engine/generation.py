@@ -172,7 +172,7 @@ class Generation:
         drafts after it are fed in one verify step, and the drafts the model keeps follow
         without a step of their own."""
         history = list(self.prompt_ids)
-        planner = self.speculation.planner(self.step.seconds) if self.speculation is not None else None
+        planner = self.speculation.planner(self.step) if self.speculation is not None else None
         lookup = PromptLookup()
         token = sampler(logits, history)
         while True:

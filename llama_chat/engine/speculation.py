@@ -164,12 +164,12 @@ def accept(
 
 class DraftPlanner:
     """Chooses how many tokens to draft from the acceptance seen in this reply and the
-    measured cost of the model's steps by size (`step_seconds`, kept by the model step)."""
+    measured cost of the model's steps by size (`step.seconds`, kept by the model step)."""
 
-    def __init__(self, limit: int, automatic: bool, step_seconds: dict[int, float]) -> None:
+    def __init__(self, limit: int, automatic: bool, step) -> None:
         self.limit = limit
         self.automatic = automatic
-        self.step_seconds = step_seconds
+        self.step = step
         # Acceptance as a chain: each draft kept with probability alpha while the ones before
         # were. Counted from kept drafts and refusals, starting from one of each.
         self.kept = 1
@@ -184,13 +184,14 @@ class DraftPlanner:
         tokens a second (0 where none beats single steps by the margin)."""
         if not self.automatic:
             return self.limit
-        single = self.step_seconds.get(1)
+        seconds = self.step.seconds  # as measured so far, this reply's steps included
+        single = seconds.get(1)
         if single is None:
             return 0
         alpha = self.kept / (self.kept + self.refused)
         # Each extra token's cost, from every size timed: their median, which one step slowed
         # by the machine's other work does not move.
-        wider = [(seconds - single) / (rows - 1) for rows, seconds in self.step_seconds.items() if rows > 1]
+        wider = [(cost - single) / (rows - 1) for rows, cost in seconds.items() if rows > 1]
         slope = max(0.0, statistics.median(wider)) if wider else PRIOR_SLOPE * single
         best, best_rate = 0, GAIN_MARGIN / single
         for count in range(1, self.limit + 1):
@@ -211,10 +212,10 @@ class Speculation:
     draft: DraftModel | None = None
     draft_length: str | int = LOOKUP_AUTO
 
-    def planner(self, step_seconds: dict[int, float]) -> DraftPlanner | None:
+    def planner(self, step) -> DraftPlanner | None:
         """A planner for one reply, None when nothing is drafted."""
         length = self.lookup if self.draft is None else self.draft_length
         if length == 0:
             return None
         automatic = length == LOOKUP_AUTO
-        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, step_seconds)
+        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, step)
