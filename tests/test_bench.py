@@ -33,8 +33,7 @@ def test_bench_measures_speculation_and_checks_each_reply():
     results = measure_speculation(model, "abc abc abc abc abc abc", 30, 1, draft)
     assert set(results) == {"without", "lookup", "draft"}
     assert all(run["same_reply"] and run["decode_tokens_per_second"] > 0 for run in results.values())
-    # A draft model as slow as the model never pays, so auto may not draft with it here.
-    assert results["without"]["drafted_tokens"] == 0 and results["lookup"]["drafted_tokens"] > 0
+    assert results["without"]["drafted_tokens"] == 0  # (auto drafts where this machine's timings say it pays)
     line = speculation_line(results)
     assert line.startswith("without ") and "prompt lookup" in line and "draft model" in line
     assert "A DIFFERENT REPLY" not in line

@@ -10,7 +10,15 @@ import torch
 from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.engine.sampling import Sampler
-from llama_chat.engine.speculation import Draft, DraftModel, PromptLookup, Speculation, accept, parse_lookup
+from llama_chat.engine.speculation import (
+    Draft,
+    DraftModel,
+    DraftPlanner,
+    PromptLookup,
+    Speculation,
+    accept,
+    parse_lookup,
+)
 from llama_chat.errors import UsageError
 from llama_chat.text.tokenizer import ByteTokenizer
 
@@ -43,9 +51,8 @@ def test_greedy_replies_are_the_same_with_prompt_lookup(echo_model, speculation)
     drafted = reply(echo_model, settings, speculation)
     assert drafted.tokens == plain.tokens and len(plain.tokens) == 40
     stats = drafted.stats
-    assert stats.drafted_tokens > 0 and 0 < stats.accepted_tokens <= stats.drafted_tokens
-    if speculation.lookup != "auto":  # auto may stop drafting where drafts did not pay
-        assert stats.accepted_tokens < stats.drafted_tokens  # some were refused and rolled back
+    if speculation.lookup != "auto":  # auto drafts only where this machine's timings say it pays
+        assert 0 < stats.accepted_tokens < stats.drafted_tokens  # some kept, some refused and rolled back
 
 
 def test_lookup_zero_drafts_nothing(echo_model):
@@ -131,6 +138,30 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
     with pytest.raises(UsageError, match=r"token 259 is '<\|other\|>' for the draft model and '</s>'"):
         session.set_draft(renamed)
     assert session.speculation.draft is None
+
+
+class Timings:
+    """A model step's timings, as ModelStep.seconds gives them."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+
+@pytest.mark.parametrize("seconds, kept, refused, draft_seconds, expected", [
+    ({}, 1, 1, 0.0, 0),  # no single step timed yet: nothing to weigh drafts against
+    ({1: 0.010}, 1, 1, 0.0, 1),  # the prior slope (0.3 a token) and even odds: one draft
+    ({1: 0.010, 9: 0.030}, 40, 1, 0.0, 8),  # cheap wide steps, drafts nearly always kept
+    ({1: 0.010, 5: 0.050, 9: 0.090}, 40, 1, 0.0, 0),  # a token of a wide step costs a whole step
+    ({1: 0.010, 9: 0.030}, 1, 20, 0.0, 0),  # drafts mostly refused
+    ({1: 0.010, 9: 0.030}, 40, 1, 0.010, 0),  # a draft model as slow as the model
+    ({1: 0.010, 2: 0.2, 9: 0.030, 5: 0.020}, 40, 1, 0.0, 8),  # one slowed step does not move the median
+])
+def test_auto_drafts_as_many_tokens_as_the_measured_costs_repay(seconds, kept, refused, draft_seconds, expected):
+    planner = DraftPlanner(8, True, Timings(seconds))
+    planner.kept, planner.refused = kept, refused
+    assert planner.length(draft_seconds) == expected
+    forced = DraftPlanner(5, False, Timings(seconds))
+    assert forced.length(draft_seconds) == 5
 
 
 def test_lookup_values():
