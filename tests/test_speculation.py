@@ -56,7 +56,8 @@ def test_greedy_replies_are_the_same_with_prompt_lookup(echo_model, speculation)
 
 
 def test_lookup_zero_drafts_nothing(echo_model):
-    assert reply(echo_model, SamplingSettings(temperature=0, max_tokens=30), Speculation(lookup=0)).stats.drafted_tokens == 0
+    drafted = reply(echo_model, SamplingSettings(temperature=0, max_tokens=30), Speculation(lookup=0))
+    assert drafted.stats.drafted_tokens == 0
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():

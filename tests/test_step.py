@@ -72,7 +72,8 @@ def test_the_compiled_step_is_built_in_the_background_and_picked_up(packed_model
     destination, background = compiled_package
     assert compiled_step.is_built(destination) and background.step is not None
     # The package holds code, not the weights: those stay the model's own.
-    weight_bytes = sum(t.numel() * t.element_size() for t in compiled_step.step_weights(packed_model.transformer).values())
+    weights = compiled_step.step_weights(packed_model.transformer).values()
+    weight_bytes = sum(t.numel() * t.element_size() for t in weights)
     assert destination.stat().st_size < 50 * 2**20 and background.step.weights[0] is next(
         iter(compiled_step.step_weights(packed_model.transformer).values())
     )
@@ -191,3 +192,12 @@ def test_the_chat_compiles_in_the_background_but_a_one_shot_reply_does_not(packe
     finally:
         del packed_model.step.compile
     assert started == [(False, True), (False, False), (True, True)]
+
+
+def test_a_package_is_keyed_by_the_code_it_is_traced_from(packed_model):
+    """Found from the model itself: its modules' files and what they import from the package
+    (a change to any makes a new package), and not the code around the step."""
+    sources = compiled_step.traced_sources(packed_model.transformer)
+    names = {path.relative_to(path.parents[1]).as_posix() for path in sources}
+    assert {"engine/model.py", "engine/rope.py", "kernels/block_linear.py", "engine/compiled_step.py"} <= names
+    assert not names & {"engine/generation.py", "engine/speculation.py", "engine/step.py", "chat/session.py"}

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -35,11 +36,6 @@ from llama_chat.engine.device import cpu_model_name
 from llama_chat.paths import cache_root
 
 VERIFY_TOKENS = 16  # the compiled verify step takes 2 to this many tokens (a token and its drafts)
-# The packages a step's code can come from (model, cache, kernels, tensor-parallel layers):
-# a change to any of their Python sources makes a new package.
-TRACED_PACKAGES = ("engine", "kernels", "parallel")
-
-
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor the decode step reads from the model, by name (a tied one once)."""
     return {**dict(transformer.named_parameters()), **dict(transformer.named_buffers())}
@@ -61,20 +57,29 @@ class _Decode(nn.Module):
             return self.structure.step(token, past_bias, keys, values)
 
 
+def traced_sources(transformer: nn.Module) -> list[Path]:
+    """The Python files a package's code is traced from: those defining the model's modules
+    (blocks, packed matrices, tensor-parallel layers), the package's modules they import
+    from (rope, kernels), and this one. Found from the model itself, so no list is kept."""
+    names = {type(module).__module__ for module in transformer.modules()} | {__name__}
+    names = {name for name in names if name.startswith("llama_chat.")}
+    for name in list(names):
+        for value in vars(sys.modules[name]).values():
+            owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+            if isinstance(owner, str) and owner.startswith("llama_chat."):
+                names.add(owner)
+    return sorted(Path(sys.modules[name].__file__) for name in names)
+
+
 def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
     """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
     this CPU and the threads it runs on, PyTorch and the traced code."""
-    package = Path(__file__).resolve().parent.parent
     spec = {
         "weights": [[name, list(t.shape), str(t.dtype)] for name, t in step_weights(transformer).items()],
         "cache": str(cache_dtype),
         "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
         "torch": torch.__version__,
-        "code": [
-            hashlib.sha256(path.read_bytes()).hexdigest()
-            for name in TRACED_PACKAGES
-            for path in sorted((package / name).rglob("*.py"))
-        ],
+        "code": [hashlib.sha256(path.read_bytes()).hexdigest() for path in traced_sources(transformer)],
     }
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 

@@ -38,6 +38,7 @@ GAIN_MARGIN = 1.1  # drafting must promise this much more speed than single step
 # Before a multi-token step has been timed: its cost per extra token, against one token's
 # step (measured 0.2-0.35 on the integer kernels), so that a first verify step is tried.
 PRIOR_SLOPE = 0.3
+RETRY_AFTER = 32  # after this many decisions in a row to draft nothing, one draft is tried
 
 
 def parse_lookup(value: str) -> str | int:
@@ -174,6 +175,7 @@ class DraftPlanner:
         # were. Counted from kept drafts and refusals, starting from one of each.
         self.kept = 1
         self.refused = 1
+        self.declined = 0  # decisions in a row to draft nothing
 
     def record(self, drafted: int, kept: int) -> None:
         self.kept += kept
@@ -199,6 +201,10 @@ class DraftPlanner:
             rate = expected / (single + slope * count + draft_seconds_a_token * count)
             if rate > best_rate:
                 best, best_rate = count, rate
+        self.declined = self.declined + 1 if best == 0 else 0
+        if self.declined == RETRY_AFTER:  # measure again now and then: the machine's load changes
+            self.declined = 0
+            return 1
         return best
 
 

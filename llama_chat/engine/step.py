@@ -67,9 +67,10 @@ class ModelStep:
 
     @property
     def seconds(self) -> dict[int, float]:
-        """What a step of n tokens costs, by n (short steps that ran): the least of its recent
-        times, as a busy machine only ever adds to them."""
-        return {rows: min(times) for rows, times in self._times.items()}
+        """What a step of n tokens costs, by n (short steps that ran at least twice): the least
+        of its recent times, as a busy machine only ever adds to them. A size's first run
+        alone may include one-off costs (a kernel's first call), so it is not trusted."""
+        return {rows: min(times) for rows, times in self._times.items() if len(times) > 1}
 
     @torch.inference_mode()
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
