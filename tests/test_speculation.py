@@ -11,6 +11,7 @@ from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.engine.sampling import Sampler
 from llama_chat.engine.speculation import (
+    Acceptance,
     Draft,
     DraftModel,
     DraftPlanner,
@@ -158,11 +159,20 @@ class Timings:
     ({1: 0.010, 2: 0.2, 9: 0.030, 5: 0.020}, 40, 1, 0.0, 8),  # one slowed step does not move the median
 ])
 def test_auto_drafts_as_many_tokens_as_the_measured_costs_repay(seconds, kept, refused, draft_seconds, expected):
-    planner = DraftPlanner(8, True, Timings(seconds))
-    planner.kept, planner.refused = kept, refused
+    planner = DraftPlanner(8, True, Timings(seconds), Acceptance(kept, refused))
     assert planner.length(draft_seconds) == expected
     forced = DraftPlanner(5, False, Timings(seconds))
     assert forced.length(draft_seconds) == 5
+
+
+def test_acceptance_follows_the_recent_drafts():
+    acceptance = Acceptance()
+    for _ in range(30):
+        acceptance.record(8, 8)
+    assert acceptance.alpha > 0.95
+    for _ in range(6):  # the conversation turns to replies drafts do not foresee
+        acceptance.record(4, 0)
+    assert acceptance.alpha < 0.8 and acceptance.kept + acceptance.refused <= 24 + 1e-9
 
 
 def test_lookup_values():

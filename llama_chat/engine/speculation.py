@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,7 @@ GAIN_MARGIN = 1.1  # drafting must promise this much more speed than single step
 # Before a multi-token step has been timed: its cost per extra token, against one token's
 # step (measured 0.2-0.35 on the integer kernels), so that a first verify step is tried.
 PRIOR_SLOPE = 0.3
+ACCEPTANCE_WINDOW = 24  # drafts and refusals that acceptance is estimated over, about
 RETRY_AFTER = 32  # after this many decisions in a row to draft nothing, one draft is tried
 
 
@@ -163,23 +164,42 @@ def accept(
     return len(drafted.tokens), sampler(logits[len(drafted.tokens)], context)
 
 
-class DraftPlanner:
-    """Chooses how many tokens to draft from the acceptance seen in this reply and the
-    measured cost of the model's steps by size (`step.seconds`, kept by the model step)."""
+@dataclass
+class Acceptance:
+    """How often drafts are kept, as a chain: each draft kept with probability `alpha` while
+    the ones before it were. Counted from kept drafts and refusals, starting from one of
+    each, over a window of about the last WINDOW of them so that it follows a conversation
+    from one kind of reply to another."""
 
-    def __init__(self, limit: int, automatic: bool, step) -> None:
-        self.limit = limit
-        self.automatic = automatic
-        self.step = step
-        # Acceptance as a chain: each draft kept with probability alpha while the ones before
-        # were. Counted from kept drafts and refusals, starting from one of each.
-        self.kept = 1
-        self.refused = 1
-        self.declined = 0  # decisions in a row to draft nothing
+    kept: float = 1.0
+    refused: float = 1.0
 
     def record(self, drafted: int, kept: int) -> None:
         self.kept += kept
         self.refused += kept < drafted
+        total = self.kept + self.refused
+        if total > ACCEPTANCE_WINDOW:
+            self.kept, self.refused = self.kept * ACCEPTANCE_WINDOW / total, self.refused * ACCEPTANCE_WINDOW / total
+
+    @property
+    def alpha(self) -> float:
+        return self.kept / (self.kept + self.refused)
+
+
+class DraftPlanner:
+    """Chooses how many tokens to draft from the acceptance seen so far in the conversation
+    and the measured cost of the model's steps by size (`step.seconds`, kept by the model
+    step)."""
+
+    def __init__(self, limit: int, automatic: bool, step, acceptance: Acceptance | None = None) -> None:
+        self.limit = limit
+        self.automatic = automatic
+        self.step = step
+        self.acceptance = acceptance or Acceptance()
+        self.declined = 0  # decisions in a row to draft nothing
+
+    def record(self, drafted: int, kept: int) -> None:
+        self.acceptance.record(drafted, kept)
 
     def length(self, draft_seconds_a_token: float = 0.0) -> int:
         """Tokens to draft now: the limit when forced, else the length that promises the most
@@ -190,7 +210,7 @@ class DraftPlanner:
         single = seconds.get(1)
         if single is None:
             return 0
-        alpha = self.kept / (self.kept + self.refused)
+        alpha = self.acceptance.alpha
         # Each extra token's cost, from every size timed: their median, which one step slowed
         # by the machine's other work does not move.
         wider = [(cost - single) / (rows - 1) for rows, cost in seconds.items() if rows > 1]
@@ -217,6 +237,7 @@ class Speculation:
     lookup: str | int = LOOKUP_AUTO
     draft: DraftModel | None = None
     draft_length: str | int = LOOKUP_AUTO
+    acceptance: Acceptance = field(default_factory=Acceptance)  # over the conversation's replies
 
     def planner(self, step) -> DraftPlanner | None:
         """A planner for one reply, None when nothing is drafted."""
@@ -224,4 +245,4 @@ class Speculation:
         if length == 0:
             return None
         automatic = length == LOOKUP_AUTO
-        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, step)
+        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, step, self.acceptance)
