@@ -175,6 +175,19 @@ def test_acceptance_follows_the_recent_drafts():
     assert acceptance.alpha < 0.8 and acceptance.kept + acceptance.refused <= 24 + 1e-9
 
 
+def test_auto_stops_drafting_when_rounds_with_drafts_cost_more_a_token():
+    acceptance = Acceptance(kept=40, refused=1)
+    planner = DraftPlanner(8, True, Timings({1: 0.010, 9: 0.030}), acceptance)
+    assert planner.length() == 8
+    for _ in range(10):
+        acceptance.record_round(False, 0.010, 1)
+        acceptance.record_round(True, 0.030, 2)  # 15 ms a token against 10: the costs misled
+    assert planner.length() == 0
+    for _ in range(40):
+        acceptance.record_round(True, 0.030, 9)
+    assert planner.length() == 8
+
+
 def test_lookup_values():
     assert parse_lookup("auto") == "auto" and parse_lookup("0") == 0 and parse_lookup("5") == 5
     for bad in ("-1", "many", ""):

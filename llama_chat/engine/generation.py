@@ -180,6 +180,7 @@ class Generation:
             yield token
             if self.cache.room() == 0:
                 return
+            started = time.perf_counter()
             still_wanted = self.settings.max_tokens - (len(history) - len(self.prompt_ids))
             count = 0
             if planner is not None:
@@ -187,12 +188,15 @@ class Generation:
             drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
             if not drafted.tokens:
                 token = sampler(self.step(self.cache, [token]), history)
+                if planner is not None:
+                    planner.record_round(False, time.perf_counter() - started, 1)
                 continue
             start = len(self.cache)
             verified = self.step(self.cache, [token, *drafted.tokens], every_logits=True)
             kept, token = accept(drafted, verified, sampler, history)
             self.cache.truncate(start + 1 + kept)  # the refused drafts' keys and values go
             planner.record(len(drafted.tokens), kept)
+            planner.record_round(True, time.perf_counter() - started, kept + 1)
             self.stats.drafted_tokens += len(drafted.tokens)
             self.stats.accepted_tokens += kept
             for accepted in drafted.tokens[:kept]:

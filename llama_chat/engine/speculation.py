@@ -39,6 +39,8 @@ GAIN_MARGIN = 1.1  # drafting must promise this much more speed than single step
 # step (measured 0.2-0.35 on the integer kernels), so that a first verify step is tried.
 PRIOR_SLOPE = 0.3
 ACCEPTANCE_WINDOW = 24  # drafts and refusals that acceptance is estimated over, about
+RATE_MEMORY = 0.95  # the weight of earlier rounds in the seconds a token, per round
+MIN_RATE_TOKENS = 8  # tokens each kind of round must have given before their rates are compared
 RETRY_AFTER = 32  # after this many decisions in a row to draft nothing, one draft is tried
 
 
@@ -169,10 +171,13 @@ class Acceptance:
     """How often drafts are kept, as a chain: each draft kept with probability `alpha` while
     the ones before it were. Counted from kept drafts and refusals, starting from one of
     each, over a window of about the last WINDOW of them so that it follows a conversation
-    from one kind of reply to another."""
+    from one kind of reply to another. Beside it, the seconds a token that rounds with and
+    without drafts have taken, all costs included: what auto finally goes by."""
 
     kept: float = 1.0
     refused: float = 1.0
+    seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
 
     def record(self, drafted: int, kept: int) -> None:
         self.kept += kept
@@ -180,6 +185,17 @@ class Acceptance:
         total = self.kept + self.refused
         if total > ACCEPTANCE_WINDOW:
             self.kept, self.refused = self.kept * ACCEPTANCE_WINDOW / total, self.refused * ACCEPTANCE_WINDOW / total
+
+    def record_round(self, drafted: bool, seconds: float, tokens: int) -> None:
+        """A round (a single step, or drafting and a verify step) took `seconds` for `tokens`."""
+        self.seconds[drafted] = RATE_MEMORY * self.seconds[drafted] + seconds
+        self.tokens[drafted] = RATE_MEMORY * self.tokens[drafted] + tokens
+
+    def drafting_is_slower(self) -> bool:
+        """Whether rounds with drafts have lately cost more a token than rounds without."""
+        if min(self.tokens.values()) < MIN_RATE_TOKENS:
+            return False
+        return self.seconds[True] / self.tokens[True] > self.seconds[False] / self.tokens[False]
 
     @property
     def alpha(self) -> float:
@@ -201,6 +217,9 @@ class DraftPlanner:
     def record(self, drafted: int, kept: int) -> None:
         self.acceptance.record(drafted, kept)
 
+    def record_round(self, drafted: bool, seconds: float, tokens: int) -> None:
+        self.acceptance.record_round(drafted, seconds, tokens)
+
     def length(self, draft_seconds_a_token: float = 0.0) -> int:
         """Tokens to draft now: the limit when forced, else the length that promises the most
         tokens a second (0 where none beats single steps by the margin)."""
@@ -216,6 +235,8 @@ class DraftPlanner:
         wider = [(cost - single) / (rows - 1) for rows, cost in seconds.items() if rows > 1]
         slope = max(0.0, statistics.median(wider)) if wider else PRIOR_SLOPE * single
         best, best_rate = 0, GAIN_MARGIN / single
+        if self.acceptance.drafting_is_slower():
+            best_rate = float("inf")  # what the costs promise, the rounds did not deliver
         for count in range(1, self.limit + 1):
             expected = (1 - alpha ** (count + 1)) / (1 - alpha)  # tokens a verify step of count drafts yields
             rate = expected / (single + slope * count + draft_seconds_a_token * count)
