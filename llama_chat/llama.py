@@ -35,6 +35,7 @@ class Llama:
         chat_format: ChatFormat | None = None,
         quantization: str = "none",
         weights_note: str = "",
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
@@ -47,8 +48,9 @@ class Llama:
         first = next(transformer.parameters())
         self.device = first.device
         self.dtype = first.dtype
+        self.cache_dtype = cache_dtype or self.dtype  # the KV cache's (--kv-dtype)
         # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
-        self.step = ModelStep(self.transformer, self.dtype)
+        self.step = ModelStep(self.transformer, self.cache_dtype)
 
     @classmethod
     def random(
@@ -80,7 +82,7 @@ class Llama:
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache; by default the smaller of the model's context and 4096."""
         capacity = capacity or min(self.args.max_seq_len, DEFAULT_CONTEXT)
-        return KVCache(self.args, capacity, device=self.device, dtype=self.dtype)
+        return KVCache(self.args, capacity, device=self.device, dtype=self.cache_dtype)
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Float32 logits [len(ids), vocab] from one full forward pass, no cache involved."""

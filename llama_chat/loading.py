@@ -23,9 +23,9 @@ from torch import nn
 from llama_chat.checkpoints.contents import Checkpoint, Weight, stored_bytes
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.stored import GROUP, StoredMatrix
-from llama_chat.engine.device import resolve_device, resolve_dtype
+from llama_chat.engine.device import DTYPES, resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
-from llama_chat.errors import LlamaChatError, first_line
+from llama_chat.errors import DeviceError, LlamaChatError, first_line
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
@@ -237,6 +237,7 @@ def load(
     kernel_dtype: str | None = None,
     shard: Shard | None = None,
     progress: Callable[[str, int], Progress] = NoProgress,
+    kv_dtype: str | None = None,
 ) -> Llama:
     """Load a model from local files onto `device` (auto: cuda, mps, else cpu).
 
@@ -246,6 +247,7 @@ def load(
     `kernel_dtype` name them. With a `shard`, only that tensor-parallel rank's rows and
     columns are read, and its blocks sum their outputs over the process group.
     `progress(description, total_bytes)` makes what the load reports its progress to.
+    `kv_dtype` is the KV cache's dtype (auto: the model's).
     """
     resolved_device = resolve_device(device)
     packed = packs(quantize, resolved_device, dtype)
@@ -294,7 +296,19 @@ def load(
         chat_format=chosen_format,
         quantization=quantization,
         weights_note=weights_note,
+        cache_dtype=resolve_kv_dtype(kv_dtype),
     )
+
+
+def resolve_kv_dtype(name: str | None) -> torch.dtype | None:
+    """--kv-dtype: auto (None: the model's own dtype, measured the better choice here; see
+    the README) or float32, bfloat16, float16."""
+    name = (name or "auto").lower()
+    if name == "auto":
+        return None
+    if name not in DTYPES:
+        raise DeviceError(f"unknown --kv-dtype {name!r}: use auto, float32, bfloat16 or float16")
+    return DTYPES[name]
 
 
 def model_memory_bytes(model: Llama) -> int:

@@ -42,6 +42,12 @@ def history_path() -> Path:
     return user_directory("XDG_STATE_HOME", ".local/state") / "history"
 
 
+def kept_conversation_path() -> Path:
+    """$XDG_STATE_HOME/llama-chat/conversation.json: the chat's current conversation, kept
+    after every input for --resume."""
+    return user_directory("XDG_STATE_HOME", ".local/state") / "conversation.json"
+
+
 def expanded(path: str | Path) -> Path:
     """The path with ~ or ~user expanded; an unknown user is one clear error."""
     try:

@@ -38,7 +38,9 @@ def kernels_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch, kernels_dir):
-    """Measurements made by tests go to a temporary cache, never the user's; the kernels
-    come from the run's one build."""
+    """Measurements made by tests go to a temporary cache, and kept conversations and
+    history to a temporary state folder, never the user's; the kernels come from the
+    run's one build."""
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(kernels_dir))

@@ -1,4 +1,6 @@
 import io
+import os
+import subprocess
 import sys
 
 import pytest
@@ -51,7 +53,8 @@ def test_prompt_prints_only_the_reply_and_stats_go_to_stderr(loads, capsys):
     assert out == visible(greedy_reply("hello", max_tokens=5)) + "\n"
     assert err.count("\n") == 1 and "tokens" in err and "cached tokens" in err
     assert loads == [("tiny.gguf", {"device": "auto", "dtype": "auto", "chat_format": None, "quantize": "auto",
-                               "kernel_dtype": "auto", "shard": None, "progress": LoadProgress})]
+                               "kernel_dtype": "auto", "shard": None, "progress": LoadProgress,
+                               "kv_dtype": "auto"})]
 
 
 def test_a_draft_model_is_loaded_in_the_default_weights_mode_and_keeps_the_reply(loads, capsys):
@@ -122,7 +125,7 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     sessions = []
     real_run_repl = llama_chat.repl.app.run_repl
 
-    def run_repl_with_keys(session, load_model, load_draft):
+    def run_repl_with_keys(session, load_model, **options):
         sessions.append(session)
         with create_pipe_input() as pipe:
             pipe.send_text("/settings\rhello\r/load other.gguf\r/quit\r")
@@ -143,7 +146,8 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     assert [e.user for e in session.exchanges] == ["hello"]
     # /load goes through the same loader, with the command line's device, dtype and format.
     assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",
-                                       "kernel_dtype": "auto", "shard": None, "progress": LoadProgress})
+                                       "kernel_dtype": "auto", "shard": None, "progress": LoadProgress,
+                                       "kv_dtype": "auto"})
 
 
 # Bytes that are not UTF-8 reach Python as lone surrogates (its "surrogateescape" rule).
@@ -174,3 +178,78 @@ def test_an_empty_prompt_is_refused_as_an_empty_stdin_is(loads, capsys, monkeypa
     out, err = capsys.readouterr()
     assert out == "" and err.count("-p is empty: there is nothing to answer") == 2
     assert loads == []
+
+
+def test_one_shot_turns_chain_through_open_and_save(loads, capsys, tmp_path):
+    """Three runs, each one more turn of a saved conversation, reply as one session does;
+    the second and third read nothing again (the cache came with the file)."""
+    conversation = str(tmp_path / "c.json")
+    common = ["--model", "tiny.gguf", "--temperature", "0", "--max-tokens", "6", "--stats", "--save", conversation]
+    replies, errors = [], []
+    for number, text in enumerate(["one", "two", "three"]):
+        opening = ["--open", conversation] if number else []
+        assert main([*common, *opening, "-p", text]) == 0
+        out, err = capsys.readouterr()
+        replies.append(out)
+        errors.append(err)
+    session = Session(chat_model(), SamplingSettings(temperature=0, max_tokens=6))
+    for text, reply in zip(["one", "two", "three"], replies):
+        turn = session.send(text)
+        turn.run()
+        assert reply == visible(turn.text) + "\n"
+    assert "opened" in errors[2] and "2 exchanges" in errors[2]
+    cached = int(errors[2].split(" tokens cached")[0].rsplit(" ", 1)[1])
+    assert cached > 20 and f"+ {cached} cached tokens" in errors[2]
+
+
+def test_resume_reopens_the_conversation_kept_by_the_chat(loads, monkeypatch, capsys):
+    from llama_chat.repl.app import run_repl
+
+    monkeypatch.setattr(sys, "stdin", FakeTerminal())
+    typed = iter([["hello", "/quit"], ["/quit"]])
+    seen = []
+
+    def run_repl_typing(session, load_model, **options):
+        seen.append(session)
+        with create_pipe_input() as pipe:
+            pipe.send_text("".join(line + "\r" for line in next(typed)))
+            return run_repl(session, load_model, renderer=Renderer(Console(file=io.StringIO(), width=200)),
+                            input=pipe, output=DummyOutput(), history=InMemoryHistory(), **options)
+
+    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_typing)
+    assert main(["--model", "tiny.gguf", "--resume", "--temperature", "0"]) == 0
+    assert "no conversation kept yet" in capsys.readouterr().err
+    assert main(["--model", "tiny.gguf", "--resume", "--temperature", "0"]) == 0
+    first, resumed = seen
+    assert [e.user for e in resumed.exchanges] == ["hello"] and resumed.exchanges[0].reply == first.exchanges[0].reply
+    assert resumed.cache.tokens == first.cache.tokens[: len(resumed.cache.tokens)] and len(resumed.cache) > 10
+    assert "resumed" in capsys.readouterr().err
+
+
+def test_resume_after_the_chat_was_killed(tmp_path):
+    """In a pseudo-terminal: a reply, then SIGKILL; --resume has the exchange and its cache."""
+    from gguf import GGMLQuantizationType as QType
+
+    from .terminal import Terminal
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    model_file = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5), qtype=QType.F32)
+    state = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    command = [sys.executable, "-m", "llama_chat", "-m", str(model_file), "--compile", "off", "--temperature", "0",
+               "--max-tokens", "8"]
+    chat = Terminal(command, state)
+    try:
+        assert chat.read_until(b"Ctrl-D leaves", 60), chat.text()
+        sent = len(chat.output)
+        chat.type(b"hello\r")
+        assert chat.read_until(b"tok/s", 60, after=sent), chat.text()
+        chat.read_until(b"\0never", 1.0)  # the exchange is kept once the input is handled
+    finally:
+        chat.kill()
+    resumed = subprocess.run([*command, "--resume", "-p", "again", "--stats"], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, **state})
+    assert resumed.returncode == 0, resumed.stderr
+    line = next(line for line in resumed.stderr.splitlines() if "resumed" in line)
+    assert "1 exchange," in line
+    cached = int(line.split(" tokens cached")[0].rsplit(" ", 1)[1])
+    assert cached > 5 and f"+ {cached} cached tokens" in resumed.stderr

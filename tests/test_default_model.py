@@ -14,6 +14,7 @@ from transformers import LlamaForCausalLM
 
 import llama_chat
 from llama_chat import Llama, SamplingSettings
+from llama_chat.chat.session import Session
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
@@ -280,3 +281,21 @@ def test_keys_typed_while_a_reply_streams_are_not_echoed_into_it(default_gguf):
         assert chat.exit_code(30) == 0
     finally:
         chat.kill()
+
+
+def test_a_reopened_conversation_with_its_cache_continues_as_one_read_again(default_gguf, model, tmp_path):
+    """Two turns saved, opened in a new session (nothing read again), and the third reply
+    equals the one of a session that went through all three."""
+    settings = SamplingSettings(temperature=0, max_tokens=24)
+    first = Session(model, settings, model_path=default_gguf)
+    for text in ("Name a colour.", "And a fruit?"):
+        first.send(text).run()
+    path, cached = first.save(tmp_path / "chat.json")
+    assert cached > 30
+    reopened = Session(model, settings, model_path=default_gguf)
+    assert reopened.open(path) is None and len(reopened.cache) == cached
+    turn = reopened.send("And an animal?")
+    turn.run()
+    assert turn.stats.reused_tokens == cached
+    first.send("And an animal?").run()
+    assert turn.text == first.exchanges[-1].reply

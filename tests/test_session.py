@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
 from llama_chat.chat.session import Session
@@ -220,7 +221,7 @@ def test_save_then_open_restores_the_conversation_exactly(tmp_path):
     session = Session(model, settings, system="Be brief.", model_path=tmp_path / "model.gguf")
     say(session, "one")
     say(session, "two <|im_end|> [bold]")
-    path = session.save(tmp_path / "chat.json")
+    path, _ = session.save(tmp_path / "chat.json")
 
     opened = Session(model, SamplingSettings(), model_path=tmp_path / "model.gguf")
     assert opened.open(path) is None
@@ -273,7 +274,7 @@ def test_bad_conversation_files_are_refused_and_nothing_changes(tmp_path, conten
 def test_saved_file_is_readable_json(tmp_path):
     session = Session(chat_model(), GREEDY, system="S")
     say(session, "one")
-    data = json.loads(session.save(tmp_path / "chat.json").read_text())
+    data = json.loads(session.save(tmp_path / "chat.json")[0].read_text())
     assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant"]
     assert data["settings"]["temperature"] == 0
     assert data["model"]["chat_format"] == "chatml"
@@ -288,3 +289,95 @@ def test_switching_models_keeps_the_conversation():
     assert [e.user for e in session.exchanges] == ["one"]
     turn = say(session, "two")
     assert turn.stats.reused_tokens == 0 and len(session.exchanges) == 2
+
+
+def restored_session(model, path, model_path):
+    opened = Session(model, GREEDY, model_path=model_path)
+    return opened, opened.open(path)
+
+
+def test_a_saved_cache_is_restored_and_continues_as_reading_the_conversation_again(tmp_path):
+    model = chat_model()
+    session = Session(model, GREEDY, system="Be brief.", model_path=tmp_path / "model.gguf")
+    say(session, "one")
+    say(session, "two")
+    path, cached = session.save(tmp_path / "chat.json")
+    assert cached == len(session.cache) > 10 and (tmp_path / "chat.kv.safetensors").exists()
+    opened, note = restored_session(model, path, tmp_path / "model.gguf")
+    assert note is None and opened.cache.tokens == session.cache.tokens
+    assert torch.equal(opened.cache.keys[:, :, :, :cached], session.cache.keys[:, :, :, :cached])
+    turn = say(opened, "three")
+    assert turn.stats.reused_tokens == cached  # nothing read again
+    reread = replay(model, ["one", "two", "three"], system="Be brief.")
+    assert turn.generation.tokens == reread.exchanges[-1].reply_ids[: len(turn.generation.tokens)]
+    # The cache takes about its own size on disk: keys and values of the held positions.
+    args = model.args
+    own_size = 2 * args.n_layers * args.n_kv_heads * args.head_dim * 4 * cached
+    assert own_size < (tmp_path / "chat.kv.safetensors").stat().st_size < own_size + 8 * cached + 4096
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", "does not read back"),
+    ("garbage", "does not read back"),
+    ("other system prompt", "made with another system prompt"),
+    ("other shapes", "other shapes"),
+    ("other tokens", "other tokens than the conversation"),
+    ("a directory", "does not read back"),
+])
+def test_a_cache_that_does_not_fit_is_refused_in_one_line_and_the_text_kept(tmp_path, damage, reason):
+    from safetensors.torch import load_file, save_file
+
+    model = chat_model()
+    session = Session(model, GREEDY, system="Be brief.", model_path=tmp_path / "model.gguf")
+    say(session, "one")
+    path, _ = session.save(tmp_path / "chat.json")
+    cache_file = tmp_path / "chat.kv.safetensors"
+    if damage == "truncate":
+        cache_file.write_bytes(cache_file.read_bytes()[:-100])
+    elif damage == "garbage":
+        cache_file.write_bytes(b"\0" * 64)
+    elif damage == "other system prompt":
+        session.set_system("Be long.")
+        session.save(tmp_path / "other.json")
+        (tmp_path / "other.kv.safetensors").replace(cache_file)
+    elif damage in ("other shapes", "other tokens"):
+        from safetensors import safe_open
+
+        with safe_open(str(cache_file), framework="pt") as saved:
+            metadata = saved.metadata()
+        tensors = load_file(cache_file)
+        if damage == "other shapes":
+            tensors["keys"] = tensors["keys"][:, :1].contiguous()
+        else:
+            tensors["tokens"] = tensors["tokens"] + 1
+        save_file(tensors, cache_file, metadata=metadata)
+    else:
+        cache_file.unlink()
+        cache_file.mkdir()
+    opened, note = restored_session(model, path, tmp_path / "model.gguf")
+    assert note.startswith("its saved cache was not used (") and reason in note and "\n" not in note
+    assert [e.user for e in opened.exchanges] == ["one"] and len(opened.cache) == 0
+    assert say(opened, "two").stats.reused_tokens == 0  # read again
+
+
+def test_a_narrower_cache_dtype_is_kept_and_saved_in_it(tmp_path):
+    """--kv-dtype bfloat16: the cache holds bfloat16, replies stay close to float32's, and a
+    saved bfloat16 cache is refused by a float32 one (named), the text kept."""
+    wide = chat_model()
+    narrow = Llama(wide.transformer, wide.tokenizer, name="tiny", chat_format=wide.chat_format,
+                   cache_dtype=torch.bfloat16)
+    session = Session(narrow, GREEDY, model_path=tmp_path / "model.gguf")
+    assert session.cache.keys.dtype == torch.bfloat16
+    prompt = session.model.chat_format.encode([{"role": "user", "content": "hello there"}])
+    cache = narrow.new_cache(64)
+    narrow.feed(cache, prompt[:-1])  # every earlier position read back from bfloat16
+    narrow_logits = narrow.feed(cache, prompt[-1:])
+    assert torch.allclose(narrow_logits, wide.logits(prompt)[-1], atol=0.05)
+    say(session, "one")
+    path, cached = session.save(tmp_path / "chat.json")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "chat.kv.safetensors"), framework="pt") as saved:
+        assert saved.get_tensor("keys").dtype == torch.bfloat16 and cached > 0
+    opened, note = restored_session(wide, path, tmp_path / "model.gguf")
+    assert "its saved cache was not used" in note and [e.user for e in opened.exchanges] == ["one"]

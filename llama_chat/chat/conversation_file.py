@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from llama_chat.chat.exchange import Exchange
@@ -45,9 +46,13 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         "head_ids": saved.head_ids,
         "messages": messages,
     }
+    staging = path.with_name(f".{path.name}.partial")
     try:
-        path.write_text(_dumps(data), encoding="utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(_dumps(data), encoding="utf-8")
+        os.replace(staging, path)  # whole or not at all: a crash mid-write keeps the file before
     except OSError as error:
+        staging.unlink(missing_ok=True)
         raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
 
 

@@ -34,12 +34,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
+from llama_chat.chat.cache_file import identity as cache_identity
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.engine.generation import Generation, GenerationStats, Piece
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
-from llama_chat.errors import ContextOverflowError, LlamaChatError, UsageError
+from llama_chat.errors import ContextOverflowError, LlamaChatError, UsageError, first_line
 from llama_chat.llama import Llama
 from llama_chat.paths import expanded
 from llama_chat.text.chat_format import ChatFormat, Message
@@ -343,17 +345,28 @@ class Session:
 
     # Saving and opening
 
-    def save(self, path: str | Path) -> Path:
-        """Write the conversation, its token ids, the settings and the model path (see conversation_file)."""
+    def save(self, path: str | Path, cache_limit_bytes: int | None = None) -> tuple[Path, int]:
+        """Write the conversation, its token ids, the settings and the model path (see
+        conversation_file), and beside it the cache of the positions it holds (see
+        cache_file) unless that would take more than cache_limit_bytes. Returns the path
+        and how many positions the cache file holds."""
         path = expanded(path)
         model = {"path": self.model_path, "name": self.model.name, "chat_format": self.model.chat_format.name,
                  "vocab_size": self.model.tokenizer.vocab_size}
         write_conversation(path, SavedConversation(self.system, self.exchanges, self.head_ids, self.settings, model))
-        return path
+        ids = self.ids
+        try:
+            cached = save_cache(cache_path(path), self.cache, ids or [], self._cache_depends_on(), cache_limit_bytes)
+        except Exception as error:  # noqa: BLE001 (a full disk, a folder in the way: the text is saved)
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
+            raise LlamaChatError(f"saved {path}, but not its cache: {cache_path(path)}: {reason}") from None
+        return path, cached
 
     def open(self, path: str | Path) -> str | None:
-        """Replace the conversation and settings with a saved one. Returns a note when the
-        file was made with another model (its token ids are then rebuilt for this one)."""
+        """Replace the conversation and settings with a saved one, and the cache with the one
+        saved beside it when it stands for this conversation on this model. Returns a note
+        when something could not be kept: token ids rebuilt for another model, or the
+        cache not used (the conversation is then read again on the next turn)."""
         path = expanded(path)
         saved = read_conversation(path)
         exchanges, head_ids = saved.exchanges, saved.head_ids
@@ -366,10 +379,22 @@ class Session:
         if not self._ids_fit_vocabulary():
             self._rebuild_ids()
         self._trim_cache()
-        if same_model:
-            return None
-        saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
-        return f"{path} was saved with {saved_name}; its token ids were rebuilt for {self.model.name}"
+        notes = []
+        if not same_model:
+            saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
+            notes.append(f"{path} was saved with {saved_name}; its token ids were rebuilt for {self.model.name}")
+        saved_cache = cache_path(path)
+        if saved_cache.exists() and not same_model:
+            notes.append("its saved cache was not used (it was made with another model)")
+        elif saved_cache.exists() and self.ids is not None:
+            try:
+                restore_cache(saved_cache, self.cache, self.ids, self._cache_depends_on())
+            except CacheNotUsed as reason:
+                notes.append(f"its saved cache was not used ({reason}): the conversation is read again")
+        return "; ".join(notes) or None
+
+    def _cache_depends_on(self) -> dict:
+        return cache_identity(self.model, self.model_path, self.system)
 
     def _is_same_model(self, saved: dict) -> bool:
         return (

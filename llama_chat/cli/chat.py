@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.session import Session
@@ -21,6 +22,7 @@ from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load
 from llama_chat.parallel.group_step import run_in_group
+from llama_chat.paths import kept_conversation_path
 from llama_chat.parallel.ranks import shard_from_environment
 from llama_chat.parallel.sharding import Shard
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
@@ -50,6 +52,8 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kernel-dtype", default="auto",
                         help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
                         "measured on this CPU)")
+    parser.add_argument("--kv-dtype", default="auto",
+                        help="the KV cache's dtype: auto (the model's), float32, bfloat16 or float16")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
                         help="the compiled decode step on the cpu: auto (built in the background the first time, "
@@ -58,6 +62,12 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=positive_int, default=1,
                         help="split the model over N processes on this host (tensor parallel, on the cpu); "
                         "under torchrun the group comes from the launcher (default: 1)")
+    parser.add_argument("--open", metavar="FILE",
+                        help="continue a conversation saved with /save or --save (its cache too, when it fits)")
+    parser.add_argument("--save", metavar="FILE",
+                        help="write the conversation and its cache to FILE after the reply (with -p) or at exit")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the chat's last conversation (kept after every input)")
     parser.add_argument("--lookup", default=LOOKUP_AUTO, metavar="N|auto",
                         help="speculative decoding by prompt lookup: draft up to N tokens from the conversation "
                         "(0: off; default auto: where it measures faster)")
@@ -113,7 +123,24 @@ def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Cal
     (with a shard: that rank's share of them)."""
     chat_format = "plain" if options.raw else options.chat_format
     return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format,
-                   quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress)
+                   quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress,
+                   kv_dtype=options.kv_dtype)
+
+
+def open_conversation(session: Session, options: argparse.Namespace) -> None:
+    """--open FILE, or --resume's kept conversation; one line on stderr says what it held."""
+    if options.open and options.resume:
+        raise UsageError("--open and --resume both name a conversation: give one")
+    path = options.open or (kept_conversation_path() if options.resume else None)
+    if path is None:
+        return
+    if options.resume and not Path(path).exists():
+        print("llama-chat: no conversation kept yet; a new one starts", file=sys.stderr)
+        return
+    note = session.open(path)
+    count = len(session.exchanges)
+    print(f"llama-chat: {'resumed' if options.resume else 'opened'} {path}: {count} exchange{'s' * (count != 1)}, "
+          f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
 
 
 def draft_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
@@ -151,11 +178,17 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             session.speculation.lookup = lookup
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
+            open_conversation(session, options)
             if prompt is not None:
-                return answer_once(session, prompt, options.stats)
-            from llama_chat.repl.app import run_repl
+                code = answer_once(session, prompt, options.stats)
+            else:
+                from llama_chat.repl.app import ConversationKeeper, run_repl
 
-            return run_repl(session, load_model, load_draft=load_draft)
+                code = run_repl(session, load_model, load_draft=load_draft,
+                                keeper=ConversationKeeper(kept_conversation_path()))
+            if options.save:
+                session.save(options.save)
+            return code
         finally:
             load_model.stop()
             load_draft.stop()

@@ -97,12 +97,14 @@ class Attention(nn.Module):
         q = q[0].view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.head_dim**-0.5
         k, v = k[0].transpose(0, 1), v[0].transpose(0, 1)
-        past_scores = torch.matmul(q, past_keys[0, :, :position].transpose(1, 2)) + past_bias
+        # A cache kept in a narrower dtype (--kv-dtype) is read in the model's.
+        past_keys, past_values = past_keys[0, :, :position].to(q.dtype), past_values[0, :, :position].to(q.dtype)
+        past_scores = torch.matmul(q, past_keys.transpose(1, 2)) + past_bias.to(q.dtype)
         new_scores = torch.matmul(q, k.transpose(1, 2))
         if new_bias is not None:
             new_scores = new_scores + new_bias
         weights = torch.softmax(torch.cat([past_scores, new_scores], dim=-1), dim=-1)
-        out = torch.matmul(weights[..., :position], past_values[0, :, :position])
+        out = torch.matmul(weights[..., :position], past_values)
         out = out + torch.matmul(weights[..., position:], v)
         out = out.view(self.n_kv_heads, self.n_rep, time, self.head_dim).permute(2, 0, 1, 3)
         return self.wo(out.reshape(1, time, -1)), k, v

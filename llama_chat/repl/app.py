@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TextIO
 
 try:
@@ -166,6 +167,28 @@ def keys_held_back(stream: TextIO | None = None) -> Iterator[None]:
         termios.tcsetattr(descriptor, termios.TCSANOW, saved)
 
 
+KEPT_CACHE_LIMIT = 256 << 20  # the cache kept with the conversation for --resume, at most (bytes)
+
+
+class ConversationKeeper:
+    """Keeps the chat's conversation at `path` (with its cache up to KEPT_CACHE_LIMIT) after
+    every input, atomically, so that --resume reopens it after Ctrl-D or a crash alike. A
+    place that cannot be written is reported once; the chat goes on without it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.failed = False
+
+    def keep(self, session: Session, renderer: Renderer) -> None:
+        if self.failed:
+            return
+        try:
+            session.save(self.path, cache_limit_bytes=KEPT_CACHE_LIMIT)
+        except LlamaChatError as error:
+            self.failed = True
+            renderer.error(f"the conversation is not kept for --resume: {error}")
+
+
 def run_repl(
     session: Session,
     load_model: Callable[[str], Llama],
@@ -175,8 +198,10 @@ def run_repl(
     input: Input | None = None,
     output: Output | None = None,
     history: History | None = None,
+    keeper: ConversationKeeper | None = None,
 ) -> int:
-    """Chat until /quit or Ctrl-D; returns the exit code (0)."""
+    """Chat until /quit or Ctrl-D; returns the exit code (0). With a keeper, the conversation
+    is kept after every input (for --resume)."""
     state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model)
     prompt = prompt_session(state, input=input, output=output, history=history)
     model = session.model
@@ -199,3 +224,6 @@ def run_repl(
             state.renderer.note("interrupted")
         except LlamaChatError as error:
             state.renderer.error(str(error))
+        finally:
+            if keeper is not None:
+                keeper.keep(state.session, state.renderer)

@@ -187,8 +187,9 @@ def describe_lookup(speculation: Speculation) -> str:
 
 
 def run_save(state: ChatState, text: str) -> None:
-    path = state.session.save(text)
-    state.renderer.note(f"saved {exchanges(len(state.session.exchanges))} to {path}")
+    path, cached = state.session.save(text)
+    with_cache = f" and the cache of {cached} tokens" if cached else ""
+    state.renderer.note(f"saved {exchanges(len(state.session.exchanges))}{with_cache} to {path}")
 
 
 def run_open(state: ChatState, text: str) -> None:

@@ -1,0 +1,119 @@
+"""A conversation's KV cache, saved beside its conversation file so that /open resumes it
+without reading the conversation through the model again.
+
+safetensors, never pickle: the keys and values of the positions the conversation holds,
+in the cache's own dtype, their token ids, and in the metadata what they depend on (the
+model file's identity, the weights mode, the chat format, the system prompt and the
+shapes). A file that does not match all of that, or does not read back, is refused with
+the reason in one line; the conversation's text never depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from llama_chat.engine.cache import KVCache
+from llama_chat.errors import first_line
+from llama_chat.kernels.packed_cache import file_identity
+
+KIND = "llama-chat kv cache"
+VERSION = "1"
+
+
+class CacheNotUsed(Exception):
+    """A saved cache that cannot stand for the conversation; the message says why."""
+
+
+def cache_path(conversation: Path) -> Path:
+    """Where the cache of the conversation file `conversation` is kept: c.json -> c.kv.safetensors."""
+    return conversation.with_name(f"{conversation.stem}.kv.safetensors")
+
+
+def identity(model, model_path: str | None, system: str | None) -> dict:
+    """What a saved cache depends on: the keys and values of the same ids differ with any of it."""
+    source = [model_path, model.name]  # weights not from a file: by path and name
+    if model_path is not None and Path(model_path).exists():
+        path = Path(model_path)
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        source = [file_identity(p) for p in files]
+    args = model.args
+    return {
+        "model file": source,
+        "weights": f"{model.quantization}, {str(model.dtype).removeprefix('torch.')}",
+        "chat format": model.chat_format.name,
+        "system prompt": system or "",
+        "shape": [args.n_layers, args.n_kv_heads, args.head_dim],
+    }
+
+
+def save_cache(
+    path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict, limit_bytes: int | None = None
+) -> int:
+    """Write the cached positions that start the conversation's `ids`, atomically; returns
+    how many there were (0: nothing written, and any older cache file removed, also when
+    they would take more than limit_bytes)."""
+    held = 0
+    for cached, wanted in zip(cache.tokens, ids):
+        if cached != wanted:
+            break
+        held += 1
+    position_bytes = 2 * cache.keys[:, 0, :, 0].numel() * cache.keys.element_size()
+    if held == 0 or (limit_bytes is not None and held * position_bytes > limit_bytes):
+        path.unlink(missing_ok=True)
+        return 0
+    tensors = {
+        "keys": cache.keys[:, 0, :, :held].contiguous(),
+        "values": cache.values[:, 0, :, :held].contiguous(),
+        "tokens": torch.tensor(cache.tokens[:held], dtype=torch.int64),
+    }
+    metadata = {"kind": KIND, "version": VERSION, "depends on": json.dumps(depends_on, sort_keys=True)}
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
+    os.close(handle)
+    try:
+        save_file(tensors, staging, metadata=metadata)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return held
+
+
+def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict) -> int:
+    """Fill `cache` from the file at `path` and return how many positions it holds; raises
+    CacheNotUsed (the cache left empty) when the file is not this conversation's cache."""
+    cache.truncate(0)
+    try:
+        with safe_open(str(path), framework="pt") as saved:
+            metadata = saved.metadata() or {}
+            if metadata.get("kind") != KIND or metadata.get("version") != VERSION:
+                raise CacheNotUsed(f"{path.name} is not a llama-chat cache of this version")
+            saved_depends = json.loads(metadata.get("depends on", "{}"))
+            for key, value in depends_on.items():
+                if saved_depends.get(key) != value:
+                    raise CacheNotUsed(f"it was made with another {key}")
+            keys, values, tokens = saved.get_tensor("keys"), saved.get_tensor("values"), saved.get_tensor("tokens")
+    except CacheNotUsed:
+        raise
+    except Exception as error:  # noqa: BLE001 (a damaged file can fail in many ways)
+        raise CacheNotUsed(f"{path.name} does not read back ({first_line(error)[:120]})") from None
+    count = tokens.numel()
+    expected = (cache.keys.shape[0], cache.keys.shape[2], count, cache.keys.shape[4])
+    if tokens.ndim != 1 or tuple(keys.shape) != expected or tuple(values.shape) != expected:
+        raise CacheNotUsed(f"{path.name} holds tensors of other shapes than this model's cache")
+    if keys.dtype != cache.keys.dtype or values.dtype != cache.values.dtype:
+        raise CacheNotUsed(f"{path.name} holds a {keys.dtype} cache, this model's is {cache.keys.dtype}")
+    held = tokens.tolist()
+    if held != list(ids[:count]):
+        raise CacheNotUsed(f"{path.name} holds other tokens than the conversation")
+    if count >= cache.capacity:
+        raise CacheNotUsed(f"{path.name} holds {count} positions, more than the context")
+    cache.write(held, keys, values)
+    return count
