@@ -198,6 +198,9 @@ def test_one_shot_turns_chain_through_open_and_save(loads, capsys, tmp_path):
         turn.run()
         assert reply == visible(turn.text) + "\n"
     assert "opened" in errors[2] and "2 exchanges" in errors[2]
+    # A flag given with --open wins over the conversation's saved setting.
+    assert main(["--model", "tiny.gguf", "--open", conversation, "-p", "four", "--max-tokens", "2", "--stats"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1].split(" tokens,")[0].endswith("2")
     cached = int(errors[2].split(" tokens cached")[0].rsplit(" ", 1)[1])
     assert cached > 20 and f"+ {cached} cached tokens" in errors[2]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -127,7 +128,16 @@ def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Cal
                    kv_dtype=options.kv_dtype)
 
 
-def open_conversation(session: Session, options: argparse.Namespace) -> None:
+def given_settings(argv: Sequence[str]) -> dict:
+    """The sampling settings named on the command line itself (not left at their defaults)."""
+    parser = chat_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    given = vars(parser.parse_known_args(list(argv))[0])
+    return {name: given[name] for name in (*SETTING_HELP, "seed") if name in given}
+
+
+def open_conversation(session: Session, options: argparse.Namespace, argv: Sequence[str]) -> None:
     """--open FILE, or --resume's kept conversation; one line on stderr says what it held."""
     if options.open and options.resume:
         raise UsageError("--open and --resume both name a conversation: give one")
@@ -138,6 +148,8 @@ def open_conversation(session: Session, options: argparse.Namespace) -> None:
         print("llama-chat: no conversation kept yet; a new one starts", file=sys.stderr)
         return
     note = session.open(path)
+    # The conversation's saved settings, but the sampling flags given on this command line.
+    session.settings = dataclasses.replace(session.settings, **given_settings(argv))
     count = len(session.exchanges)
     print(f"llama-chat: {'resumed' if options.resume else 'opened'} {path}: {count} exchange{'s' * (count != 1)}, "
           f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
@@ -178,7 +190,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             session.speculation.lookup = lookup
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
-            open_conversation(session, options)
+            open_conversation(session, options, argv)
             if prompt is not None:
                 code = answer_once(session, prompt, options.stats)
             else:
