@@ -256,3 +256,19 @@ def test_resume_after_the_chat_was_killed(tmp_path):
     assert "1 exchange," in line
     cached = int(line.split(" tokens cached")[0].rsplit(" ", 1)[1])
     assert cached > 5 and f"+ {cached} cached tokens" in resumed.stderr
+
+
+def test_bytes_piped_in_under_a_strict_locale_are_read_with_replacement_characters(tmp_path):
+    """Real bytes through a real pipe, with Python's stdin decoding strict (as under
+    en_US.UTF-8): one warning line, no traceback, a reply."""
+    from gguf import GGMLQuantizationType as QType
+
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    model_file = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5), qtype=QType.F32)
+    command = [sys.executable, "-m", "llama_chat", "-m", str(model_file), "--compile", "off", "--max-tokens", "3"]
+    finished = subprocess.run(command, input=b"hello \xff\xfe world\n", capture_output=True, timeout=120,
+                              env={**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "en_US.UTF-8"})
+    assert finished.returncode == 0, finished.stderr.decode(errors="replace")
+    err = finished.stderr.decode()
+    assert "stdin had 2 bytes that are not UTF-8 text" in err and "Traceback" not in err

@@ -102,7 +102,10 @@ def read_prompt(options: argparse.Namespace) -> str | None:
             raise UsageError("-p is empty: there is nothing to answer; give -p TEXT")
         return checked_text(options.prompt, "-p")
     if sys.stdin is not None and not sys.stdin.isatty():
-        prompt = sys.stdin.read()
+        # As bytes: a strict locale's text layer would raise on the first byte that is not
+        # UTF-8; checked_text replaces each such byte and says so.
+        stream = getattr(sys.stdin, "buffer", None)
+        prompt = stream.read().decode("utf-8", "surrogateescape") if stream is not None else sys.stdin.read()
         if not prompt.strip():
             raise UsageError("stdin is empty: pipe in a prompt, or give -p TEXT")
         return checked_text(prompt, "stdin")
