@@ -153,12 +153,16 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
         assert step.compile(background=background) == "compiled"
         assert time.perf_counter() - started < 1
         assert step.compiled is not None and step.pending is None
-    # A package that does not open is one line, and the eager step goes on.
-    path.write_bytes(b"not a package")
+    # A truncated package is one line: removed, the eager step goes on (one-shot mode), and
+    # the next chat builds it again in the background and uses it.
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     broken = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
-    note = broken.compile()
-    assert note.startswith("eager (the compiled decode step did not load") and "\n" not in note
-    assert broken.compiled is None
+    note = broken.compile(background=False)
+    assert note.startswith("eager (the compiled step on disk did not load (") and "\n" not in note
+    assert "removed; the next chat builds it" in note and not path.exists() and broken.compiled is None
+    healed = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
+    assert healed.compile(wait=True).startswith("compiled (built in") and healed.compiled is not None
+    assert compiled_step.is_built(path)
 
 
 def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monkeypatch, tmp_path):

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from llama_chat.engine.device import cpu_model_name
+from llama_chat.errors import first_line
 from llama_chat.paths import cache_root
 
 VERIFY_TOKENS = 16  # the compiled verify step takes 2 to this many tokens (a token and its drafts)
@@ -104,6 +105,12 @@ def verify_path(path: Path) -> Path:
 def is_built(path: Path) -> bool:
     """Whether both packages of a model's step are on disk."""
     return path.exists() and verify_path(path).exists()
+
+
+def remove(path: Path) -> None:
+    """Remove both packages of a model's step (one that does not load is built again)."""
+    path.unlink(missing_ok=True)
+    verify_path(path).unlink(missing_ok=True)
 
 
 def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
@@ -206,7 +213,8 @@ class BackgroundCompile:
             if not self.error:
                 self.step = CompiledStep(self.destination, self.transformer)
         except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
-            self.error = f"the compiled decode step did not load ({error}; delete {self.destination})"
+            remove(self.destination)
+            self.error = f"the compiled step just built did not load ({first_line(error)[:160]}); removed"
         finally:
             self.seconds = time.perf_counter() - self._started
 

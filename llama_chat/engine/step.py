@@ -95,18 +95,20 @@ class ModelStep:
         if path is None:
             self.note = "eager (compiled steps are kept in the cache, which is off)"
             return self.note
+        damaged = ""
         if compiled_step.is_built(path):
             try:
                 self.compiled = compiled_step.CompiledStep(path, self.transformer)
                 self.note = "compiled"
-            except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
-                reason = first_line(error)[:200]
-                self.note = f"eager (the compiled decode step did not load: {reason}; delete {path})"
-            return self.note
+                return self.note
+            except Exception as error:  # noqa: BLE001 (a damaged package is removed and built again)
+                damaged = f"the compiled step on disk did not load ({first_line(error)[:160]}), so it was removed; "
+                compiled_step.remove(path)
         if not background:
+            self.note = f"eager ({damaged}the next chat builds it)" if damaged else self.note
             return self.note
         self.pending = compiled_step.BackgroundCompile(self.transformer, self.cache_dtype, path)
-        self.note = "compiling in the background (once for this model and CPU; eager meanwhile)"
+        self.note = f"compiling in the background ({damaged or ''}once for this model and CPU; eager meanwhile)"
         if wait:
             self.pending.wait()
             self._take_pending()
