@@ -36,6 +36,7 @@ class Llama:
         quantization: str = "none",
         weights_note: str = "",
         cache_dtype: torch.dtype | None = None,
+        sampling_defaults: dict | None = None,
     ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
@@ -49,6 +50,8 @@ class Llama:
         self.device = first.device
         self.dtype = first.dtype
         self.cache_dtype = cache_dtype or self.dtype  # the KV cache's (--kv-dtype)
+        # The sampling settings the model's files recommend (SamplingSettings' names).
+        self.sampling_defaults = dict(sampling_defaults or {})
         # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
         self.step = ModelStep(self.transformer, self.cache_dtype)
 

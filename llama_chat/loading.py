@@ -297,6 +297,7 @@ def load(
         quantization=quantization,
         weights_note=weights_note,
         cache_dtype=resolve_kv_dtype(kv_dtype),
+        sampling_defaults=checkpoint.sampling,
     )
 
 

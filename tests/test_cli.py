@@ -272,3 +272,33 @@ def test_bytes_piped_in_under_a_strict_locale_are_read_with_replacement_characte
     assert finished.returncode == 0, finished.stderr.decode(errors="replace")
     err = finished.stderr.decode()
     assert "stdin had 2 bytes that are not UTF-8 text" in err and "Traceback" not in err
+
+
+def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeypatch):
+    """Flags and slash commands, then the model file, then llama-chat's defaults; /settings
+    says where each value came from."""
+
+    def load(path, **options):
+        model = chat_model(name="tiny")
+        model.sampling_defaults = {"temperature": 0.15, "top_k": 30}
+        return model
+
+    monkeypatch.setattr(llama_chat.cli.chat, "load", load)
+    monkeypatch.setattr(sys, "stdin", FakeTerminal())
+    shown, sessions = io.StringIO(), []
+    real_run_repl = llama_chat.repl.app.run_repl
+
+    def run_repl_with_keys(session, load_model, **options):
+        sessions.append(session)
+        with create_pipe_input() as pipe:
+            pipe.send_text("/min_p 0.1\r/settings\r/quit\r")
+            return real_run_repl(session, load_model, renderer=Renderer(Console(file=shown, width=200)),
+                                 input=pipe, output=DummyOutput(), history=InMemoryHistory())
+
+    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_with_keys)
+    assert main(["--model", "tiny.gguf", "--top-k", "5"]) == 0
+    settings = sessions[0].settings
+    assert (settings.temperature, settings.top_k, settings.min_p, settings.top_p) == (0.15, 5, 0.1, 0.95)
+    text = shown.getvalue()
+    assert "temperature = 0.15 (model file)" in text and "top_k = 5 (command line)" in text
+    assert "min_p = 0.1 (set in the chat)" in text and "top_p = 0.95\n" in text

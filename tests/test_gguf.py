@@ -347,3 +347,22 @@ def test_shape_that_disagrees_with_metadata_is_refused(tmp_path):
     path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(), extra=wider_feed_forward)
     with pytest.raises(LlamaChatError, match=r"blk.0.ffn_gate.weight has shape \[96, 64\], expected \[128, 64\]"):
         load_gguf(path)
+
+
+def test_sampling_keys_are_the_models_recommendation(tmp_path):
+    """llama.cpp's general.sampling.* keys, in SamplingSettings' names; others ignored."""
+
+    def sampling(writer):
+        writer.add_float32("general.sampling.temp", 0.15)
+        writer.add_int32("general.sampling.top_k", 30)
+        writer.add_float32("general.sampling.top_p", 0.8)
+        writer.add_float32("general.sampling.min_p", 0.02)
+        writer.add_float32("general.sampling.penalty_repeat", 1.05)
+        writer.add_int32("general.sampling.penalty_last_n", 128)
+        writer.add_int32("general.sampling.mirostat", 2)
+
+    path = write_gguf(tmp_path / "sampling.gguf", tiny_hf_model(seed=1), extra=sampling)
+    settings = load_gguf(path).sampling
+    assert settings.keys() == {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
+    assert settings["top_k"] == 30 and settings["repeat_last_n"] == 128 and abs(settings["temperature"] - 0.15) < 1e-6
+    assert load_gguf(write_gguf(tmp_path / "plain.gguf", tiny_hf_model(seed=1))).sampling == {}

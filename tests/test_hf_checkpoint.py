@@ -214,3 +214,16 @@ def test_tokenizer_json_matches_transformers(tmp_path):
     for text in MULTILINGUAL:
         assert ours.encode(text, add_bos=True) == reference.encode(text), text
         assert ours.decode(ours.encode(text)) == reference.decode(reference.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1},
+     {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repeat_penalty": 1.1}),
+    ({"do_sample": False, "temperature": 0.6}, {"temperature": 0}),  # greedy whatever temperature says
+    ({"temperature": -2, "top_p": 7, "top_k": 40.0}, {"top_k": 40}),  # not valid settings: left out
+    ({}, {}),
+])
+def test_generation_config_sampling_is_the_models_recommendation(tmp_path, config, expected):
+    save_model_directory(tmp_path)
+    write_json(tmp_path / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": [EOS, EOT], **config})
+    assert load_hf_directory(tmp_path).sampling == expected

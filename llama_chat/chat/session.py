@@ -30,6 +30,7 @@ fits but leaves less than the reserve gets the room there is.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +145,8 @@ class Session:
     ) -> None:
         self.model = model
         self.settings = settings or SamplingSettings()
+        # Where each setting that is not llama-chat's default came from, for /settings.
+        self.setting_sources: dict[str, str] = {}
         self.system = system or None
         self.context_size = context_size  # as asked for; None: the model's, at most 4096
         self.model_path = _absolute(model_path)
@@ -218,6 +221,12 @@ class Session:
         self.exchanges.clear()
         self._rebuild_ids()
         self._trim_cache()
+
+    def apply_settings(self, values: dict, source: str) -> None:
+        """Replace the settings named in `values` (SettingError for a bad one, nothing
+        changed), remembering that they came from `source`."""
+        self.settings = dataclasses.replace(self.settings, **values)
+        self.setting_sources.update(dict.fromkeys(values, source))
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None
@@ -376,6 +385,7 @@ class Session:
             for exchange in exchanges:
                 exchange.user_ids = exchange.reply_ids = None
         self.system, self.exchanges, self.settings, self.head_ids = saved.system, exchanges, saved.settings, head_ids
+        self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
         if not self._ids_fit_vocabulary():
             self._rebuild_ids()
         self._trim_cache()

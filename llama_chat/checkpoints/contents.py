@@ -3,7 +3,7 @@ only when the model is built), its tokenizer and chat template."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,8 @@ class Checkpoint:
     # The GGUF type the layers' weights were stored as (e.g. "Q4_1"), whatever form they
     # reached us in: it tells how far they can be packed again without losing anything.
     source_quantization: str | None = None
+    # The sampling settings the model's authors recommend, in SamplingSettings' names.
+    sampling: dict = field(default_factory=dict)
 
     @property
     def stop_ids(self) -> frozenset[int]:

@@ -24,6 +24,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from llama_chat.checkpoints import sampling_defaults
 from llama_chat.checkpoints.contents import Checkpoint, Weight
 from llama_chat.checkpoints.gguf_blocks import FOUR_BIT_TYPES, KERNEL_BLOCK_TYPES, int4_groups
 from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
@@ -91,6 +92,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
         bos_token=tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else None,
         eos_token=tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else None,
         source_quantization=_layer_weight_type(stored),
+        sampling=sampling_defaults.from_gguf(metadata),
     )
 
 

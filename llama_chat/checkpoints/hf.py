@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from llama_chat.checkpoints import sampling_defaults
 from llama_chat.checkpoints.contents import Checkpoint, Weight
 from llama_chat.checkpoints.hf_weight_files import weight_files
 from llama_chat.checkpoints.json_file import read_json_object
@@ -122,6 +123,7 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
         bos_token=token_content(tokenizer_config.get("bos_token")) or tokenizer.token_name(tokenizer.bos_id),
         eos_token=token_content(tokenizer_config.get("eos_token")) or tokenizer.token_name(tokenizer.eos_id),
         source_quantization=(config.get("llama_chat") or {}).get("source_quantization"),
+        sampling=sampling_defaults.from_generation_config(generation_config),
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -152,7 +151,7 @@ def open_conversation(session: Session, options: argparse.Namespace, argv: Seque
         return
     note = session.open(path)
     # The conversation's saved settings, but the sampling flags given on this command line.
-    session.settings = dataclasses.replace(session.settings, **given_settings(argv))
+    session.apply_settings(given_settings(argv), "command line")
     count = len(session.exchanges)
     print(f"llama-chat: {'resumed' if options.resume else 'opened'} {path}: {count} exchange{'s' * (count != 1)}, "
           f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
@@ -169,7 +168,7 @@ def main(argv: list[str]) -> int:
 
 
 def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    settings = settings_from(options)
+    settings_from(options)  # every flag checked before anything loads
     if options.ctx_size is not None and options.ctx_size <= 0:
         raise UsageError(f"--ctx-size must be a positive number of tokens, got {options.ctx_size}")
     if options.tp > 1 and options.device not in ("auto", "cpu"):
@@ -188,8 +187,12 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         load_draft = CompilingLoader(draft_loader(options), options.compile, background=prompt is None)
         try:
             system = None if options.system is None else checked_text(options.system, "--system")
-            session = Session(load_model(model_path), settings, system=system,
-                              context_size=options.ctx_size, model_path=model_path)
+            model = load_model(model_path)
+            session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
+                              model_path=model_path)
+            # Flags first, then what the model file recommends, then llama-chat's defaults.
+            session.apply_settings(model.sampling_defaults, "model file")
+            session.apply_settings(given_settings(argv), "command line")
             session.speculation.lookup = lookup
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)

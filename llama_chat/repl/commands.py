@@ -75,7 +75,7 @@ def parse_number(kind: type, name: str, argument: str) -> int | float:
 
 def change_setting(state: ChatState, **values: object) -> None:
     """Replace settings; an invalid value leaves the old settings in place."""
-    state.session.settings = dataclasses.replace(state.session.settings, **values)
+    state.session.apply_settings(values, "set in the chat")
 
 
 def setting_command(field: str, kind: type, argument: str, about: str, aliases: tuple[str, ...]) -> Command:
@@ -98,7 +98,9 @@ def run_seed(state: ChatState, text: str) -> None:
 def run_settings(state: ChatState, text: str) -> None:
     session = state.session
     for field in dataclasses.fields(SamplingSettings):
-        state.renderer.line(f"{field.name} = {getattr(session.settings, field.name)}")
+        source = session.setting_sources.get(field.name)
+        where = f" ({source})" if source else ""
+        state.renderer.line(f"{field.name} = {getattr(session.settings, field.name)}{where}")
     state.renderer.line(f"system = {session.system!r}")
     state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
     state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
