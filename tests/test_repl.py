@@ -281,7 +281,7 @@ def test_load_of_a_real_file_switches_weights_and_keeps_the_conversation(tmp_pat
                         load_model=lambda path: llama_chat.load(path, device="cpu"))
     assert session.model is not model and session.model.name == "tiny.gguf"
     assert session.model_path == str(path) and session.capacity == 128  # the file's context is 128
-    assert "loaded tiny.gguf on cpu (Q8_0 weights, llama-chat's " in output and "), context 128 tokens" in output
+    assert "loaded tiny.gguf on cpu, Q8_0 weights, decode step eager, context 128 tokens" in output
     assert [e.user for e in session.exchanges] == ["one", "two"]
     assert_consistent(session)
 
@@ -290,7 +290,8 @@ def test_load_switches_weights_and_keeps_the_conversation():
     session = Session(chat_model(), GREEDY)
     other = chat_model(seed=2, name="other")
     code, output = chat(session, "one", "/load other.gguf", "two", "/device", "/quit", load_model=lambda path: other)
-    assert session.model is other and "loaded other on cpu (float32; decode step eager)" in output
+    assert session.model is other and "loaded other on cpu, float32 weights, decode step eager, context" in output
+    assert "cpu (float32; decode step eager)" in output  # /device says it all
     assert [e.user for e in session.exchanges] == ["one", "two"]
     assert_consistent(session)
     # /device: the device line, then memory held now, resident and the process's own
@@ -416,3 +417,10 @@ def test_a_conversation_file_with_lone_surrogates_is_refused_in_one_line(tmp_pat
     code, output = chat(other, f"/open {path}", "/quit")
     assert "message 1 holds characters that are not text (lone surrogates); not opened" in output
     assert other.exchanges == []
+
+
+def test_the_start_up_line_is_one_short_line():
+    code, output = chat(Session(chat_model(), GREEDY), "/quit")
+    first = output.splitlines()[0]
+    assert first.startswith("llama-chat: tiny on cpu, float32 weights, decode step eager, context 512 tokens")
+    assert len(first) <= 120 and "measured" not in output

@@ -206,8 +206,8 @@ def run_repl(
     prompt = prompt_session(state, input=input, output=output, history=history)
     model = session.model
     state.renderer.note(
-        f"llama-chat: {model.name} on {commands.describe_device(model)}, {model.chat_format.name} format, "
-        f"context {session.capacity} tokens. /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves."
+        f"llama-chat: {model.name} on {commands.describe_briefly(model)}, context {session.capacity} tokens "
+        "(/help, /device for more; Ctrl-D leaves)"
     )
     while True:
         try:

@@ -145,7 +145,7 @@ def run_load(state: ChatState, text: str) -> None:
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
     draft_note = session.set_model(model, text)
     state.renderer.note(
-        f"loaded {model.name} on {describe_device(model)}, context {session.capacity} tokens; "
+        f"loaded {model.name} on {describe_briefly(model)}, context {session.capacity} tokens; "
         f"the conversation goes on ({exchanges(len(session.exchanges))})"
     )
     if draft_note:
@@ -177,7 +177,7 @@ def run_draft(state: ChatState, text: str) -> None:
         session.set_draft(draft, text)
     except UsageError as error:
         raise CommandError(str(error)) from None
-    state.renderer.note(f"drafting with {draft.name} on {describe_device(draft)}")
+    state.renderer.note(f"drafting with {draft.name} on {describe_briefly(draft)}")
 
 
 def describe_lookup(speculation: Speculation) -> str:
@@ -256,7 +256,14 @@ def usage(command: Command) -> str:
 
 
 def describe_device(model: Llama) -> str:
+    """Where and how the model runs, with the reasons (for /device)."""
     return f"{model.device} ({model.describe_weights()}; decode step {model.step.describe()})"
+
+
+def describe_briefly(model: Llama) -> str:
+    """Where and how the model runs, in a few words (the reasons are in /device)."""
+    weights = str(model.dtype).removeprefix("torch.") if model.quantization == "none" else model.quantization
+    return f"{model.device}, {weights} weights, decode step {model.step.describe().split(' (')[0]}"
 
 
 def describe_memory() -> str:
