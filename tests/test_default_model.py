@@ -299,3 +299,16 @@ def test_a_reopened_conversation_with_its_cache_continues_as_one_read_again(defa
     assert turn.stats.reused_tokens == cached
     first.send("And an animal?").run()
     assert turn.text == first.exchanges[-1].reply
+
+
+def test_info_tells_what_the_default_model_file_holds(default_gguf, capsys):
+    """`llama-chat info` (and /info, which shares it): from the file's metadata, as the
+    model card has it (SmolLM2-135M-Instruct: 30 layers, 9/3 heads, Apache 2.0)."""
+    assert main(["info", str(default_gguf)]) == 0
+    rows = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+    rows = {label: value.strip() for label, value in rows.items()}
+    assert rows["layers"] == "30" and rows["heads"] == "9 query, 3 key/value, 64 wide"
+    assert rows["parameters"] == "135 M" and rows["vocabulary"] == "49152 tokens" and rows["context"] == "8192 tokens"
+    assert rows["license"] == "apache-2.0" and rows["chat template"] == "yes, its own"
+    assert rows["stop tokens"] == "<|endoftext|> (0), <|im_end|> (2)"
+    assert rows["tensor types"].startswith("Q4_1: 210 tensors") and "Q8_0: 1 tensors" in rows["tensor types"]

@@ -21,7 +21,7 @@ FLOORS = [
     {"engine"},
     {"checkpoints"},
     {"kernels", "parallel"},
-    {"llama", "loading", "default_model"},
+    {"llama", "loading", "default_model", "model_info"},
     {"chat"},
     {"repl", "train"},
     {"cli", "__main__", "__init__"},

@@ -424,3 +424,16 @@ def test_the_start_up_line_is_one_short_line():
     first = output.splitlines()[0]
     assert first.startswith("llama-chat: tiny on cpu, float32 weights, decode step eager, context 512 tokens")
     assert len(first) <= 120 and "measured" not in output
+
+
+def test_info_reads_the_model_file_and_says_so_when_there_is_none(tmp_path):
+    from gguf import GGMLQuantizationType as QType
+
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=1), qtype=QType.Q8_0)
+    session = Session(chat_model(), GREEDY, model_path=path)
+    code, output = chat(session, "/info", "/quit")
+    assert "layers:" in output and "Q8_0:" in output and str(path) in output
+    code, output = chat(Session(chat_model(), GREEDY), "/info", "/quit")
+    assert "tiny was not loaded from a file: there is nothing to read" in output

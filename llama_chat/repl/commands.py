@@ -18,6 +18,7 @@ from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.engine.speculation import LOOKUP_AUTO, Speculation, parse_lookup
 from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.llama import Llama
+from llama_chat.model_info import model_info
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
 from llama_chat.repl.render import Renderer
@@ -225,6 +226,14 @@ def run_device(state: ChatState, text: str) -> None:
         state.renderer.line(memory)
 
 
+def run_info(state: ChatState, text: str) -> None:
+    path = state.session.model_path
+    if path is None:
+        raise CommandError(f"{state.session.model.name} was not loaded from a file: there is nothing to read")
+    for label, value in model_info(path):
+        state.renderer.line(f"{label + ':':15}{value}")
+
+
 def run_markdown(state: ChatState, text: str) -> None:
     if text not in ("", "on", "off"):
         raise CommandError(f"/markdown takes on or off, got {text!r}")
@@ -329,6 +338,7 @@ COMMANDS: list[Command] = [
             needs_argument(run_draft, "a model path or off"), takes_path=True),
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),
+    _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),
     Command("markdown", "on|off", "render finished replies as Markdown", run_markdown,
             choices=("on", "off")),
     _plain("quit", "leave (Ctrl-D does too)", run_quit, aliases=("exit", "bye")),

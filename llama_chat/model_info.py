@@ -1,0 +1,66 @@
+"""What people look up about a model file (`/info`, `llama-chat info MODEL`): read from its
+metadata and tokenizer, without reading its weights."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from llama_chat.checkpoints.detect import read_checkpoint
+from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
+from llama_chat.checkpoints.gguf_file import read_gguf_header
+
+
+def model_info(path: str | Path) -> list[tuple[str, str]]:
+    """(label, value) rows: name, architecture, size, shapes, vocabulary, tensor types,
+    license, chat template and stop tokens."""
+    path = Path(path)
+    checkpoint = read_checkpoint(path)
+    args, tokenizer = checkpoint.args, checkpoint.tokenizer
+    metadata, types = {}, defaultdict(lambda: [0, 0])
+    if path.is_file() and is_gguf(path):
+        metadata, tensors = read_gguf_header(path)
+        for info in tensors.values():
+            types[info.tensor_type.name][0] += 1
+            types[info.tensor_type.name][1] += info.n_bytes
+    else:
+        for tensor in checkpoint.tensors.values():
+            kind, size = tensor_type(tensor)
+            types[kind][0] += 1
+            types[kind][1] += size
+    unique = {id(tensor): tensor for tensor in checkpoint.tensors.values()}  # a tied head counted once
+    parameters = sum(math.prod(tensor.shape) for tensor in unique.values())
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
+    stop_names = sorted(f"{tokenizer.token_name(token) or token} ({token})" for token in tokenizer.stop_ids)
+    return [
+        ("name", str(metadata.get("general.name") or path.name)),
+        ("architecture", str(metadata.get("general.architecture", "llama"))),
+        ("file", f"{path} ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB)"),
+        ("parameters", f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"),
+        ("layers", str(args.n_layers)),
+        ("heads", f"{args.n_heads} query, {args.n_kv_heads} key/value, {args.head_dim} wide"),
+        ("width", f"{args.dim}, feed-forward {args.hidden_dim}"),
+        ("context", f"{args.max_seq_len} tokens"),
+        ("vocabulary", f"{args.vocab_size} tokens"),
+        ("tensor types", ", ".join(f"{kind}: {count} tensors, {size / 1e6:.1f} MB"
+                                   for kind, (count, size) in sorted(types.items(), key=lambda item: -item[1][1]))),
+        ("license", str(metadata.get("general.license") or "not stated in the file")),
+        ("chat template", "yes, its own" if checkpoint.chat_template else "none (a built-in format is used)"),
+        ("stop tokens", ", ".join(stop_names) or "none"),
+    ]
+
+
+def is_gguf(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(4) == GGUF_MAGIC
+
+
+def tensor_type(tensor) -> tuple[str, int]:
+    """A non-GGUF checkpoint's tensor: its stored type and bytes."""
+    if isinstance(tensor, torch.Tensor):
+        return str(tensor.dtype).removeprefix("torch."), tensor.numel() * tensor.element_size()
+    kind = tensor.block_type or str(getattr(tensor, "dtype", "float")).removeprefix("torch.")
+    return kind, tensor.stored_bytes
