@@ -119,20 +119,27 @@ def test_subcommands_still_go_through_the_error_boundary(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("llama-chat: ")
 
 
-def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
+def typed_chats(monkeypatch, *typed: list[str]) -> tuple[list[Session], io.StringIO]:
+    """Each interactive chat that main() opens reads the next list of lines as typed (with
+    the options main gives it, the keeper among them); returns the sessions the chats had
+    and what they showed."""
     monkeypatch.setattr(sys, "stdin", FakeTerminal())
-    shown = io.StringIO()
-    sessions = []
+    shown, sessions, lines = io.StringIO(), [], iter(typed)
     real_run_repl = llama_chat.repl.app.run_repl
 
-    def run_repl_with_keys(session, load_model, **options):
+    def run_repl_typing(session, load_model, **options):
         sessions.append(session)
         with create_pipe_input() as pipe:
-            pipe.send_text("/settings\rhello\r/load other.gguf\r/quit\r")
+            pipe.send_text("".join(line + "\r" for line in next(lines)))
             return real_run_repl(session, load_model, renderer=Renderer(Console(file=shown, width=200)),
-                                 input=pipe, output=DummyOutput(), history=InMemoryHistory())
+                                 input=pipe, output=DummyOutput(), history=InMemoryHistory(), **options)
 
-    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_with_keys)
+    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_typing)
+    return sessions, shown
+
+
+def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
+    sessions, shown = typed_chats(monkeypatch, ["/settings", "hello", "/load other.gguf", "/quit"])
     argv = ["--model", "tiny.gguf", "--temperature", "0.1", "--top-k", "3", "--top-p", "0.8", "--min-p", "0.2",
             "--repeat-penalty", "1.2", "--repeat-last-n", "8", "--max-tokens", "4", "--seed", "9",
             "--system", "Be brief.", "--ctx-size", "256", "--device", "cpu", "--dtype", "float32",
@@ -206,20 +213,7 @@ def test_one_shot_turns_chain_through_open_and_save(loads, capsys, tmp_path):
 
 
 def test_resume_reopens_the_conversation_kept_by_the_chat(loads, monkeypatch, capsys):
-    from llama_chat.repl.app import run_repl
-
-    monkeypatch.setattr(sys, "stdin", FakeTerminal())
-    typed = iter([["hello", "/quit"], ["/quit"]])
-    seen = []
-
-    def run_repl_typing(session, load_model, **options):
-        seen.append(session)
-        with create_pipe_input() as pipe:
-            pipe.send_text("".join(line + "\r" for line in next(typed)))
-            return run_repl(session, load_model, renderer=Renderer(Console(file=io.StringIO(), width=200)),
-                            input=pipe, output=DummyOutput(), history=InMemoryHistory(), **options)
-
-    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_typing)
+    seen, _ = typed_chats(monkeypatch, ["hello", "/quit"], ["/quit"])
     assert main(["--model", "tiny.gguf", "--resume", "--temperature", "0"]) == 0
     assert "no conversation kept yet" in capsys.readouterr().err
     assert main(["--model", "tiny.gguf", "--resume", "--temperature", "0"]) == 0
@@ -284,18 +278,7 @@ def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeyp
         return model
 
     monkeypatch.setattr(llama_chat.cli.chat, "load", load)
-    monkeypatch.setattr(sys, "stdin", FakeTerminal())
-    shown, sessions = io.StringIO(), []
-    real_run_repl = llama_chat.repl.app.run_repl
-
-    def run_repl_with_keys(session, load_model, **options):
-        sessions.append(session)
-        with create_pipe_input() as pipe:
-            pipe.send_text("/min_p 0.1\r/settings\r/quit\r")
-            return real_run_repl(session, load_model, renderer=Renderer(Console(file=shown, width=200)),
-                                 input=pipe, output=DummyOutput(), history=InMemoryHistory())
-
-    monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_with_keys)
+    sessions, shown = typed_chats(monkeypatch, ["/min_p 0.1", "/settings", "/quit"])
     assert main(["--model", "tiny.gguf", "--top-k", "5"]) == 0
     settings = sessions[0].settings
     assert (settings.temperature, settings.top_k, settings.min_p, settings.top_p) == (0.15, 5, 0.1, 0.95)
