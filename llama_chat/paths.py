@@ -6,6 +6,7 @@ Each folder follows the XDG base directories unless an environment variable name
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from llama_chat.errors import LlamaChatError
@@ -26,15 +27,30 @@ def weights_dir() -> Path:
     return user_directory("XDG_DATA_HOME", ".local/share") / "weights"
 
 
+_unwritable: set[Path] = set()  # cache folders found unwritable (each reported once)
+
+
 def cache_root() -> Path | None:
     """Where measurements worth keeping go: $LLAMA_CHAT_CACHE ("off" for nowhere), else
-    $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat."""
+    $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat. None too for a folder that cannot
+    be created or written: the first time, one line on stderr says so, and everything
+    runs without the cache (built kernels, compiled steps, packed weights, measurements)."""
     configured = os.environ.get("LLAMA_CHAT_CACHE")
     if configured == "off":
         return None
-    if configured:
-        return Path(configured)
-    return user_directory("XDG_CACHE_HOME", ".cache")
+    root = Path(configured) if configured else user_directory("XDG_CACHE_HOME", ".cache")
+    if root in _unwritable:
+        return None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as error:
+        _unwritable.add(root)
+        print(f"llama-chat: the cache folder {root} cannot be written ({error.strerror or error}); running without "
+              "it (set LLAMA_CHAT_CACHE to another folder)", file=sys.stderr)
+        return None
+    return root
 
 
 def history_path() -> Path:

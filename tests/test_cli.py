@@ -285,3 +285,18 @@ def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeyp
     text = shown.getvalue()
     assert "temperature = 0.15 (model file)" in text and "top_k = 5 (command line)" in text
     assert "min_p = 0.1 (set in the chat)" in text and "top_p = 0.95\n" in text
+
+
+def test_a_cache_folder_that_cannot_be_written_is_reported_once_and_the_chat_goes_on(tmp_path, monkeypatch, capsys):
+    from gguf import GGMLQuantizationType as QType
+
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    model_file = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5), qtype=QType.Q8_0)
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path / "a file" / "cache"))
+    for _ in range(2):
+        assert main(["-m", str(model_file), "-p", "hello", "--max-tokens", "3", "--compile", "wait"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 2 and "Traceback" not in err
+    assert err.count("cannot be written (Not a directory); running without it") == 1
