@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from llama_chat.engine.cache import KVCache
 from llama_chat.errors import first_line
-from llama_chat.kernels.packed_cache import file_identity
+from llama_chat.kernels.packed_cache import source_identity
 
 KIND = "llama-chat kv cache"
 VERSION = "1"
@@ -37,13 +37,16 @@ def cache_path(conversation: Path) -> Path:
     return conversation.with_name(f"{conversation.stem}.kv.safetensors")
 
 
-def identity(model, model_path: str | None, system: str | None) -> dict:
-    """What a saved cache depends on: the keys and values of the same ids differ with any of it."""
-    source = [model_path, model.name]  # weights not from a file: by path and name
+def model_source(model, model_path: str | None) -> list:
+    """The identity of the model's files (size, mtime, sampled hash), or of weights not from
+    a file, their path and name: read once per model, as it costs a few MB of reads."""
     if model_path is not None and Path(model_path).exists():
-        path = Path(model_path)
-        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-        source = [file_identity(p) for p in files]
+        return source_identity(Path(model_path))
+    return [model_path, model.name]
+
+
+def identity(model, source: list, system: str | None) -> dict:
+    """What a saved cache depends on: the keys and values of the same ids differ with any of it."""
     args = model.args
     return {
         "model file": source,
@@ -60,11 +63,7 @@ def save_cache(
     """Write the cached positions that start the conversation's `ids`, atomically; returns
     how many there were (0: nothing written, and any older cache file removed, also when
     they would take more than limit_bytes)."""
-    held = 0
-    for cached, wanted in zip(cache.tokens, ids):
-        if cached != wanted:
-            break
-        held += 1
+    held = cache.common_prefix(ids)
     position_bytes = 2 * cache.keys[:, 0, :, 0].numel() * cache.keys.element_size()
     if held == 0 or (limit_bytes is not None and held * position_bytes > limit_bytes):
         path.unlink(missing_ok=True)

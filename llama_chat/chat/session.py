@@ -37,6 +37,7 @@ from pathlib import Path
 
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
 from llama_chat.chat.cache_file import identity as cache_identity
+from llama_chat.chat.cache_file import model_source as cache_model_source
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.engine.generation import Generation, GenerationStats, Piece
@@ -154,6 +155,7 @@ class Session:
         self.head_ids: list[int] | None = None  # ids before the first exchange; None: not known
         self.last_stats: GenerationStats | None = None
         self.speculation = Speculation()  # prompt lookup, auto; or a draft model
+        self._model_source: list | None = None  # the model file's identity, for saved caches
         self.cache = model.new_cache(context_size)
         self._rebuild_ids()
 
@@ -239,6 +241,7 @@ class Session:
         capacity = min(self.context_size, model.args.max_seq_len) if self.context_size else None
         cache = model.new_cache(capacity)  # before anything changes: it may not fit in memory
         self.model, self.cache, self.model_path = model, cache, _absolute(model_path)
+        self._model_source = None
         self._rebuild_ids()
         draft = self.speculation.draft
         if draft is not None:
@@ -404,7 +407,9 @@ class Session:
         return "; ".join(notes) or None
 
     def _cache_depends_on(self) -> dict:
-        return cache_identity(self.model, self.model_path, self.system)
+        if self._model_source is None:  # once per model: saves happen after every input
+            self._model_source = cache_model_source(self.model, self.model_path)
+        return cache_identity(self.model, self._model_source, self.system)
 
     def _is_same_model(self, saved: dict) -> bool:
         return (

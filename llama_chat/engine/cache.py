@@ -68,15 +68,20 @@ class KVCache:
     def keep_common_prefix(self, ids: Sequence[int], at_most: int | None = None) -> int:
         """Keep the cached positions that start `ids` (at most `at_most` of them), forget the
         rest, and return how many were kept: the tokens a new prompt need not feed again."""
-        kept = 0
-        for cached, wanted in zip(self.tokens, ids):
-            if cached != wanted:
-                break
-            kept += 1
+        kept = self.common_prefix(ids)
         if at_most is not None:
             kept = min(kept, at_most)
         self.truncate(kept)
         return kept
+
+    def common_prefix(self, ids: Sequence[int]) -> int:
+        """How many cached positions start `ids`."""
+        held = 0
+        for cached, wanted in zip(self.tokens, ids):
+            if cached != wanted:
+                break
+            held += 1
+        return held
 
     def room(self) -> int:
         """How many more positions fit."""

@@ -120,9 +120,11 @@ class Generation:
         self.stop_ids = frozenset(stop_ids)
         self.stop_strings = list(stop_strings)
         self.speculation = speculation
-        # A draft model draws from generator of its own, with the same settings.
-        draft_seed = None if settings.seed is None else settings.seed + 1
-        self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
+        # A draft model draws from a generator of its own, with the same settings.
+        self.draft_sampler = None
+        if speculation is not None and speculation.draft is not None:
+            draft_seed = None if settings.seed is None else settings.seed + 1
+            self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.tokens: list[int] = []
         self.text = ""

@@ -51,16 +51,21 @@ def file_identity(path: Path) -> list:
     return [path.name, info.st_size, info.st_mtime_ns, digest.hexdigest()]
 
 
+def source_identity(source: Path) -> list:
+    """The identity of a model file, or of every file in a model folder."""
+    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
+    return [file_identity(p) for p in files]
+
+
 def entry_path(source: Path, settings: dict) -> Path | None:
     """Where the packed weights of `source` (a file or a folder) packed as `settings` say
     are kept; None when the cache is off."""
     root = cache_root()
     if root is None:
         return None
-    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
     package = Path(__file__).resolve().parent.parent
     spec = {
-        "source": [file_identity(p) for p in files],
+        "source": source_identity(source),
         "code": [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in PACKING_SOURCES],
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "settings": settings,
