@@ -101,11 +101,12 @@ def test_empty_stdin_is_bad_usage(loads, capsys, monkeypatch):
 
 
 def test_unparsable_flag_values_exit_2(capsys):
-    for argv in (["--temperature", "nan"], ["--top-k", "many"]):
+    for argv in (["--temperature", "nan"], ["--top-k", "many"], ["--kv-dtype", "int3"]):
         with pytest.raises(SystemExit) as exit:
             main(argv)
         assert exit.value.code == 2
-    assert "not a finite number: 'nan'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not a finite number: 'nan'" in err and "argument --kv-dtype: invalid choice: 'int3'" in err
 
 
 def test_missing_model_is_a_runtime_error_exit_1(tmp_path, capsys):

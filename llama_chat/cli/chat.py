@@ -52,8 +52,8 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kernel-dtype", default="auto",
                         help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
                         "measured on this CPU)")
-    parser.add_argument("--kv-dtype", default="auto",
-                        help="the KV cache's dtype: auto (the model's), float32, bfloat16 or float16")
+    parser.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="the KV cache's dtype (default: auto, the model's)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
                         help="the compiled decode step on the cpu: auto (built in the background the first time, "
