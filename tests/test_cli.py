@@ -16,7 +16,6 @@ from llama_chat.chat.display import visible
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
 from llama_chat.cli.load_progress import LoadProgress
-from llama_chat.repl.render import Renderer
 
 from .test_session import chat_model
 
@@ -128,12 +127,12 @@ def typed_chats(monkeypatch, *typed: list[str]) -> tuple[list[Session], io.Strin
     shown, sessions, lines = io.StringIO(), [], iter(typed)
     real_run_repl = llama_chat.repl.app.run_repl
 
-    def run_repl_typing(session, load_model, **options):
+    def run_repl_typing(session, load_model, renderer, **options):
         sessions.append(session)
+        renderer.console = Console(file=shown, width=200)
         with create_pipe_input() as pipe:
             pipe.send_text("".join(line + "\r" for line in next(lines)))
-            return real_run_repl(session, load_model, renderer=Renderer(Console(file=shown, width=200)),
-                                 input=pipe, output=DummyOutput(), history=InMemoryHistory(), **options)
+            return real_run_repl(session, load_model, renderer=renderer, input=pipe, output=DummyOutput(), history=InMemoryHistory(), **options)
 
     monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_typing)
     return sessions, shown
@@ -144,13 +143,14 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     argv = ["--model", "tiny.gguf", "--temperature", "0.1", "--top-k", "3", "--top-p", "0.8", "--min-p", "0.2",
             "--repeat-penalty", "1.2", "--repeat-last-n", "8", "--max-tokens", "4", "--seed", "9",
             "--system", "Be brief.", "--ctx-size", "256", "--device", "cpu", "--dtype", "float32",
-            "--chat-format", "chatml"]
+            "--chat-format", "chatml", "--think", "show"]
     assert main(argv) == 0
     session = sessions[0]
     assert session.settings == SamplingSettings(temperature=0.1, top_k=3, top_p=0.8, min_p=0.2, repeat_penalty=1.2,
                                                 repeat_last_n=8, max_tokens=4, seed=9)
     assert session.system == "Be brief." and session.capacity == 256
     assert "temperature = 0.1" in shown.getvalue() and "context = 256 tokens" in shown.getvalue()
+    assert "think = show" in shown.getvalue()
     assert [e.user for e in session.exchanges] == ["hello"]
     # /load goes through the same loader, with the command line's device, dtype and format.
     assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",

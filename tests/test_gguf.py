@@ -67,6 +67,7 @@ def write_gguf(
     architecture: str = "llama",
     extra: Callable[[gguf.GGUFWriter], None] | None = None,
     vocabulary: dict | None = None,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     """A GGUF file of a transformers LlamaForCausalLM, laid out as llama.cpp's converter does.
 
@@ -85,7 +86,7 @@ def write_gguf(
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_rope_dimension_count(head_dim)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(chat_template)
     adders = {
         "model": writer.add_tokenizer_model, "pre": writer.add_tokenizer_pre, "tokens": writer.add_token_list,
         "token_type": writer.add_token_types, "merges": writer.add_token_merges, "scores": writer.add_token_scores,

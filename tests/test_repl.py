@@ -88,6 +88,7 @@ def test_settings_change_through_slash_commands():
     ("/max_tokens 0", "max_tokens must be a positive number"),
     ("/seed -2", "seed must be a non-negative integer"),
     ("/markdown maybe", "/markdown takes on or off, got 'maybe'"),
+    ("/think aloud", "/think takes show or hide, got 'aloud'"),
     ("/undo now", "/undo takes no argument"),
     ("/load", "this command needs a model path"),
     ("/tempreature 1", "unknown command /tempreature: did you mean /temperature?"),

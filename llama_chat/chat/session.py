@@ -13,11 +13,14 @@ turn N prefills only its own message (and the end-of-turn ids of the previous re
 
 That relies on the chat format's prefix property (see chat_format): the closed
 conversation's ids are a prefix of its ids with one more message. It is checked on every
-turn. When it fails (a template that rewrites earlier turns, plain text whose words merge
-across messages) the whole conversation is rendered again, replies re-tokenised, and the
-generation reuses whatever common prefix the cache holds. Ids that are not known (after
-/system, /open of another model's file, /load, dropped turns) are rebuilt the same way, by
-rendering the conversation message by message.
+turn. Where the closed render does not continue the prompt as generated (a template that
+drops the thinking of earlier replies, plain text whose words merge across messages), the
+exchange's ids are the format's render of it, which the cache shares up to where they
+part: the model sees what its template says. Where even that fails (a template that
+rewrites earlier turns) the whole conversation is rendered again, and the generation
+reuses whatever common prefix the cache holds. Ids that are not known (after /system,
+/open of another model's file, /load, dropped turns) are rebuilt by rendering the
+conversation message by message.
 
 Context
 -------
@@ -40,6 +43,8 @@ from llama_chat.chat.cache_file import identity as cache_identity
 from llama_chat.chat.cache_file import model_source as cache_model_source
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
 from llama_chat.chat.exchange import Exchange
+from llama_chat.chat.thinking import cue_opening
+from llama_chat.engine.cache import common_length
 from llama_chat.engine.generation import Generation, GenerationStats, Piece
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
@@ -91,6 +96,9 @@ class Turn:
         self.generation: Generation = session.model.generate(
             plan.prompt, session.settings, cache=session.cache, speculation=session.speculation
         )
+        # The opening thinking marker when the template's cue wrote it: the reply starts
+        # inside the thinking, and is kept with the marker, whole.
+        self.thinking_cue = cue_opening(session.model.tokenizer, plan.prompt)
         self.exchange: Exchange | None = None
 
     @property
@@ -120,12 +128,14 @@ class Turn:
         """Record the reply as it stands (interrupted if generation did not reach its end)."""
         if self.exchange is None:
             generation = self.generation
+            reply = self.thinking_cue + generation.text
+            user_ids, reply_ids = self.session._exchange_ids(self.plan, self.user, reply, generation.tokens)
             self.exchange = Exchange(
                 user=self.user,
-                reply=generation.text,
+                reply=reply,
                 interrupted=generation.stats.stop_reason == "interrupted",
-                user_ids=self.plan.user_ids,
-                reply_ids=self.session._reply_ids(self.plan, self.user, generation),
+                user_ids=user_ids,
+                reply_ids=reply_ids,
             )
             self.session.exchanges.append(self.exchange)
             self.session.last_stats = generation.stats
@@ -312,19 +322,33 @@ class Session:
             return []
         return ids
 
-    def _reply_ids(self, plan: _Plan, text: str, generation: Generation) -> list[int] | None:
-        """The reply's ids as generated, then the end-of-turn ids the format closes it with
-        (everything from the last end-of-turn id after the reply in a closed render)."""
+    def _exchange_ids(self, plan: _Plan, text: str, reply: str, generated: Sequence[int]) -> tuple:
+        """The ids a finished exchange adds to the kept ones: (user ids, reply ids), or
+        (None, None) when they are not known (the next turn then renders everything).
+
+        Where the format's render of the closed conversation begins with the prompt it
+        rendered, the reply's ids are the ones generated, then the end-of-turn ids the
+        format closes it with (from the last end-of-turn id after the reply). Where it
+        does not (a template that drops the thinking of earlier replies writes the reply
+        otherwise than it was generated), or no end-of-turn id marks where the reply ends
+        (plain text), the exchange's ids are the format's own render of it: what the
+        model is to see of it from the next turn on. The cache keeps what it has in
+        common with them."""
         if plan.user_ids is None:
-            return None
-        closed = _render(self.model.chat_format, plan.history + [_user(text), _assistant(generation.text)], False)
-        if closed is None or not _starts_with(closed, plan.rendered):
-            return None
-        tail = closed[len(plan.rendered):]
-        ends = [index for index, token in enumerate(tail) if token in self.model.stop_ids]
-        if not ends:
-            return None  # no end-of-turn marker to go by (plain text): re-render instead
-        return list(generation.tokens) + tail[ends[-1]:]
+            return None, None
+        closed = _render(self.model.chat_format, plan.history + [_user(text), _assistant(reply)], False)
+        if closed is None:
+            return None, None
+        if _starts_with(closed, plan.rendered):
+            tail = closed[len(plan.rendered):]
+            ends = [index for index, token in enumerate(tail) if token in self.model.stop_ids]
+            if ends:
+                return plan.user_ids, list(generated) + tail[ends[-1]:]
+        history_length = len(plan.rendered) - len(plan.user_ids)
+        if not _starts_with(closed, plan.rendered[:history_length]):
+            return None, None
+        split = common_length(closed, plan.rendered)
+        return closed[history_length:split], closed[split:]
 
     def _rebuild_ids(self) -> None:
         """Ids for every message from renders of the growing conversation (replies
@@ -338,12 +362,13 @@ class Session:
             rendered = _render(chat_format, messages + [_user(exchange.user)], cue=True)
             messages = messages + [_user(exchange.user), _assistant(exchange.reply)]
             closed = _render(chat_format, messages, cue=False)
-            if rendered is None or closed is None or not (
-                _starts_with(rendered, done) and _starts_with(closed, rendered)
-            ):
+            if rendered is None or closed is None or not (_starts_with(rendered, done) and _starts_with(closed, done)):
                 self.head_ids = None
                 return
-            segments.append((rendered[len(done):], closed[len(rendered):]))
+            # The user's ids end where the cue and the closed reply part (at the cue's end
+            # unless the template writes earlier replies otherwise than they were cued).
+            split = common_length(closed, rendered)
+            segments.append((closed[len(done):split], closed[split:]))
             done = closed
         for exchange, (user_ids, reply_ids) in zip(self.exchanges, segments):
             exchange.user_ids, exchange.reply_ids = user_ids, reply_ids

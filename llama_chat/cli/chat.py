@@ -10,6 +10,7 @@ from pathlib import Path
 
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.session import Session
+from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
 from llama_chat.cli.arguments import finite_float, positive_int
 from llama_chat.cli.load_progress import LoadProgress
 from llama_chat.cli.loaders import CompilingLoader
@@ -74,6 +75,9 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", metavar="MODEL",
                         help="speculative decoding with a smaller model of the same vocabulary, loaded with the "
                         "default weights mode (for example the same file drafting for --quantize none)")
+    parser.add_argument("--think", default="hide", choices=("show", "hide"),
+                        help="a reasoning model's <think> part: show it, or hide it (folded to one line in the chat; "
+                        "left out of -p's output) (default: hide)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)
@@ -198,11 +202,13 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 session.set_draft(load_draft(options.draft), options.draft)
             open_conversation(session, options, argv)
             if prompt is not None:
-                code = answer_once(session, prompt, options.stats)
+                code = answer_once(session, prompt, options.stats, options.think == "show")
             else:
                 from llama_chat.repl.app import ConversationKeeper, run_repl
+                from llama_chat.repl.render import Renderer
 
-                code = run_repl(session, load_model, load_draft=load_draft,
+                renderer = Renderer(show_thinking=options.think == "show")
+                code = run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
                                 keeper=ConversationKeeper(kept_conversation_path()))
             if options.save:
                 session.save(options.save)
@@ -214,16 +220,25 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     return run_in_group(options.tp, argv, partial(model_loader, options), chat)
 
 
-def answer_once(session: Session, prompt: str, show_stats: bool) -> int:
-    """Stream the reply to stdout (nothing else goes there); the stats line to stderr."""
+def answer_once(session: Session, prompt: str, show_stats: bool, show_thinking: bool = False) -> int:
+    """Stream the reply to stdout (nothing else goes there), without its thinking unless
+    asked; the stats line (and how long it thought) to stderr."""
     turn = session.send(prompt)
+    reply = ThinkingSplitter(opened=bool(turn.thinking_cue))
+    if show_thinking:
+        sys.stdout.write(visible(turn.thinking_cue))
 
     def write(piece) -> None:
-        sys.stdout.write(visible(piece.text))
+        text = piece.text if show_thinking else "".join(text for part, text in reply.feed(piece) if part == ANSWER)
+        sys.stdout.write(visible(text))
         sys.stdout.flush()
 
     turn.run(write)
+    if not show_thinking:
+        sys.stdout.write(visible("".join(text for part, text in reply.finish() if part == ANSWER)))
     sys.stdout.write("\n")
     if show_stats:
+        if reply.thought is not None:
+            print(reply.thought.line(), file=sys.stderr)
         print(stats_line(turn.stats), file=sys.stderr)
     return 0

@@ -10,6 +10,16 @@ from llama_chat.engine.config import ModelArgs
 from llama_chat.errors import ContextOverflowError
 
 
+def common_length(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many ids the two sequences begin with alike."""
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
 class KVCache:
     """Keys and values of every layer for up to `capacity` positions of one sequence.
 
@@ -76,12 +86,7 @@ class KVCache:
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         """How many cached positions start `ids`."""
-        held = 0
-        for cached, wanted in zip(self.tokens, ids):
-            if cached != wanted:
-                break
-            held += 1
-        return held
+        return common_length(self.tokens, ids)
 
     def room(self) -> int:
         """How many more positions fit."""

@@ -105,6 +105,7 @@ def run_settings(state: ChatState, text: str) -> None:
     state.renderer.line(f"system = {session.system!r}")
     state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
     state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
+    state.renderer.line(f"think = {describe_thinking(state.renderer)}")
     draft = session.speculation.draft
     state.renderer.line(f"draft = {draft.path or draft.model.name}" if draft else "draft = off")
     drafts_instead = " (the draft model drafts instead)" if draft else ""
@@ -242,6 +243,18 @@ def run_markdown(state: ChatState, text: str) -> None:
     state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
 
 
+def run_think(state: ChatState, text: str) -> None:
+    if text not in ("", "show", "hide"):
+        raise CommandError(f"/think takes show or hide, got {text!r}")
+    if text:
+        state.renderer.show_thinking = text == "show"
+    state.renderer.line(f"think = {describe_thinking(state.renderer)}")
+
+
+def describe_thinking(renderer: Renderer) -> str:
+    return "show" if renderer.show_thinking else "hide (folded to one line)"
+
+
 def run_quit(state: ChatState, text: str) -> bool:
     return STOP
 
@@ -341,6 +354,8 @@ COMMANDS: list[Command] = [
     _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),
     Command("markdown", "on|off", "render finished replies as Markdown", run_markdown,
             choices=("on", "off")),
+    Command("think", "show|hide", "a reasoning model's thinking: keep it on screen, or fold it to one line",
+            run_think, choices=("show", "hide")),
     _plain("quit", "leave (Ctrl-D does too)", run_quit, aliases=("exit", "bye")),
 ]
 

@@ -4,6 +4,10 @@ Model output is literal: pieces are written with markup and emoji codes off and 
 characters escaped by `chat.display.visible`, so "[bold]" or an escape sequence in a reply is shown as
 those characters. Styles (dim notes, red errors, Markdown) are used only when the console
 is a terminal and NO_COLOR is not set; otherwise everything is plain text.
+
+A reasoning model's thinking (chat.thinking) is drawn dim while it streams and folded to
+one line ("thought for 212 tokens, 9.8 s") when the answer starts; /think show keeps it.
+Where the output cannot be redrawn (not a terminal) folded thinking is not drawn at all.
 """
 
 from __future__ import annotations
@@ -11,13 +15,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
 from llama_chat.chat.display import stats_line, visible
-from llama_chat.engine.generation import Piece
+from llama_chat.chat.thinking import THINKING, ThinkingSplitter
 
 if TYPE_CHECKING:
     from llama_chat.chat.session import Turn
@@ -26,9 +30,11 @@ if TYPE_CHECKING:
 class Renderer:
     """Writes the chat to a rich Console (stdout by default)."""
 
-    def __init__(self, console: Console | None = None, *, markdown: bool = False) -> None:
+    def __init__(self, console: Console | None = None, *, markdown: bool = False,
+                 show_thinking: bool = False) -> None:
         self.console = console or Console(highlight=False)
         self.markdown = markdown  # render finished replies as Markdown
+        self.show_thinking = show_thinking  # a reasoning model's thinking kept on screen, or folded
 
     @property
     def styled(self) -> bool:
@@ -49,32 +55,101 @@ class Renderer:
         if turn.dropped:
             plural = "s" if turn.dropped > 1 else ""
             self.note(f"context full: dropped the {turn.dropped} oldest exchange{plural} to make room")
+        reply = ThinkingSplitter(opened=bool(turn.thinking_cue))
         try:
             if self.markdown and self.styled:
-                self._stream_markdown(turn)
+                self._stream_markdown(turn, reply)
             else:
-                self._stream_text(turn)
+                self._stream_text(turn, reply)
         except KeyboardInterrupt:
             pass  # the turn has recorded what there is, marked interrupted
-        finally:
-            self._end_line(turn.text)
         self.note(stats_line(turn.stats))
 
-    def _stream_text(self, turn: Turn) -> None:
-        def show(piece: Piece) -> None:
-            if piece.text:
-                self.console.out(visible(piece.text), end="", highlight=False)
+    def _stream_text(self, turn: Turn, reply: ThinkingSplitter) -> None:
+        thinking = _ThinkingLines(self, reply)
 
-        turn.run(show)
+        def show(parts: list[tuple[str, str]]) -> None:
+            for part, text in parts:
+                if part == THINKING:
+                    thinking.add(text)
+                else:
+                    thinking.fold()
+                    self.console.out(visible(text), end="", highlight=False)
 
-    def _stream_markdown(self, turn: Turn) -> None:
+        try:
+            turn.run(lambda piece: show(reply.feed(piece)))
+        finally:
+            show(reply.finish())
+            thinking.fold()
+            if reply.answer or reply.thought is None:
+                self._end_line(reply.answer)
+
+    def _stream_markdown(self, turn: Turn, reply: ThinkingSplitter) -> None:
         # Live redraws the Markdown as it grows (cropped to the screen while streaming) and
         # prints it in full when it stops. It parses the reply only when it redraws, 8 times
         # a second, not after every token: parsing grows with the reply's length.
-        with Live(console=self.console, refresh_per_second=8, vertical_overflow="ellipsis",
-                  get_renderable=lambda: Markdown(visible(turn.text))):
-            turn.run()
+        ended = []
+
+        def view() -> RenderableType:
+            parts: list[RenderableType] = []
+            thought = reply.thought
+            if thought is not None:
+                if self.show_thinking:
+                    parts.append(Text(visible(reply.thinking), style="dim"))
+                elif not (thought.finished or ended):
+                    parts.append(thinking_tail(self.console, reply.thinking))
+                if thought.finished or ended:
+                    parts.append(Text(thought.line(), style="dim"))
+            return Group(*parts, Markdown(visible(reply.answer)))
+
+        with Live(console=self.console, refresh_per_second=8, vertical_overflow="ellipsis", get_renderable=view):
+            try:
+                turn.run(reply.feed)
+            finally:
+                reply.finish()
+                ended.append(True)
 
     def _end_line(self, text: str) -> None:
-        if not (self.markdown and self.styled) and not text.endswith("\n"):
+        if not text.endswith("\n"):
             self.console.out("", highlight=False)
+
+
+class _ThinkingLines:
+    """A reply's thinking on a plain stream: kept on screen in dim text (show), or drawn
+    dim while it streams and erased (fold, on a terminal; elsewhere it is not drawn); then
+    one line saying how long it took."""
+
+    def __init__(self, renderer: Renderer, reply: ThinkingSplitter) -> None:
+        self.renderer = renderer
+        self.reply = reply
+        self.live: Live | None = None
+        self.folded = False
+
+    def add(self, text: str) -> None:
+        renderer = self.renderer
+        if renderer.show_thinking:
+            renderer.console.out(visible(text), end="", style="dim" if renderer.styled else None, highlight=False)
+        elif renderer.styled and self.live is None:
+            self.live = Live(console=renderer.console, refresh_per_second=8, transient=True,
+                             get_renderable=lambda: thinking_tail(renderer.console, self.reply.thinking))
+            self.live.start()
+
+    def fold(self) -> None:
+        """End the thinking (once): erase it unless shown, then the line it folds into."""
+        thought = self.reply.thought
+        if thought is None or self.folded:
+            return
+        self.folded = True
+        if self.live is not None:
+            self.live.stop()
+        elif self.renderer.show_thinking and not self.reply.thinking.endswith("\n"):
+            self.renderer.console.out("", highlight=False)
+        self.renderer.note(thought.line())
+
+
+def thinking_tail(console: Console, thinking: str) -> Text:
+    """The end of the thinking, as many lines as the screen has room for, dim."""
+    rows = max(console.height - 2, 1)
+    text = Text(visible(thinking[-rows * console.width:]).strip(), style="dim")
+    lines = text.wrap(console, console.width)
+    return Text("\n").join(lines[-rows:])

@@ -16,8 +16,9 @@ with a control id (llama3 <|eot_id|>, llama2 </s>) or with text bounded by contr
 (chatml "<|im_end|>\\n"), and nothing already encoded depends on later messages. It holds
 for a template when the template renders each message without looking at later ones and
 closes a turn with a special token; it fails for templates that rewrite earlier turns (for
-example those that drop the reasoning of earlier replies) or stamp today's date into the
-system prompt (strftime_now) across midnight. Also, encode(C + [user]) is a prefix of
+example those that drop the reasoning of earlier replies: the session then keeps the
+template's own ids for them) or stamp today's date into the system prompt (strftime_now)
+across midnight. Also, encode(C + [user]) is a prefix of
 encode(C + [user, reply], add_generation_prompt=False) exactly for byte-level tokenizers and
 usually for subword ones (the reply's first token may merge with the text before it, as in
 llama2's "[/INST] reply"). The session should compute the common prefix, not assume it.
@@ -35,6 +36,9 @@ Message = Mapping[str, str]
 
 ROLES = ("system", "user", "assistant")
 FORMAT_NAMES = ("llama2", "llama3", "chatml", "plain", "template")
+
+# What reasoning models write around their thinking, before the answer.
+THINKING_OPEN, THINKING_CLOSE = "<think>", "</think>"
 
 PICK_ANOTHER = "use --chat-format to pick another (" + ", ".join(FORMAT_NAMES) + ")"
 

@@ -9,7 +9,9 @@ tokenizes a rendered template, so subword merges and SentencePiece's leading spa
 out the same. A template that trims a content (`| trim`, `.strip()`) is followed: the
 markers are padded with a whitespace character and the padding's fate tells how the
 template treated the text. Other transformations of the content text (upper-casing, search
-and replace) are not followed; a template that mangles a marker gives a LlamaChatError.
+and replace) are not followed; a template that mangles a marker gives a LlamaChatError. The
+one exception is a reply's thinking: its closing marker is left in the text between two
+placeholders, for templates that keep only what follows it in earlier replies.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from jinja2 import TemplateError, TemplateSyntaxError
 
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.chat_format import PICK_ANOTHER, ChatFormat, Message, check_messages
+from llama_chat.text.chat_format import PICK_ANOTHER, THINKING_CLOSE, ChatFormat, Message, check_messages
 from llama_chat.text.special_tokens import SpecialTokenSplitter, encode_parts
 from llama_chat.text.template_sandbox import TemplateRaised, sandboxed_environment
 from llama_chat.text.tokenizer import END_OF_GENERATION_NAMES, Tokenizer
@@ -98,17 +100,26 @@ class TemplateFormat(ChatFormat):
 
     def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         check_messages(messages)
-        # Empty contents need no marker: there is no text to protect, and templates test for "".
-        marked = [
-            {**message, "content": _marker(index) if message["content"] else ""}
-            for index, message in enumerate(messages)
-        ]
-        rendered = self.render(marked, add_generation_prompt)
+        texts: list[str] = []  # the contents (or pieces of them) the markers stand for
+
+        def marked(text: str) -> str:
+            if not text:  # no text to protect, and templates test for ""
+                return ""
+            texts.append(text)
+            return _marker(len(texts) - 1)
+
+        # A reply's closing thinking marker stays in the text the template sees, so that a
+        # template that drops earlier thinking (content.split('</think>')[-1]) can.
+        rendered = self.render(
+            [{**message, "content": THINKING_CLOSE.join(map(marked, message["content"].split(THINKING_CLOSE)))
+              if message["role"] == "assistant" else marked(message["content"])} for message in messages],
+            add_generation_prompt,
+        )
         parts: list[str | int] = []
         position = 0
         for match in _MARKER.finditer(rendered):
             parts += self._template_text(rendered[position : match.start()])
-            parts.append(_restore(messages[_marker_index(match.group(2))]["content"], match))
+            parts.append(_restore(texts[_marker_index(match.group(2))], match))
             position = match.end()
         parts += self._template_text(rendered[position:])
         return encode_parts(self.tokenizer, parts)

@@ -1,0 +1,128 @@
+"""A reasoning model's thinking: the part of a reply between <think> and </think>.
+
+Llama-architecture reasoning models (the DeepSeek-R1 distillations, for one) write their
+thinking before the answer, inside the markers. Either the model writes the opening marker
+itself, or its template ends the assistant's cue with it (then the reply starts inside the
+thinking). Front ends show the two parts differently; the session keeps the reply whole,
+opening marker included, and the model's template decides what later turns see of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llama_chat.engine.generation import Piece
+from llama_chat.text.chat_format import THINKING_CLOSE as CLOSE
+from llama_chat.text.chat_format import THINKING_OPEN as OPEN
+from llama_chat.text.tokenizer import Tokenizer
+
+THINKING, ANSWER = "thinking", "answer"
+
+
+def cue_opening(tokenizer: Tokenizer, prompt: Sequence[int]) -> str:
+    """The opening marker (with the whitespace after it) that ends this prompt, when the
+    template's cue opens the thinking itself; else ""."""
+    tail = tokenizer.decode(list(prompt[-8:]))
+    start = tail.rfind(OPEN)
+    return tail[start:] if start >= 0 and not tail[start + len(OPEN):].strip() else ""
+
+
+@dataclass
+class Thought:
+    """How long the thinking went on, for the line it folds into."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    finished: bool = False  # the closing marker came
+
+    def line(self) -> str:
+        plural = "" if self.tokens == 1 else "s"
+        unfinished = "" if self.finished else ", unfinished"
+        return f"thought for {self.tokens} token{plural}, {self.seconds:.1f} s{unfinished}"
+
+
+class ThinkingSplitter:
+    """Splits a streamed reply into (part, text) pairs, part THINKING or ANSWER, markers and
+    the whitespace around them left out. Text that may be the start of a marker waits for
+    the next piece."""
+
+    def __init__(self, opened: bool) -> None:
+        self.state = THINKING if opened else "undecided"
+        self.pending = ""
+        self.thinking = ""  # all of it so far, for front ends that redraw
+        self.answer = ""
+        self.thought: Thought | None = Thought() if opened else None
+        self._tokens_before = 0  # tokens read before it was known whether thinking starts
+        self._started: float | None = None
+
+    def feed(self, piece: Piece) -> list[tuple[str, str]]:
+        if self._started is None:
+            self._started = time.perf_counter()
+        counted = self.state in (THINKING, "undecided") and piece.token_id is not None
+        self.pending += piece.text
+        parts = self._split(final=False)
+        if counted and self.thought is not None:
+            self.thought.tokens += 1 + self._tokens_before
+            self._tokens_before = 0
+        elif counted and self.state == "undecided":
+            self._tokens_before += 1
+        return parts
+
+    def finish(self) -> list[tuple[str, str]]:
+        """What was held back, at the end of the reply."""
+        return self._split(final=True)
+
+    def _split(self, final: bool) -> list[tuple[str, str]]:
+        parts: list[tuple[str, str]] = []
+        if self.state == "undecided":
+            start = self.pending.lstrip()
+            if not final and (not start or OPEN.startswith(start)):
+                return parts  # "", "<", "<thi": not known yet
+            if start.startswith(OPEN):
+                self.state, self.pending, self.thought = THINKING, start[len(OPEN):], Thought()
+            else:
+                self.state = ANSWER
+        if self.state == THINKING:
+            end = self.pending.find(CLOSE)
+            if end >= 0:
+                self._add(parts, THINKING, self.pending[:end])
+                self.pending = self.pending[end + len(CLOSE):]
+                self.state = "answer-start"
+                self.thought.finished = True
+                self._clock()
+            else:
+                held = 0 if final else _partial_marker(self.pending)
+                self._add(parts, THINKING, self.pending[: len(self.pending) - held])
+                self.pending = self.pending[len(self.pending) - held:]
+                self._clock()
+        if self.state == "answer-start":  # the blank lines after the closing marker go
+            self.pending = self.pending.lstrip()
+            if self.pending or final:
+                self.state = ANSWER
+        if self.state == ANSWER:
+            self._add(parts, ANSWER, self.pending)
+            self.pending = ""
+        return parts
+
+    def _clock(self) -> None:
+        self.thought.seconds = time.perf_counter() - (self._started or time.perf_counter())
+
+    def _add(self, parts: list[tuple[str, str]], part: str, text: str) -> None:
+        if part == THINKING and not self.thinking:
+            text = text.lstrip()
+        if text:
+            parts.append((part, text))
+            if part == THINKING:
+                self.thinking += text
+            else:
+                self.answer += text
+
+
+def _partial_marker(text: str) -> int:
+    """How many characters at the end of text could begin the closing marker."""
+    for length in range(min(len(CLOSE) - 1, len(text)), 0, -1):
+        if text.endswith(CLOSE[:length]):
+            return length
+    return 0
