@@ -312,3 +312,52 @@ def test_info_tells_what_the_default_model_file_holds(default_gguf, capsys):
     assert rows["license"] == "apache-2.0" and rows["chat template"] == "yes, its own"
     assert rows["stop tokens"] == "<|endoftext|> (0), <|im_end|> (2)"
     assert rows["tensor types"].startswith("Q4_1: 210 tensors") and "Q8_0: 1 tensors" in rows["tensor types"]
+
+
+# A load of the default file that takes seconds here: packed to int8 from the file, with no
+# packed cache to map and PyTorch's kernels (nothing built).
+SLOW_LOAD = {"LLAMA_CHAT_CACHE": "off", "LLAMA_CHAT_KERNELS": "aten"}
+
+
+def test_ctrl_c_during_the_first_load_ends_the_run(default_gguf):
+    """In a pseudo-terminal: Ctrl-C while the progress bar shows stops the run (code 130),
+    with no traceback and no chat."""
+    command = [sys.executable, "-m", "llama_chat", "-m", str(default_gguf), "--quantize", "int8", "--compile", "off"]
+    chat = Terminal(command, SLOW_LOAD)
+    try:
+        assert chat.read_until(b"loading ", 60), chat.text()  # the bar: the load has run a second
+        chat.type(b"\x03")
+        assert chat.exit_code(30) == 130
+        assert b"Traceback" not in chat.output and b"Ctrl-D leaves" not in chat.output, chat.text()
+    finally:
+        chat.kill()
+
+
+def test_ctrl_c_during_load_keeps_the_model_in_use(default_gguf, tmp_path):
+    """In a pseudo-terminal: /load of the default file interrupted with Ctrl-C; the chat goes
+    on with the model it had."""
+    from gguf import GGMLQuantizationType as QType
+
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    tiny = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=3), qtype=QType.F32)
+    command = [sys.executable, "-m", "llama_chat", "-m", str(tiny), "--quantize", "int8", "--compile", "off",
+               "--temperature", "0", "--max-tokens", "4"]
+    chat = Terminal(command, SLOW_LOAD)
+    try:
+        assert chat.read_until(b"Ctrl-D leaves", 60), chat.text()
+        sent = len(chat.output)
+        chat.type(f"/load {default_gguf}\r".encode())
+        assert chat.read_until(b"loading ", 60, after=sent), chat.text()
+        chat.type(b"\x03")
+        assert chat.read_until(b"interrupted", 30, after=sent), chat.text()
+        sent = len(chat.output)
+        chat.type(b"/info\r")
+        assert chat.read_until(b"tiny.gguf", 30, after=sent), chat.text()
+        chat.type(b"hello\r")
+        assert chat.read_until(b"tok/s", 30, after=sent), chat.text()
+        assert b"loaded " not in chat.output and b"Traceback" not in chat.output, chat.text()
+        chat.type(b"\x04")
+        assert chat.exit_code(30) == 0
+    finally:
+        chat.kill()

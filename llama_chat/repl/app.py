@@ -147,7 +147,8 @@ def handle(state: ChatState, text: str) -> bool:
 def keys_held_back(stream: TextIO | None = None) -> Iterator[None]:
     """While a reply streams (or a command runs), keys typed are neither echoed into it nor
     lost: the terminal stops echoing and editing lines, and the keys wait in its queue for
-    the next prompt, which reads them as typed ahead. Ctrl-C still interrupts."""
+    the next prompt, which reads them as typed ahead. Ctrl-C still interrupts; Ctrl-D is a
+    key like the others (not an end of file)."""
     stream = sys.stdin if stream is None else stream
     if termios is None:
         yield
@@ -209,21 +210,23 @@ def run_repl(
         f"llama-chat: {model.name} on {commands.describe_briefly(model)}, context {session.capacity} tokens "
         "(/help, /device for more; Ctrl-D leaves)"
     )
-    while True:
-        try:
-            text = prompt.prompt()
-        except KeyboardInterrupt:
-            continue  # the line is cleared
-        except EOFError:
-            return 0
-        try:
-            with keys_held_back():
+    # The prompt restores the terminal to how it found it: held back, so that no key typed
+    # between a reply's end and the next prompt (Ctrl-D, say) meets the line discipline.
+    with keys_held_back():
+        while True:
+            try:
+                text = prompt.prompt()
+            except KeyboardInterrupt:
+                continue  # the line is cleared
+            except EOFError:
+                return 0
+            try:
                 if not handle(state, text):
                     return 0
-        except KeyboardInterrupt:
-            state.renderer.note("interrupted")
-        except LlamaChatError as error:
-            state.renderer.error(str(error))
-        finally:
-            if keeper is not None:
-                keeper.keep(state.session, state.renderer)
+            except KeyboardInterrupt:
+                state.renderer.note("interrupted")
+            except LlamaChatError as error:
+                state.renderer.error(str(error))
+            finally:
+                if keeper is not None:
+                    keeper.keep(state.session, state.renderer)
