@@ -3,6 +3,7 @@ this CPU can run, with gguf's own dequantisation as the oracle for the blocks; t
 quantisers; the build, its cache and the fallback to PyTorch's kernels."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -243,6 +244,25 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     native._started_build.cache_clear()
     retried = native.status(wait=True)
     assert retried.detail.startswith("build failed: ") and marker.stat().st_mtime > old + 3600
+
+
+def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
+    """A truncated library in the kernels folder (loading it would kill the process): one
+    line says so, and a new build replaces it (in a new process: this one has loaded the
+    good build already)."""
+    build = next(folder for folder in kernels_dir.iterdir() if native.library_file(folder).exists())
+    shutil.copytree(build, tmp_path / build.name)
+    library = native.library_file(tmp_path / build.name)
+    library.write_bytes(library.read_bytes()[:4096])
+    environment = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path)}
+    environment.pop(native.LOADED_LIBRARY, None)
+    script = "from llama_chat.kernels import native; s = native.status(wait=True); print(s.loaded, s.detail)"
+    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"True {library.name} was not the file its build wrote, and was removed; built again; " \
+        f"variants here: {', '.join(native.runnable_variants())}\n"
+    assert library.stat().st_size > 4096
 
 
 def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_path, monkeypatch):

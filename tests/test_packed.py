@@ -237,7 +237,7 @@ def tiny_args_for_probe():
     return tiny_args(dim=64, n_heads=4, hidden_dim=96)
 
 
-def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch, tmp_path):
+def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch, tmp_path, capsys):
     from llama_chat.kernels import cpu_paths
 
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
@@ -263,10 +263,14 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
     assert (first.matmul_dtype, first.kernel_dtype) == (torch.float32, torch.bfloat16)
     assert first.kernel_rows == 25  # the lines cross at 2.0 / (0.1 - 0.02) rows
     assert "3.0x faster in float32" in first.describe() and "9.0x faster in bfloat16" in first.describe()
+    capsys.readouterr()
     (tmp_path / "cpu-paths.json").write_text("{not json")
     choose_cpu_paths(tiny_args_for_probe(), "int4")
-    assert len(calls) == 4  # a damaged cache is measured again, not an error
+    assert len(calls) == 4  # a damaged cache is measured again, not an error, with one line
+    err = capsys.readouterr().err
+    assert "cpu-paths.json did not read back (" in err and "measuring again" in err and err.count("\n") == 1
     assert json.loads((tmp_path / "cpu-paths.json").read_text())
+    assert [path.name for path in tmp_path.iterdir()] == ["cpu-paths.json"]  # nothing half-written left
 
 
 def test_real_probe_times_every_candidate():

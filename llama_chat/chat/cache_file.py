@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from safetensors.torch import save_file
 from llama_chat.engine.cache import KVCache
 from llama_chat.errors import first_line
 from llama_chat.kernels.packed_cache import source_identity
+from llama_chat.paths import staged
 
 KIND = "llama-chat kv cache"
 VERSION = "1"
@@ -74,14 +74,8 @@ def save_cache(
         "tokens": torch.tensor(cache.tokens[:held], dtype=torch.int64),
     }
     metadata = {"kind": KIND, "version": VERSION, "depends on": json.dumps(depends_on, sort_keys=True)}
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
-    os.close(handle)
-    try:
-        save_file(tensors, staging, metadata=metadata)
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
+    with staged(path) as staging:
+        save_file(tensors, str(staging), metadata=metadata)
     return held
 
 

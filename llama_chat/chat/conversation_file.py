@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 from llama_chat.chat.exchange import Exchange
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
 from llama_chat.text.undecodable import has_undecodable
+from llama_chat.paths import staged
 
 FILE_KIND = "llama-chat conversation"
 FILE_VERSION = 1
@@ -46,13 +46,10 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         "head_ids": saved.head_ids,
         "messages": messages,
     }
-    staging = path.with_name(f".{path.name}.partial")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging.write_text(_dumps(data), encoding="utf-8")
-        os.replace(staging, path)  # whole or not at all: a crash mid-write keeps the file before
+        with staged(path) as staging:  # whole or not at all: a crash mid-write keeps the file before
+            staging.write_text(_dumps(data), encoding="utf-8")
     except OSError as error:
-        staging.unlink(missing_ok=True)
         raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
 
 

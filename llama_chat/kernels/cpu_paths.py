@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,11 +39,11 @@ from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
 from llama_chat.engine.step import PREFILL_CHUNK
-from llama_chat.errors import DeviceError
+from llama_chat.errors import DeviceError, first_line
 from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
-from llama_chat.paths import cache_root
+from llama_chat.paths import cache_root, staged
 
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
@@ -301,25 +302,28 @@ def _probe_file() -> Path | None:
 
 def remembered(what: str, measure: Callable[[], dict[str, float]], names: frozenset[str]) -> dict[str, float]:
     """measure() (times under these names), kept in the cache folder per CPU model,
-    capability, PyTorch version and `what`."""
+    capability, PyTorch version and `what`. A file that does not read back is replaced,
+    with one line on stderr."""
     key = " | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, what])
     path = _probe_file()
     known: dict = {}
-    if path is not None:
+    if path is not None and path.exists():
         try:
             known = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            if not isinstance(known, dict):
+                raise ValueError("not a table of measurements")
+        except (OSError, ValueError) as error:
+            print(f"llama-chat: {path} did not read back ({first_line(error)}); measuring again", file=sys.stderr)
             known = {}
-    known = known if isinstance(known, dict) else {}
     entry = known.get(key)
     if isinstance(entry, dict) and set(entry) == names and all(isinstance(v, float) for v in entry.values()):
         return entry
     times = measure()
     if path is not None:
+        known[key] = times
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            known[key] = times
-            path.write_text(json.dumps(known, indent=1), encoding="utf-8")
+            with staged(path) as staging:
+                staging.write_text(json.dumps(known, indent=1), encoding="utf-8")
         except OSError:
             pass  # an unwritable cache only means measuring again next time
     return times

@@ -6,7 +6,9 @@ kept per CPU model, PyTorch version and source text, in `kernels/` of the cache 
 (LLAMA_CHAT_KERNELS_DIR moves it), so it is made once: by `scripts/setup`, by
 `python -m llama_chat.kernels.native`, or in the background on first use, while that
 first run goes on with PyTorch's own kernels. Without a compiler, or when a build fails,
-PyTorch's kernels run and `status()` says why in one line.
+PyTorch's kernels run and `status()` says why in one line. A kept build that is not the
+file its build wrote (truncated, changed: its digest is recorded beside it) is removed and
+built again the same way.
 
 Variants: portable C++, AVX2 (with FMA) and AVX-512 with VNNI; the library reports which
 this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT forces one.
@@ -71,6 +73,21 @@ def library_file(directory: Path) -> Path:
     return directory / f"{LIBRARY_NAME}.so"
 
 
+def _record_file(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(library: Path) -> bool:
+    """Whether the library is the file its build wrote, as its record says. Checked before
+    loading: loading a truncated library kills the process (a bus error), not an exception."""
+    record = _record_file(library)
+    return record.exists() and record.read_text(encoding="utf-8").strip() == _digest(library)
+
+
 def missing_tools() -> str | None:
     """Why this machine cannot build the kernels, or None."""
     compiler = os.environ.get("CXX", "c++")
@@ -96,6 +113,7 @@ def build(directory: Path) -> Path:
         )
         staged = Path(built if isinstance(built, str) else library_file(Path(staging)))
         directory.mkdir(parents=True, exist_ok=True)
+        _record_file(library_file(directory)).write_text(_digest(staged) + "\n", encoding="utf-8")
         os.replace(staged, library_file(directory))
     return library_file(directory)
 
@@ -154,26 +172,36 @@ def status(wait: bool = False) -> NativeStatus:
     if directory is None:
         return NativeStatus(False, "not built: the cache is off (LLAMA_CHAT_CACHE=off)")
     library = library_file(directory)
+    damaged = ""
+    if library.exists() and not _intact(library):  # truncated or changed: built again below
+        library.unlink()
+        damaged = f"{library.name} was not the file its build wrote, and was removed; "
+    if library.exists():
+        try:
+            _load_library(str(library))
+        except (OSError, RuntimeError) as error:
+            return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}")
+        return NativeStatus(True, "variants here: " + ", ".join(runnable_variants()))
+    failed = directory / "build-failed.txt"
+    if failed.exists() and time.time() - failed.stat().st_mtime < RETRY_FAILED_BUILD_SECONDS:
+        line = failed.read_text(encoding="utf-8").strip()
+        return NativeStatus(False, f"build failed: {line} (remove {directory} to try again now)")
+    failed.unlink(missing_ok=True)
+    reason = missing_tools()
+    if reason:
+        return NativeStatus(False, damaged + reason)
+    child = _started_build(directory)
+    if not wait:
+        return NativeStatus(False, damaged + "building in the background (PyTorch's kernels meanwhile)")
+    _, errors = child.communicate()
     if not library.exists():
-        failed = directory / "build-failed.txt"
-        if failed.exists() and time.time() - failed.stat().st_mtime < RETRY_FAILED_BUILD_SECONDS:
-            line = failed.read_text(encoding="utf-8").strip()
-            return NativeStatus(False, f"build failed: {line} (remove {directory} to try again now)")
-        failed.unlink(missing_ok=True)
-        reason = missing_tools()
-        if reason:
-            return NativeStatus(False, reason)
-        child = _started_build(directory)
-        if not wait:
-            return NativeStatus(False, "building in the background (PyTorch's kernels meanwhile)")
-        _, errors = child.communicate()
-        if not library.exists():
-            return NativeStatus(False, f"build failed: {_first_line(errors or '')}")
+        return NativeStatus(False, damaged + f"build failed: {_first_line(errors or '')}")
     try:
         _load_library(str(library))
     except (OSError, RuntimeError) as error:
         return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}")
-    return NativeStatus(True, "variants here: " + ", ".join(runnable_variants()))
+    rebuilt = f"{damaged}built again; " if damaged else ""
+    return NativeStatus(True, rebuilt + "variants here: " + ", ".join(runnable_variants()))
 
 
 def load_built() -> bool:
@@ -205,7 +233,7 @@ def main(argv: list[str]) -> int:
     if directory is None:
         print("llama-chat kernels: the cache is off (LLAMA_CHAT_CACHE=off); nothing built", file=sys.stderr)
         return 1
-    if library_file(directory).exists():
+    if library_file(directory).exists() and _intact(library_file(directory)):
         return 0
     reason = missing_tools()
     if reason:

@@ -21,13 +21,12 @@ import json
 import math
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from llama_chat.paths import cache_root
+from llama_chat.paths import cache_root, staged
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
 # packs anew.
@@ -87,15 +86,8 @@ def save(path: Path, state: dict[str, torch.Tensor]) -> None:
         else:
             first_name[key] = name
             tensors[name] = tensor.detach().contiguous()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, suffix=".partial")
-    os.close(handle)
-    try:
-        save_file(tensors, staging, metadata={"aliases": json.dumps(aliases)})
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
+    with staged(path) as staging:
+        save_file(tensors, str(staging), metadata={"aliases": json.dumps(aliases)})
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
