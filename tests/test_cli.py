@@ -132,7 +132,8 @@ def typed_chats(monkeypatch, *typed: list[str]) -> tuple[list[Session], io.Strin
         renderer.console = Console(file=shown, width=200)
         with create_pipe_input() as pipe:
             pipe.send_text("".join(line + "\r" for line in next(lines)))
-            return real_run_repl(session, load_model, renderer=renderer, input=pipe, output=DummyOutput(), history=InMemoryHistory(), **options)
+            return real_run_repl(session, load_model, renderer=renderer, input=pipe, output=DummyOutput(),
+                                 history=InMemoryHistory(), **options)
 
     monkeypatch.setattr(llama_chat.repl.app, "run_repl", run_repl_typing)
     return sessions, shown

@@ -104,8 +104,8 @@ def run_settings(state: ChatState, text: str) -> None:
         state.renderer.line(f"{field.name} = {getattr(session.settings, field.name)}{where}")
     state.renderer.line(f"system = {session.system!r}")
     state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
-    state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
-    state.renderer.line(f"think = {describe_thinking(state.renderer)}")
+    for name in SWITCHES:
+        state.renderer.line(f"{name} = {switch_value(state.renderer, name)}")
     draft = session.speculation.draft
     state.renderer.line(f"draft = {draft.path or draft.model.name}" if draft else "draft = off")
     drafts_instead = " (the draft model drafts instead)" if draft else ""
@@ -235,24 +235,27 @@ def run_info(state: ChatState, text: str) -> None:
         state.renderer.line(f"{label + ':':15}{value}")
 
 
-def run_markdown(state: ChatState, text: str) -> None:
-    if text not in ("", "on", "off"):
-        raise CommandError(f"/markdown takes on or off, got {text!r}")
-    if text:
-        state.renderer.markdown = text == "on"
-    state.renderer.line(f"markdown = {'on' if state.renderer.markdown else 'off'}")
+# The renderer's switches: command name, the Renderer attribute, and the words for on and off.
+SWITCHES = {"markdown": ("markdown", ("on", "off")), "think": ("show_thinking", ("show", "hide"))}
 
 
-def run_think(state: ChatState, text: str) -> None:
-    if text not in ("", "show", "hide"):
-        raise CommandError(f"/think takes show or hide, got {text!r}")
-    if text:
-        state.renderer.show_thinking = text == "show"
-    state.renderer.line(f"think = {describe_thinking(state.renderer)}")
+def switch_value(renderer: Renderer, name: str) -> str:
+    attribute, (on, off) = SWITCHES[name]
+    return on if getattr(renderer, attribute) else off
 
 
-def describe_thinking(renderer: Renderer) -> str:
-    return "show" if renderer.show_thinking else "hide (folded to one line)"
+def switch_command(name: str, about: str) -> Command:
+    """A command that turns one of the renderer's switches on or off, or shows it."""
+    attribute, (on, off) = SWITCHES[name]
+
+    def run(state: ChatState, text: str) -> None:
+        if text not in ("", on, off):
+            raise CommandError(f"/{name} takes {on} or {off}, got {text!r}")
+        if text:
+            setattr(state.renderer, attribute, text == on)
+        state.renderer.line(f"{name} = {switch_value(state.renderer, name)}")
+
+    return Command(name, f"{on}|{off}", about, run, choices=(on, off))
 
 
 def run_quit(state: ChatState, text: str) -> bool:
@@ -352,10 +355,8 @@ COMMANDS: list[Command] = [
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),
     _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),
-    Command("markdown", "on|off", "render finished replies as Markdown", run_markdown,
-            choices=("on", "off")),
-    Command("think", "show|hide", "a reasoning model's thinking: keep it on screen, or fold it to one line",
-            run_think, choices=("show", "hide")),
+    switch_command("markdown", "render finished replies as Markdown"),
+    switch_command("think", "a reasoning model's thinking: keep it on screen, or fold it to one line"),
     _plain("quit", "leave (Ctrl-D does too)", run_quit, aliases=("exit", "bye")),
 ]
 
