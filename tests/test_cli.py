@@ -2,6 +2,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from prompt_toolkit.history import InMemoryHistory
@@ -289,16 +290,27 @@ def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeyp
     assert "min_p = 0.1 (set in the chat)" in text and "top_p = 0.95\n" in text
 
 
-def test_a_cache_folder_that_cannot_be_written_is_reported_once_and_the_chat_goes_on(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("why", ["Not a directory", "Permission denied"])
+def test_a_cache_folder_that_cannot_be_written_is_reported_once_and_the_chat_goes_on(tmp_path, monkeypatch, capsys,
+                                                                                    why):
     from gguf import GGMLQuantizationType as QType
+
+    import llama_chat.paths
 
     from .test_gguf import tiny_hf_model, write_gguf
 
     model_file = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5), qtype=QType.Q8_0)
-    (tmp_path / "a file").write_text("")
-    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path / "a file" / "cache"))
+    if why == "Not a directory":  # a file where the folder would be
+        (tmp_path / "a file").write_text("")
+        monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path / "a file" / "cache"))
+    else:  # a read-only folder (as root, permissions deny nothing: the access check is told so)
+        read_only, real_access = tmp_path / "cache", os.access
+        read_only.mkdir(mode=0o555)
+        monkeypatch.setenv("LLAMA_CHAT_CACHE", str(read_only))
+        monkeypatch.setattr(llama_chat.paths.os, "access", lambda path, mode: Path(path) != read_only
+                            and real_access(path, mode))
     for _ in range(2):
         assert main(["-m", str(model_file), "-p", "hello", "--max-tokens", "3", "--compile", "wait"]) == 0
     out, err = capsys.readouterr()
     assert out.count("\n") == 2 and "Traceback" not in err
-    assert err.count("cannot be written (Not a directory); running without it") == 1
+    assert err.count(f"cannot be written ({why}); running without it") == 1
