@@ -15,6 +15,10 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             os.environ.update(environment)
+            # As a shell starts a job in the foreground: Ctrl-C and Ctrl-\ act. (A run of the
+            # tests started in the background inherits them ignored, and so would the command.)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
             os.execv(command[0], command)
         self.output = b""
 
