@@ -316,6 +316,29 @@ def test_a_saved_cache_is_restored_and_continues_as_reading_the_conversation_aga
     assert own_size < (tmp_path / "chat.kv.safetensors").stat().st_size < own_size + 8 * cached + 4096
 
 
+def test_a_cache_file_that_holds_the_same_positions_is_not_written_again(tmp_path):
+    """Saving again with nothing new (the chat keeps its conversation after every command)
+    leaves the cache file alone; a new turn, or the same positions in another dtype, write it
+    anew."""
+    session = Session(chat_model(), GREEDY, model_path=tmp_path / "model.gguf")
+    say(session, "one")
+    cache_file = tmp_path / "chat.kv.safetensors"
+    session.save(tmp_path / "chat.json")
+    written = cache_file.stat().st_ino
+    session.apply_settings({"temperature": 0.5}, "set in the chat")
+    assert session.save(tmp_path / "chat.json")[1] == len(session.cache)
+    assert cache_file.stat().st_ino == written  # the same file: not replaced
+    say(session, "two")
+    session.save(tmp_path / "chat.json")
+    assert cache_file.stat().st_ino != written
+    written = cache_file.stat().st_ino
+    session.cache.keys, session.cache.values = session.cache.keys.half(), session.cache.values.half()
+    session.save(tmp_path / "chat.json")
+    assert cache_file.stat().st_ino != written
+    _, note = restored_session(chat_model(), tmp_path / "chat.json", tmp_path / "model.gguf")
+    assert "holds a torch.float16 cache" in note  # the file holds what was saved last
+
+
 @pytest.mark.parametrize("damage, reason", [
     ("truncate", "does not read back"),
     ("garbage", "does not read back"),

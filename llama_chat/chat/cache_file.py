@@ -26,6 +26,7 @@ from llama_chat.paths import staged
 
 KIND = "llama-chat kv cache"
 VERSION = "1"
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 class CacheNotUsed(Exception):
@@ -68,6 +69,8 @@ def save_cache(
     if held == 0 or (limit_bytes is not None and held * position_bytes > limit_bytes):
         path.unlink(missing_ok=True)
         return 0
+    if _holds(path, cache, held, depends_on):
+        return held  # written before (the chat keeps its conversation after every input, commands too)
     tensors = {
         "keys": cache.keys[:, 0, :, :held].contiguous(),
         "values": cache.values[:, 0, :, :held].contiguous(),
@@ -77,6 +80,22 @@ def save_cache(
     with staged(path) as staging:
         save_file(tensors, str(staging), metadata=metadata)
     return held
+
+
+def _holds(path: Path, cache: KVCache, held: int, depends_on: dict) -> bool:
+    """Whether the file at `path` is this cache's first `held` positions already: the same
+    tokens, dtype and dependencies (the same ids give the same keys and values)."""
+    try:
+        with safe_open(str(path), framework="pt") as saved:
+            metadata = saved.metadata() or {}
+            return (
+                metadata.get("kind") == KIND and metadata.get("version") == VERSION
+                and metadata.get("depends on") == json.dumps(depends_on, sort_keys=True)
+                and saved.get_slice("keys").get_dtype() == _SAFETENSORS_DTYPES.get(cache.keys.dtype)
+                and saved.get_tensor("tokens").tolist() == cache.tokens[:held]
+            )
+    except Exception:  # noqa: BLE001 (missing or damaged: written anew)
+        return False
 
 
 def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict) -> int:
