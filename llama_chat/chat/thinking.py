@@ -18,7 +18,10 @@ from llama_chat.text.chat_format import THINKING_CLOSE as CLOSE
 from llama_chat.text.chat_format import THINKING_OPEN as OPEN
 from llama_chat.text.tokenizer import Tokenizer
 
-THINKING, ANSWER = "thinking", "answer"
+THINKING, ANSWER = "thinking", "answer"  # the parts of a reply
+# The splitter's other states: before it knows whether the reply thinks, and between the
+# closing marker and the answer's first character.
+_UNDECIDED, _ANSWER_START = "undecided", "answer-start"
 
 
 def cue_opening(tokenizer: Tokenizer, prompt: Sequence[int]) -> str:
@@ -49,34 +52,36 @@ class ThinkingSplitter:
     the next piece."""
 
     def __init__(self, opened: bool) -> None:
-        self.state = THINKING if opened else "undecided"
+        self.state = THINKING if opened else _UNDECIDED
         self.pending = ""
         self.thinking = ""  # all of it so far, for front ends that redraw
         self.answer = ""
         self.thought: Thought | None = Thought() if opened else None
         self._tokens_before = 0  # tokens read before it was known whether thinking starts
         self._started: float | None = None
+        self.ended = False  # the reply is over (finish() was called)
 
     def feed(self, piece: Piece) -> list[tuple[str, str]]:
         if self._started is None:
             self._started = time.perf_counter()
-        counted = self.state in (THINKING, "undecided") and piece.token_id is not None
+        counted = self.state in (THINKING, _UNDECIDED) and piece.token_id is not None
         self.pending += piece.text
         parts = self._split(final=False)
         if counted and self.thought is not None:
             self.thought.tokens += 1 + self._tokens_before
             self._tokens_before = 0
-        elif counted and self.state == "undecided":
+        elif counted and self.state == _UNDECIDED:
             self._tokens_before += 1
         return parts
 
     def finish(self) -> list[tuple[str, str]]:
         """What was held back, at the end of the reply."""
+        self.ended = True
         return self._split(final=True)
 
     def _split(self, final: bool) -> list[tuple[str, str]]:
         parts: list[tuple[str, str]] = []
-        if self.state == "undecided":
+        if self.state == _UNDECIDED:
             start = self.pending.lstrip()
             if not final and (not start or OPEN.startswith(start)):
                 return parts  # "", "<", "<thi": not known yet
@@ -89,7 +94,7 @@ class ThinkingSplitter:
             if end >= 0:
                 self._add(parts, THINKING, self.pending[:end])
                 self.pending = self.pending[end + len(CLOSE):]
-                self.state = "answer-start"
+                self.state = _ANSWER_START
                 self.thought.finished = True
                 self._clock()
             else:
@@ -97,7 +102,7 @@ class ThinkingSplitter:
                 self._add(parts, THINKING, self.pending[: len(self.pending) - held])
                 self.pending = self.pending[len(self.pending) - held:]
                 self._clock()
-        if self.state == "answer-start":  # the blank lines after the closing marker go
+        if self.state == _ANSWER_START:  # the blank lines after the closing marker go
             self.pending = self.pending.lstrip()
             if self.pending or final:
                 self.state = ANSWER

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +16,6 @@ from llama_chat.engine.step import ModelStep
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
 from llama_chat.text.tokenizer import Tokenizer
-
 
 
 @dataclass(frozen=True)

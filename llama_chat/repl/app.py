@@ -145,10 +145,11 @@ def handle(state: ChatState, text: str) -> bool:
 
 @contextmanager
 def keys_held_back(stream: TextIO | None = None) -> Iterator[None]:
-    """While a reply streams (or a command runs), keys typed are neither echoed into it nor
-    lost: the terminal stops echoing and editing lines, and the keys wait in its queue for
-    the next prompt, which reads them as typed ahead. Ctrl-C still interrupts; Ctrl-D is a
-    key like the others (not an end of file)."""
+    """While the chat holds the terminal outside its prompt (a reply streams, a command runs,
+    the next prompt is being set up), keys typed are neither echoed nor lost: the terminal
+    stops echoing and editing lines, and the keys wait in its queue for the next prompt,
+    which reads them as typed ahead. Ctrl-C still interrupts; Ctrl-D is a key like the
+    others (not an end of file)."""
     stream = sys.stdin if stream is None else stream
     if termios is None:
         yield

@@ -88,17 +88,16 @@ class Renderer:
         # Live redraws the Markdown as it grows (cropped to the screen while streaming) and
         # prints it in full when it stops. It parses the reply only when it redraws, 8 times
         # a second, not after every token: parsing grows with the reply's length.
-        ended = []
-
         def view() -> RenderableType:
             parts: list[RenderableType] = []
             thought = reply.thought
             if thought is not None:
+                folded = thought.finished or reply.ended
                 if self.show_thinking:
                     parts.append(Text(visible(reply.thinking), style="dim"))
-                elif not (thought.finished or ended):
+                elif not folded:
                     parts.append(thinking_tail(self.console, reply.thinking))
-                if thought.finished or ended:
+                if folded:
                     parts.append(Text(thought.line(), style="dim"))
             return Group(*parts, Markdown(visible(reply.answer)))
 
@@ -107,7 +106,6 @@ class Renderer:
                 turn.run(reply.feed)
             finally:
                 reply.finish()
-                ended.append(True)
 
     def _end_line(self, text: str) -> None:
         if not text.endswith("\n"):
