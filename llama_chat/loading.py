@@ -258,10 +258,11 @@ def load(
             tensors=shard_state(checkpoint.tensors, checkpoint.args, shard),
         )
     args = checkpoint.args
-    chosen_format = get_chat_format(
-        chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token
-    )
     source = Path(path).expanduser()
+    chosen_format = get_chat_format(
+        chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
+        origin=source.name, context_length=args.max_seq_len,
+    )
     total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
     reporter = progress(f"loading {source.name}", total)
     try:

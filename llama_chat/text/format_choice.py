@@ -44,6 +44,8 @@ def get_chat_format(
     eos_token: str | None = None,
     *,
     special_tokens: Iterable[str] | None = None,
+    origin: str = "the model",
+    context_length: int = 0,
 ) -> ChatFormat:
     """The chat format to use: `name` if given (one of FORMAT_NAMES), else the model's
     template if it has one, else a built-in format guessed from the tokenizer.
@@ -51,7 +53,8 @@ def get_chat_format(
     `template`, `bos_token` and `eos_token` come from the model's files (names of the bos and
     eos tokens; the tokenizer's are used when None). For a template, the names of the
     tokenizer's special tokens are needed: `special_tokens`, or else the tokenizer's
-    `special_token_names() -> Iterable[str]` method.
+    `special_token_names() -> Iterable[str]` method. `origin` names the model's file in
+    what a template's errors say, and `context_length` bounds how much text it may write.
     """
     if name is None:
         name = "template" if template is not None else guess_format_name(tokenizer)
@@ -63,7 +66,7 @@ def get_chat_format(
         from llama_chat.text.template_format import TemplateFormat  # Jinja, only for a template
 
         names = _special_token_names(tokenizer, special_tokens)
-        return TemplateFormat(template, tokenizer, bos_token, eos_token, names)
+        return TemplateFormat(template, tokenizer, bos_token, eos_token, names, origin, context_length)
     if name not in BUILT_IN:
         raise LlamaChatError(f"unknown chat format {name!r}; choose one of {', '.join(FORMAT_NAMES)}")
     return BUILT_IN[name](tokenizer)

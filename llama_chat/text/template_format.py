@@ -1,6 +1,7 @@
 """A model's own Jinja chat template ("template" format).
 
-The template is rendered in a sandbox (template_sandbox.py) with every message's content
+The template is rendered in a sandbox (template_sandbox.py), in a process of its own that
+runs under limits of time, output and memory (template_runner.py), with every message's content
 replaced by a placeholder marker made of private-use characters. The rendered string is
 cut at the markers: the template's own text is scanned for special-token names (which
 become control ids), while the real contents are put back in as plain text. Adjacent plain
@@ -19,12 +20,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from jinja2 import TemplateError, TemplateSyntaxError
-
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.chat_format import PICK_ANOTHER, THINKING_CLOSE, ChatFormat, Message, check_messages
 from llama_chat.text.special_tokens import SpecialTokenSplitter, encode_parts
-from llama_chat.text.template_sandbox import TemplateRaised, sandboxed_environment
+from llama_chat.text.template_runner import TemplateRunner, UnusableTemplateError
 from llama_chat.text.tokenizer import END_OF_GENERATION_NAMES, Tokenizer
 
 # Tokens a template writes to close a turn: when one appears in the template, the model
@@ -38,6 +37,13 @@ _MARK_OPEN, _MARK_CLOSE, _MARK_DIGIT0 = "\ue000", "\ue001", 0xE010
 _PAD = "\u2003"
 _MARKER = re.compile(f"({_PAD}?){_MARK_OPEN}([\ue010-\ue019]+){_MARK_CLOSE}({_PAD}?)")
 _MARKER_CHARS = re.compile("[\ue000-\ue019]")
+
+TRIAL_CONVERSATION = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi! How can I help?"},
+    {"role": "user", "content": "Tell me a joke."},
+]
 
 
 def _marker(index: int) -> str:
@@ -61,16 +67,10 @@ class TemplateFormat(ChatFormat):
         bos_token: str | None,
         eos_token: str | None,
         special_tokens: Iterable[str],
+        origin: str = "the model",
+        context_length: int = 0,
     ) -> None:
-        try:
-            self.template = sandboxed_environment().from_string(source)
-        except TemplateSyntaxError as error:
-            raise LlamaChatError(
-                f"the model's chat template has a syntax error on line {error.lineno}: "
-                f"{error.message}; {PICK_ANOTHER}"
-            ) from None
-        except TemplateError as error:  # e.g. an unknown filter, found while compiling
-            raise LlamaChatError(f"the model's chat template is invalid: {error}; {PICK_ANOTHER}") from None
+        self.runner = TemplateRunner(source, origin, context_length)
         self.tokenizer = tokenizer
         self.bos_token = bos_token if bos_token is not None else (tokenizer.token_name(tokenizer.bos_id) or "")
         self.eos_token = eos_token if eos_token is not None else (tokenizer.token_name(tokenizer.eos_id) or "")
@@ -79,24 +79,30 @@ class TemplateFormat(ChatFormat):
         self.splitter = SpecialTokenSplitter(tokenizer, names)
         ends = [tokenizer.token_id(name) for name in END_OF_TURN_NAMES if name in source]
         self.turn_end_ids = frozenset(i for i in (tokenizer.token_id(self.eos_token), *ends) if i is not None)
+        self._try_out()
+
+    def _try_out(self) -> None:
+        """Render a short conversation once, so that a template that does not compile or runs
+        past a limit is refused when the model loads (a `/load` then changes nothing), not at
+        the first message. A template may refuse this conversation (a system message, say):
+        the chat's own messages decide that later."""
+        try:
+            self.render(TRIAL_CONVERSATION)
+        except UnusableTemplateError:
+            raise
+        except LlamaChatError:
+            pass
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
         """The template's text for these messages (special tokens as their names)."""
-        try:
-            return self.template.render(
-                messages=[dict(message) for message in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                tools=None,
-                documents=None,
-            )
-        except TemplateRaised as error:
-            raise LlamaChatError(f"the model's chat template rejected the conversation: {error}") from None
-        except Exception as error:  # the template is foreign code: any failure is the model's
-            raise LlamaChatError(
-                f"the model's chat template failed: {type(error).__name__}: {error}; {PICK_ANOTHER}"
-            ) from None
+        return self.runner.render({
+            "messages": [dict(message) for message in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "tools": None,
+            "documents": None,
+        })
 
     def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         check_messages(messages)

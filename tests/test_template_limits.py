@@ -1,0 +1,123 @@
+"""A model's chat template runs in a process of its own, under limits of time, output and memory."""
+
+import pytest
+
+import llama_chat
+from llama_chat.chat.session import Session
+from llama_chat.cli import main
+from llama_chat.errors import LlamaChatError
+from llama_chat.text import template_runner
+from llama_chat.text.template_runner import TemplateRunner, UnusableTemplateError
+
+from .test_gguf import tiny_hf_model, write_gguf
+from .test_repl import chat
+from .test_session import GREEDY, chat_model, say
+
+LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+FLOOD = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"
+HOARD = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}"
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture
+def short_time_limit(monkeypatch):
+    monkeypatch.setattr(template_runner, "RENDER_SECONDS", 0.5)
+
+
+@pytest.mark.parametrize(
+    ("source", "limit"),
+    [(LOOPS, "ran for more than 0.5 s"), (FLOOD, "wrote more than 1,048,576 characters"),
+     (HOARD, "needed more than 512 MB of memory")],
+)
+def test_a_template_past_a_limit_is_stopped_and_never_run_again(short_time_limit, source, limit):
+    runner = TemplateRunner(source, "hostile.gguf", context_length=2048)
+    with pytest.raises(UnusableTemplateError) as first:
+        runner.render({"messages": []})
+    assert str(first.value) == (
+        f"the chat template of hostile.gguf {limit}, so llama-chat stopped it; "
+        "use --chat-format to pick another (llama2, llama3, chatml, plain, template)"
+    )
+    assert runner._worker is None  # its process was ended
+    with pytest.raises(UnusableTemplateError) as again:
+        runner.render({"messages": []})
+    assert again.value is first.value and runner._worker is None  # refused without a new process
+
+
+def test_the_output_limit_grows_with_the_context():
+    writes_two_million = "{% for i in range(2000) %}{{ 'y' * 1000 }}{% endfor %}"
+    assert len(TemplateRunner(writes_two_million, "long.gguf", context_length=262144).render({})) == 2_000_000
+    with pytest.raises(UnusableTemplateError, match="wrote more than 1,048,576 characters"):
+        TemplateRunner(writes_two_million, "short.gguf", context_length=4096).render({})
+
+
+def test_a_template_of_megabytes_is_refused_before_it_runs():
+    with pytest.raises(UnusableTemplateError, match="is 2,097,152 characters long, more than the 1,048,576"):
+        TemplateRunner("x" * (2 << 20), "huge.gguf", context_length=2048)
+
+
+def test_the_worker_restarts_after_ctrl_c_and_after_running_out_of_memory(monkeypatch):
+    runner = TemplateRunner(CHATML, "fine.gguf", context_length=2048)
+    assert runner.render({"messages": [{"role": "user", "content": "hi"}]}) == "<|im_start|>user\nhi<|im_end|>\n"
+    first = runner._worker.process
+
+    def interrupted(request, seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner._worker, "ask", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.render({"messages": []})
+    assert first.poll() is not None  # the interrupted worker was ended, not left mid-request
+    assert runner.render({"messages": [], "add_generation_prompt": True}) == "<|im_start|>assistant\n"
+    assert runner._worker.process is not first
+
+
+def test_errors_inside_the_template_stay_errors_of_one_conversation():
+    runner = TemplateRunner("{{ raise_exception('roles must alternate') }}", "strict.gguf", context_length=2048)
+    with pytest.raises(LlamaChatError, match="of strict.gguf rejected the conversation: roles must alternate"):
+        runner.render({})
+    assert runner.refusal is None  # another conversation may render
+
+
+def test_a_hostile_template_ends_a_one_shot_chat_with_one_line(tmp_path, capsys):
+    path = write_gguf(tmp_path / "flood.gguf", tiny_hf_model(), chat_template=FLOOD)
+    assert main(["--model", str(path), "--device", "cpu", "-p", "hi"]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert "the chat template of flood.gguf wrote more than 1,048,576 characters" in error
+    assert "--chat-format" in error
+
+
+def test_the_chat_format_flag_leaves_a_hostile_template_unrun(tmp_path, capsys):
+    path = write_gguf(tmp_path / "flood.gguf", tiny_hf_model(), chat_template=FLOOD)
+    assert main(["--model", str(path), "--device", "cpu", "-p", "hi", "--chat-format", "plain",
+                 "--max-tokens", "2"]) == 0
+
+
+def test_load_of_a_file_with_a_hostile_template_keeps_the_model_and_the_conversation(tmp_path, short_time_limit):
+    path = write_gguf(tmp_path / "loops.gguf", tiny_hf_model(), chat_template=LOOPS)
+    model = chat_model()
+    session = Session(model, GREEDY)
+    code, output = chat(session, "one", f"/load {path}", "two", "/quit",
+                        load_model=lambda path: llama_chat.load(path, device="cpu"))
+    assert code == 0
+    assert "the chat template of loops.gguf ran for more than 0.5 s" in output
+    assert session.model is model and [e.user for e in session.exchanges] == ["one", "two"]
+
+
+def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing(short_time_limit):
+    hangs_on_the_fifth_message = "{% if messages | length > 4 %}" + LOOPS + "{% endif %}" + CHATML
+    model = chat_model(template=hangs_on_the_fifth_message, format_name="template")
+    session = Session(model, GREEDY)
+    say(session, "one")
+    say(session, "two")
+    kept = (session.messages(), list(session.cache.tokens))
+    with pytest.raises(UnusableTemplateError, match="ran for more than 0.5 s"):
+        session.send("three")
+    assert (session.messages(), list(session.cache.tokens)) == kept
+    with pytest.raises(UnusableTemplateError, match="ran for more than 0.5 s"):
+        session.send("four")  # refused at once: the worker is not started again
+    assert model.chat_format.runner._worker is None
+    assert session.messages() == kept[0]
