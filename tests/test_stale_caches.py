@@ -103,22 +103,43 @@ def test_other_weights_of_the_same_size_and_time_at_the_same_path(tmp_path, caps
     assert messages[0] == FIRST and len(messages) == 2 and cached_at_start == 0
 
 
-@pytest.mark.parametrize("saved_with, opened_with", [
-    (DENSE, ["--quantize", "int8"]),
-    (["--quantize", "int8"], ["--quantize", "int4"]),
-    (DENSE, ["--quantize", "none", "--dtype", "bfloat16"]),
-], ids=["none then int8", "int8 then int4", "float32 then bfloat16"])
-def test_a_cache_saved_under_another_weights_mode(tmp_path, capsys, answered, saved_with, opened_with):
-    """--resume, as after restarting the chat with other flags: the kept conversation is
-    the one saved beside the chat's own state."""
+# Weights modes: flags, and the environment they run under.
+MODES = {
+    "none": (DENSE, {}),
+    "bfloat16": (["--quantize", "none", "--dtype", "bfloat16"], {}),
+    "int8": (["--quantize", "int8"], {}),
+    "int4": (["--quantize", "int4"], {}),
+    "8-bit prompt steps": (["--quantize", "int8"], {"LLAMA_CHAT_ACTIVATION_BITS": "8"}),
+    "float32 kernels": (["--quantize", "int8", "--dtype", "float32", "--kernel-dtype", "float32"],
+                        {"LLAMA_CHAT_KERNELS": "aten"}),
+    "bfloat16 kernels": (["--quantize", "int8", "--dtype", "float32", "--kernel-dtype", "bfloat16"],
+                         {"LLAMA_CHAT_KERNELS": "aten"}),
+}
+
+
+@pytest.mark.parametrize("saved_in, opened_in", [
+    ("none", "int8"), ("int8", "int4"), ("none", "bfloat16"), ("int8", "8-bit prompt steps"),
+    ("float32 kernels", "bfloat16 kernels"),
+])
+def test_a_cache_saved_under_another_weights_mode(tmp_path, capsys, monkeypatch, answered, saved_in, opened_in):
+    """--resume, as after restarting the chat with other flags: the keys and values
+    differ with how the weights are multiplied, not only with how they are stored."""
     model = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5))
     kept = kept_conversation_path()
-    chat(capsys, model, *saved_with, "-p", FIRST, "--save", str(kept))
-    same = chat(capsys, model, *saved_with, "--resume", "-p", NEXT)
+
+    def chat_in(mode: str, *flags: str) -> str:
+        mode_flags, environment = MODES[mode]
+        with monkeypatch.context() as scoped:
+            for name, value in environment.items():
+                scoped.setenv(name, value)
+            return chat(capsys, model, *mode_flags, *flags)
+
+    chat_in(saved_in, "-p", FIRST, "--save", str(kept))
+    same = chat_in(saved_in, "--resume", "-p", NEXT)
     new, cached = prompt_tokens(same)
     assert cached > 5 and f"1 exchange, {cached} tokens cached" in opening_line(same)
 
-    err = chat(capsys, model, *opened_with, "--resume", "-p", NEXT)
+    err = chat_in(opened_in, "--resume", "-p", NEXT)
     assert opening_line(err) == refused(kept, "it was made with another weights mode", verb="resumed")
     assert prompt_tokens(err) == (new + cached, 0)
     messages, cached_at_start = answered[-1]

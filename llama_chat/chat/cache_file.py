@@ -51,7 +51,7 @@ def identity(model, source: list, system: str | None) -> dict:
     args = model.args
     return {
         "model file": source,
-        "weights mode": f"{model.quantization}, {str(model.dtype).removeprefix('torch.')}",
+        "weights mode": [model.quantization, str(model.dtype).removeprefix("torch."), model.arithmetic],
         "chat format": model.chat_format.name,
         "system prompt": system or "",
         "shape": [args.n_layers, args.n_kv_heads, args.head_dim],

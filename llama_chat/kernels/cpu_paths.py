@@ -73,15 +73,20 @@ class CpuPaths:
     def variant_number(self) -> int:
         return native.variant_number(self.variant)
 
-    def describe(self) -> str:
-        """"bfloat16 products and kernels ...; measured here: ..." and the like."""
+    def arithmetic(self) -> str:
+        """"bfloat16 products and kernels, kernels up to 32 tokens a step" and the like:
+        what the numbers computed depend on (a saved KV cache is only good for the same)."""
         if self.variant is not None:
-            return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps; {self.reason}"
+            return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps"
         if self.matmul_dtype == self.kernel_dtype:
             dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
         else:
             dtypes = f"{dtype_name(self.matmul_dtype)} products, {dtype_name(self.kernel_dtype)} kernels"
-        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step; {self.reason}"
+        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step"
+
+    def describe(self) -> str:
+        """The arithmetic, then how it was chosen: "...; measured here: ..." and the like."""
+        return f"{self.arithmetic()}; {self.reason}"
 
 
 def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
