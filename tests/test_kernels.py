@@ -219,6 +219,26 @@ def test_the_operator_runs_exactly_the_variants_it_reports():
     assert native.runnable_variants() == runnable
 
 
+@pytest.mark.parametrize("forced, message", [
+    ("avx9", "LLAMA_CHAT_KERNEL_VARIANT='avx9' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("AVX2", "LLAMA_CHAT_KERNEL_VARIANT='AVX2' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("", "LLAMA_CHAT_KERNEL_VARIANT='' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("avx512-vnni", "LLAMA_CHAT_KERNEL_VARIANT='avx512-vnni': this CPU cannot run it; it runs portable, avx2"),
+])
+def test_a_forced_variant_that_cannot_run_is_one_line_at_the_command_line(tmp_path, monkeypatch, capsys, forced,
+                                                                          message):
+    """An unknown name, an empty one, or a variant this CPU lacks (the library is made to
+    report an AVX2 machine's variants): one line on stderr, exit 1, no reply."""
+    from llama_chat.cli import main
+
+    model = write_gguf(tmp_path / "q8_0.gguf", tiny_hf_model(seed=5), qtype=QType.Q8_0)
+    monkeypatch.setattr(native, "runnable_variants", lambda: ["portable", "avx2"])
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", forced)
+    assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"llama-chat: {message}\n"
+
+
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])
 def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, tolerance):
     """Q8_0 and Q4_1 written from float32: gguf's dequantisation gives each weight back

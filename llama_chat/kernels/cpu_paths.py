@@ -224,16 +224,21 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
     family = os.environ.get("LLAMA_CHAT_KERNELS", "auto").lower()
     if family not in ("auto", "ours", "aten"):
         raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
+    # Set, even empty, it forces: a name that is none is refused, not taken for auto.
+    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
+    if forced is not None and forced not in native.VARIANTS:
+        raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
+                          f"{', '.join(native.VARIANTS)}, or unset it")
     state = native.status()
     if not state.loaded:
         if family == "ours":
             raise DeviceError(f"LLAMA_CHAT_KERNELS=ours, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
     variants = native.runnable_variants()
-    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
-    if forced:
+    if forced is not None:
         if forced not in variants:
-            raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}: this CPU runs {', '.join(variants)}")
+            raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}: this CPU cannot run it; it runs "
+                              f"{', '.join(variants)}")
         variants = [forced]
     elif len(variants) > 1:
         variants = variants[1:]  # the portable code is timed only where it is all there is (seconds a step)
@@ -247,7 +252,7 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
 
     best = min(variants, key=cost)
     single, step = (times[f"aten {rows}"] / max(times[f"{best} {rows}"], 1e-12) for rows in VARIANT_TIMES_ROWS)
-    how = "forced" if forced else "measured fastest here"
+    how = "forced" if forced is not None else "measured fastest here"
     speeds = f"a single token {single:.1f}x and a 16-token step {step:.1f}x PyTorch's kernels"
     if family == "ours" or cost(best) <= cost("aten"):
         return best, f"{best} {how}: {speeds}"
