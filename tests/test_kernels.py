@@ -239,6 +239,20 @@ def test_a_forced_variant_that_cannot_run_is_one_line_at_the_command_line(tmp_pa
     assert out == "" and err == f"llama-chat: {message}\n"
 
 
+def test_a_forced_variant_without_the_kernels_is_one_line_not_a_quiet_fallback(tmp_path, monkeypatch, capsys):
+    from llama_chat.cli import main
+
+    model = write_gguf(tmp_path / "q8_0.gguf", tiny_hf_model(seed=5), qtype=QType.Q8_0)
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", "avx2")
+    assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("llama-chat: LLAMA_CHAT_KERNEL_VARIANT='avx2', but llama-chat's kernels are not in use: "
+                                 "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's "
+                                 "kernels\n")
+
+
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])
 def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, tolerance):
     """Q8_0 and Q4_1 written from float32: gguf's dequantisation gives each weight back

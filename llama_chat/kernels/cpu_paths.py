@@ -231,8 +231,9 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
                           f"{', '.join(native.VARIANTS)}, or unset it")
     state = native.status()
     if not state.loaded:
-        if family == "ours":
-            raise DeviceError(f"LLAMA_CHAT_KERNELS=ours, but llama-chat's kernels are not in use: {state.detail}")
+        if family == "ours" or forced is not None:  # a forced variant asks for our kernels as much
+            asked = "LLAMA_CHAT_KERNELS=ours" if family == "ours" else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
+            raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
     variants = native.runnable_variants()
     if forced is not None:
