@@ -248,9 +248,13 @@ def test_a_forced_variant_without_the_kernels_is_one_line_not_a_quiet_fallback(t
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", "avx2")
     assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err == ("llama-chat: LLAMA_CHAT_KERNEL_VARIANT='avx2', but llama-chat's kernels are not in use: "
-                                 "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's "
-                                 "kernels\n")
+    assert out == "" and err == (
+        "llama-chat: LLAMA_CHAT_KERNEL_VARIANT='avx2', but llama-chat's kernels are not in use: "
+        "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels\n"
+    )
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # asked for, PyTorch's kernels run whatever variant is named
+    assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])

@@ -231,7 +231,8 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
                           f"{', '.join(native.VARIANTS)}, or unset it")
     state = native.status()
     if not state.loaded:
-        if family == "ours" or forced is not None:  # a forced variant asks for our kernels as much
+        # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
+        if family == "ours" or (forced is not None and family == "auto"):
             asked = "LLAMA_CHAT_KERNELS=ours" if family == "ours" else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
             raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
