@@ -35,6 +35,7 @@ class Llama:
         chat_format: ChatFormat | None = None,
         quantization: str = "none",
         weights_note: str = "",
+        arithmetic: str = "",
         cache_dtype: torch.dtype | None = None,
         sampling_defaults: dict | None = None,
     ) -> None:
@@ -43,6 +44,7 @@ class Llama:
         self.name = name
         self.quantization = quantization  # how the weights are packed: none, int8, int4, "int4 and int8"
         self.weights_note = weights_note  # which cpu paths run, and why
+        self.arithmetic = arithmetic  # how packed weights are multiplied ("" for dense ones)
         self.chat_format = chat_format or PlainFormat(tokenizer)
         # A reply ends at the model's end ids and at whatever ends a turn in its chat format.
         self.stop_ids = self.chat_format.stop_ids

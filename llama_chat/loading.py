@@ -280,12 +280,12 @@ def load(
                     transformer, cache_note = packed_from_cache(checkpoint, source, paths, modes, shard, reporter)
                 else:
                     transformer, cache_note = build_packed_transformer(checkpoint, paths, modes, reporter), ""
-                weights_note, quantization = paths.describe(), describe_packing(modes)
+                weights_note, quantization, arithmetic = paths.describe(), describe_packing(modes), paths.arithmetic()
                 weights_note += f"; {cache_note}" if cache_note else ""
             else:
                 resolved_dtype = resolve_dtype(dtype, resolved_device)
                 transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, reporter)
-                weights_note, quantization = "", "none"
+                weights_note, quantization, arithmetic = "", "none", ""
     finally:
         reporter.close()
     if shard is not None and shard.world > 1:
@@ -297,6 +297,7 @@ def load(
         chat_format=chosen_format,
         quantization=quantization,
         weights_note=weights_note,
+        arithmetic=arithmetic,
         cache_dtype=resolve_kv_dtype(kv_dtype),
         sampling_defaults=checkpoint.sampling,
     )

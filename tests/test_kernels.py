@@ -3,6 +3,7 @@ this CPU can run, with gguf's own dequantisation as the oracle for the blocks; t
 quantisers; the build, its cache and the fallback to PyTorch's kernels."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,109 @@ def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
         torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 4 * 34, dtype=torch.uint8), 8, 1, 7, 0)
+
+
+def q8_0_weight(rows: int, columns: int) -> torch.Tensor:
+    """Zero Q8_0 blocks of `rows` rows (padded to groups of 4) in the kernels' layout."""
+    return torch.zeros(-(-rows // 4) * 4 * columns // 32 * 34, dtype=torch.uint8)
+
+
+def block_linear(x, weight, block_type=BLOCK_TYPES["Q8_0"], out_features=4, variant=0, bits=0):
+    return torch.ops.llama_chat.block_linear(x, weight, block_type, out_features, variant, bits)
+
+
+def one_row(**changes):
+    """A row of 32 against 4 rows of Q8_0, with `changes` to the operator's arguments."""
+    return block_linear(torch.zeros(1, 32), q8_0_weight(4, 32), **changes)
+
+
+@pytest.mark.parametrize("call, message", [
+    # Bytes that do not make the rows said: the kernels would read past the weight's end.
+    (lambda: block_linear(torch.zeros(1, 64), q8_0_weight(4, 64)[:-1]),
+     "weight holds 271 bytes, not the 272 of 4 rows of 64 in groups of 4"),
+    (lambda: block_linear(torch.zeros(1, 64), q8_0_weight(4, 64), out_features=5),
+     "weight holds 272 bytes, not the 544 of 5 rows of 64 in groups of 4"),
+    (lambda: block_linear(torch.zeros(2, 32), torch.zeros(287, dtype=torch.uint8), BLOCK_TYPES["Q4_0"], 16, bits=16),
+     "weight holds 287 bytes, not the 288 of 16 rows of 32 in tiles of 16"),
+    (lambda: block_linear(torch.zeros(1, 48), q8_0_weight(4, 48)), "width 48 is not whole blocks of 32 weights"),
+    (lambda: block_linear(torch.zeros(2, 128), torch.zeros(0, dtype=torch.uint8), BLOCK_TYPES["Q4_K"], 16, bits=16),
+     "width 128 is not whole blocks of 256 weights"),
+    # Width 0 divided the row count by zero: a crash of the process (SIGFPE), not an error.
+    (lambda: block_linear(torch.zeros(3, 0), q8_0_weight(4, 0)), "width 0 is not whole blocks of 32 weights"),
+    (lambda: one_row(block_type=9), "unsupported block type 9"),
+    (lambda: one_row(block_type=-1), "unsupported block type -1"),
+    # Beyond int, its cast would wrap onto Q8_0.
+    (lambda: one_row(block_type=(1 << 32) + 8), "unsupported block type 4294967304"),
+    (lambda: one_row(bits=4), "activation_bits must be 0, 8 or 16, not 4"),
+    (lambda: one_row(bits=32), "activation_bits must be 0, 8 or 16, not 32"),
+    (lambda: one_row(bits=-8), "activation_bits must be 0, 8 or 16, not -8"),
+    (lambda: block_linear(torch.zeros(1, 32), torch.zeros(0, dtype=torch.uint8), out_features=-4),
+     "out_features is negative: -4"),
+    (lambda: block_linear(torch.zeros(()), q8_0_weight(4, 32)), "x must have a dimension to multiply along"),
+    (lambda: block_linear(torch.zeros(1, 32, dtype=torch.float64), q8_0_weight(4, 32)), "x must be contiguous float32"),
+    (lambda: block_linear(torch.zeros(32, 2).t(), q8_0_weight(4, 32)), "x must be contiguous float32"),
+    (lambda: block_linear(torch.zeros(1, 32), q8_0_weight(4, 32).to(torch.int8)), "weight must be contiguous uint8"),
+    (lambda: one_row(variant=3), "unknown kernel variant 3"),
+    (lambda: one_row(variant=-1), "unknown kernel variant -1"),
+], ids=["a byte short", "more rows than bytes", "a tile a byte short", "width not whole blocks",
+        "width not whole K blocks", "width 0", "Q8_1", "negative type", "type beyond int", "4 bits", "32 bits",
+        "negative bits", "negative rows", "no dimension", "float64", "not contiguous", "int8 weight",
+        "variant 3", "variant -1"])
+def test_the_operator_refuses_inputs_it_cannot_multiply(call, message):
+    with pytest.raises(RuntimeError, match=f"^llama_chat: {re.escape(message)}"):
+        call()
+
+
+def test_the_operator_runs_exactly_the_variants_it_reports():
+    """Each variant number runs where supported_variants has its bit, and is refused by
+    name of the cause where it does not (on a CPU without AVX-512, say)."""
+    supported = torch.ops.llama_chat.supported_variants()
+    for number, name in enumerate(native.VARIANTS):
+        if supported >> number & 1:
+            assert torch.equal(one_row(variant=number), torch.zeros(1, 4)), name
+        else:
+            with pytest.raises(RuntimeError, match=f"this CPU cannot run kernel variant {number}"):
+                one_row(variant=number)
+    runnable = [name for number, name in enumerate(native.VARIANTS) if supported >> number & 1]
+    assert native.runnable_variants() == runnable
+
+
+@pytest.mark.parametrize("forced, message", [
+    ("avx9", "LLAMA_CHAT_KERNEL_VARIANT='avx9' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("AVX2", "LLAMA_CHAT_KERNEL_VARIANT='AVX2' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("", "LLAMA_CHAT_KERNEL_VARIANT='' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("avx512-vnni", "LLAMA_CHAT_KERNEL_VARIANT='avx512-vnni': this CPU cannot run it; it runs portable, avx2"),
+])
+def test_a_forced_variant_that_cannot_run_is_one_line_at_the_command_line(tmp_path, monkeypatch, capsys, forced,
+                                                                          message):
+    """An unknown name, an empty one, or a variant this CPU lacks (the library is made to
+    report an AVX2 machine's variants): one line on stderr, exit 1, no reply."""
+    from llama_chat.cli import main
+
+    model = write_gguf(tmp_path / "q8_0.gguf", tiny_hf_model(seed=5), qtype=QType.Q8_0)
+    monkeypatch.setattr(native, "runnable_variants", lambda: ["portable", "avx2"])
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", forced)
+    assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"llama-chat: {message}\n"
+
+
+def test_a_forced_variant_without_the_kernels_is_one_line_not_a_quiet_fallback(tmp_path, monkeypatch, capsys):
+    from llama_chat.cli import main
+
+    model = write_gguf(tmp_path / "q8_0.gguf", tiny_hf_model(seed=5), qtype=QType.Q8_0)
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", "avx2")
+    assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "llama-chat: LLAMA_CHAT_KERNEL_VARIANT='avx2', but llama-chat's kernels are not in use: "
+        "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels\n"
+    )
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # asked for, PyTorch's kernels run whatever variant is named
+    assert main(["-m", str(model), "-p", "hello", "--max-tokens", "2", "--compile", "off"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 @pytest.mark.parametrize("quantise, qtype, tolerance", [(q8_0_blocks, QType.Q8_0, 1 / 254), (q4_1_blocks, QType.Q4_1, 1 / 30)])

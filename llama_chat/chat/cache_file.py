@@ -51,7 +51,7 @@ def identity(model, source: list, system: str | None) -> dict:
     args = model.args
     return {
         "model file": source,
-        "weights": f"{model.quantization}, {str(model.dtype).removeprefix('torch.')}",
+        "weights mode": [model.quantization, str(model.dtype).removeprefix("torch."), model.arithmetic],
         "chat format": model.chat_format.name,
         "system prompt": system or "",
         "shape": [args.n_layers, args.n_kv_heads, args.head_dim],
@@ -126,6 +126,6 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
     if held != list(ids[:count]):
         raise CacheNotUsed(f"{path.name} holds other tokens than the conversation")
     if count >= cache.capacity:
-        raise CacheNotUsed(f"{path.name} holds {count} positions, more than the context")
+        raise CacheNotUsed(f"{path.name} holds {count} positions, too many for a context of {cache.capacity} tokens")
     cache.write(held, keys, values)
     return count

@@ -73,15 +73,20 @@ class CpuPaths:
     def variant_number(self) -> int:
         return native.variant_number(self.variant)
 
-    def describe(self) -> str:
-        """"bfloat16 products and kernels ...; measured here: ..." and the like."""
+    def arithmetic(self) -> str:
+        """"bfloat16 products and kernels, kernels up to 32 tokens a step" and the like:
+        what the numbers computed depend on (a saved KV cache is only good for the same)."""
         if self.variant is not None:
-            return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps; {self.reason}"
+            return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps"
         if self.matmul_dtype == self.kernel_dtype:
             dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
         else:
             dtypes = f"{dtype_name(self.matmul_dtype)} products, {dtype_name(self.kernel_dtype)} kernels"
-        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step; {self.reason}"
+        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step"
+
+    def describe(self) -> str:
+        """The arithmetic, then how it was chosen: "...; measured here: ..." and the like."""
+        return f"{self.arithmetic()}; {self.reason}"
 
 
 def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
@@ -219,16 +224,23 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
     family = os.environ.get("LLAMA_CHAT_KERNELS", "auto").lower()
     if family not in ("auto", "ours", "aten"):
         raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
+    # Set, even empty, it forces: a name that is none is refused, not taken for auto.
+    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
+    if forced is not None and forced not in native.VARIANTS:
+        raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
+                          f"{', '.join(native.VARIANTS)}, or unset it")
     state = native.status()
     if not state.loaded:
-        if family == "ours":
-            raise DeviceError(f"LLAMA_CHAT_KERNELS=ours, but llama-chat's kernels are not in use: {state.detail}")
+        # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
+        if family == "ours" or (forced is not None and family == "auto"):
+            asked = "LLAMA_CHAT_KERNELS=ours" if family == "ours" else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
+            raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
     variants = native.runnable_variants()
-    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
-    if forced:
+    if forced is not None:
         if forced not in variants:
-            raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}: this CPU runs {', '.join(variants)}")
+            raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}: this CPU cannot run it; it runs "
+                              f"{', '.join(variants)}")
         variants = [forced]
     elif len(variants) > 1:
         variants = variants[1:]  # the portable code is timed only where it is all there is (seconds a step)
@@ -242,7 +254,7 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
 
     best = min(variants, key=cost)
     single, step = (times[f"aten {rows}"] / max(times[f"{best} {rows}"], 1e-12) for rows in VARIANT_TIMES_ROWS)
-    how = "forced" if forced else "measured fastest here"
+    how = "forced" if forced is not None else "measured fastest here"
     speeds = f"a single token {single:.1f}x and a 16-token step {step:.1f}x PyTorch's kernels"
     if family == "ours" or cost(best) <= cost("aten"):
         return best, f"{best} {how}: {speeds}"

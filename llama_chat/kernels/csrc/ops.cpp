@@ -72,17 +72,23 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
                         int64_t variant, int64_t activation_bits) {
     TORCH_CHECK(activation_bits == 0 || activation_bits == 8 || activation_bits == 16,
                 "llama_chat: activation_bits must be 0, 8 or 16, not ", activation_bits);
-    TORCH_CHECK(known_type(int(block_type)), "llama_chat: unsupported block type ", block_type);
+    // Range first: the int cast of a value beyond int would wrap onto a known type.
+    TORCH_CHECK(block_type >= 0 && block_type <= 255 && known_type(int(block_type)),
+                "llama_chat: unsupported block type ", block_type);
+    TORCH_CHECK(out_features >= 0, "llama_chat: out_features is negative: ", out_features);
     TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "llama_chat: x must be contiguous float32");
+    TORCH_CHECK(x.dim() >= 1, "llama_chat: x must have a dimension to multiply along");
     TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous(), "llama_chat: weight must be contiguous uint8");
     const TypeInfo info = type_info(int(block_type));
     const int64_t columns = x.size(-1);
-    TORCH_CHECK(columns % info.block_weights == 0, "llama_chat: width ", columns, " is not whole blocks");
+    // Width 0 too: the rows are counted by dividing by it.
+    TORCH_CHECK(columns > 0 && columns % info.block_weights == 0, "llama_chat: width ", columns,
+                " is not whole blocks of ", info.block_weights, " weights");
     const bool tiled = tiled_type(int(block_type));
     const int64_t expected = tiled ? tile_count(out_features) * tile_bytes(int(block_type), columns)
                                    : padded_rows(out_features) * (columns / info.block_weights) * info.block_bytes;
-    TORCH_CHECK(weight.numel() == expected, "llama_chat: weight holds ", weight.numel(), " bytes, not ", out_features,
-                " rows of ", columns, (tiled ? " in tiles of 16" : " in groups of 4"));
+    TORCH_CHECK(weight.numel() == expected, "llama_chat: weight holds ", weight.numel(), " bytes, not the ", expected,
+                " of ", out_features, " rows of ", columns, (tiled ? " in tiles of 16" : " in groups of 4"));
     TORCH_CHECK(!tiled || activation_bits != 0, "llama_chat: tiled weights take 8- or 16-bit activations");
     const KernelSet& kernels = kernel_set(variant);
     const int64_t rows = x.numel() / columns;
