@@ -1,6 +1,8 @@
 """GGUF checkpoints: tiny random models written with gguf.GGUFWriter, checked against transformers."""
 
 import math
+import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -367,3 +369,113 @@ def test_sampling_keys_are_the_models_recommendation(tmp_path):
     assert settings.keys() == {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
     assert settings["top_k"] == 30 and settings["repeat_last_n"] == 128 and abs(settings["temperature"] - 0.15) < 1e-6
     assert load_gguf(write_gguf(tmp_path / "plain.gguf", tiny_hf_model(seed=1))).sampling == {}
+
+
+# --- headers written by hand: whatever they say, one line naming the file ----------------
+
+
+def gguf_text(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_entry(key: str, value_type: int, payload: bytes) -> bytes:
+    return gguf_text(key) + struct.pack("<I", value_type) + payload
+
+
+def gguf_tensor(name: str, dimensions: list[int], tensor_type: int = 0, offset: int = 0) -> bytes:
+    return (gguf_text(name) + struct.pack(f"<I{len(dimensions)}Q", len(dimensions), *dimensions)
+            + struct.pack("<IQ", tensor_type, offset))
+
+
+def raw_gguf(path: Path, entries=(), tensors=(), version: int = 3, counts: tuple[int, int] | None = None) -> Path:
+    """A GGUF file of hand-made metadata entries and tensor infos (each as bytes) and 64
+    bytes of data; `counts` overrides the numbers of tensors and entries the header states."""
+    tensor_count, entry_count = counts or (len(tensors), len(entries))
+    header = b"GGUF" + struct.pack("<IQQ", version, tensor_count, entry_count)
+    path.write_bytes(header + b"".join(entries) + b"".join(tensors) + bytes(64))
+    return path
+
+
+U8, U32, F32_VALUE, STRING_VALUE, ARRAY_VALUE, U64 = 0, 4, 6, 8, 9, 10
+HOSTILE_HEADERS = {
+    "nested arrays": (
+        [gguf_entry("deep", ARRAY_VALUE, struct.pack("<IQ", ARRAY_VALUE, 1) * 200_000 + struct.pack("<IQ", U32, 0))],
+        [], "metadata arrays nested more than 4 deep"),
+    "alignment 0": ([gguf_entry("general.alignment", U32, struct.pack("<I", 0))], [],
+                    "general.alignment is 0, not a power of two up to 1048576"),
+    "alignment 48": ([gguf_entry("general.alignment", U32, struct.pack("<I", 48))], [],
+                     "general.alignment is 48, not a power of two up to 1048576"),
+    "alignment 2**40": ([gguf_entry("general.alignment", U64, struct.pack("<Q", 2**40))], [],
+                        "general.alignment is 1099511627776, not a power of two up to 1048576"),
+    "alignment text": ([gguf_entry("general.alignment", STRING_VALUE, gguf_text("32"))], [],
+                       "general.alignment is '32', not a power of two up to 1048576"),
+    # 2**32 * 2**32 float32s: an int64 product wraps to 0 bytes, which fit anywhere.
+    "2**64 elements": ([], [gguf_tensor("big.weight", [2**32, 2**32])], "tensor big.weight runs past the end of the file"),
+    "a string of 2**40 bytes": (
+        [gguf_entry("tokenizer.ggml.tokens", ARRAY_VALUE, struct.pack("<IQQ", STRING_VALUE, 1, 2**40))], [],
+        "a string of 1099511627776 bytes"),
+    "2**40 array values": ([gguf_entry("huge", ARRAY_VALUE, struct.pack("<IQ", U8, 2**40))], [],
+                           "its metadata arrays hold more than 8388608 values"),
+    "an array past the end": ([gguf_entry("short", ARRAY_VALUE, struct.pack("<IQ", U32, 1000))], [],
+                              "an array runs past the end of the file"),
+    "unknown value type": ([gguf_entry("odd", 13, b"")], [], "a metadata value of unknown type 13"),
+    "2**31 dimensions": ([], [gguf_text("t") + struct.pack("<I", 2**31)], "tensor t has 2147483648 dimensions"),
+    "unknown tensor type": ([], [gguf_tensor("t", [4], tensor_type=99)], "tensor t has unknown type 99"),
+    "rows not whole blocks": ([], [gguf_tensor("t", [40, 2], tensor_type=QType.Q4_0)],
+                              "tensor t's rows are not whole Q4_0 blocks"),
+    "a name that is not one": ([], [gguf_tensor("a\nb", [4])], r"a tensor is named 'a\nb'"),
+    "a tensor twice": ([], [gguf_tensor("t", [4]), gguf_tensor("t", [4])], "tensor t is listed twice"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_HEADERS))
+def test_a_hostile_header_is_one_line_naming_the_file(tmp_path, case):
+    entries, tensors, reason = HOSTILE_HEADERS[case]
+    path = raw_gguf(tmp_path / "hostile.gguf", entries, tensors)
+    with pytest.raises(LlamaChatError) as refused:
+        load_gguf(path)
+    assert str(refused.value) == f"{path}: the GGUF file is truncated or corrupt ({reason}); download it again"
+
+
+@pytest.mark.parametrize("version, counts, reason", [
+    (99, None, "GGUF version 99, where llama-chat reads 2 and 3"),
+    (3, (2**60, 0), "it lists 1152921504606846976 tensors and 0 metadata entries"),
+    (3, (0, 2**60), "it lists 0 tensors and 1152921504606846976 metadata entries"),
+])
+def test_counts_and_versions_are_checked_before_anything_is_read(tmp_path, version, counts, reason):
+    path = raw_gguf(tmp_path / "hostile.gguf", version=version, counts=counts)
+    with pytest.raises(LlamaChatError, match=re.escape(f"truncated or corrupt ({reason})")):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize("add, message", [
+    (lambda w: w.add_uint32("llama.attention.head_count", 0),
+     "llama.attention.head_count is 0, where a positive whole number belongs"),
+    (lambda w: w.add_string("llama.block_count", "two"),
+     "llama.block_count is 'two', where a positive whole number belongs"),
+    (lambda w: w.add_float32("llama.feed_forward_length", 96.0),
+     "llama.feed_forward_length is 96.0, where a positive whole number belongs"),
+    (lambda w: w.add_string("llama.rope.freq_base", "high"), "llama.rope.freq_base is 'high', where a number belongs"),
+    (lambda w: (w.add_string("llama.rope.scaling.type", "linear"), w.add_string("llama.rope.scaling.factor", "x")),
+     "llama.rope.scaling.factor is 'x', where a number belongs"),
+    (lambda w: w.add_uint32("tokenizer.ggml.tokens", 7), "tokenizer.ggml.tokens is 7, where a list belongs"),
+    (lambda w: w.add_array("tokenizer.ggml.merges", [1, 2]), "tokenizer.ggml.merges[0] is 1, where text belongs"),
+    (lambda w: w.add_string("tokenizer.ggml.bos_token_id", "1"),
+     "tokenizer.ggml.bos_token_id is '1', where a whole number belongs"),
+    (lambda w: w.add_array("general.architecture", ["llama"]), "general.architecture is ['llama'], where text belongs"),
+])
+def test_metadata_of_the_wrong_type_is_named(tmp_path, add, message):
+    path = write_gguf(tmp_path / "typed.gguf", tiny_hf_model(), extra=add)
+    with pytest.raises(LlamaChatError) as refused:
+        load_gguf(path)
+    assert str(refused.value) == f"{path}: {message}"
+
+
+def test_a_vocabulary_the_tokenizer_library_refuses_is_one_line(tmp_path):
+    def merge_of_unknown_tokens(writer: gguf.GGUFWriter) -> None:
+        writer.add_token_merges(["unknown tokens"])
+
+    path = write_gguf(tmp_path / "merges.gguf", tiny_hf_model(), extra=merge_of_unknown_tokens)
+    with pytest.raises(LlamaChatError, match=r"merges\.gguf: its tokenizer metadata makes no tokenizer \(.*\)$"):
+        load_gguf(path)

@@ -31,9 +31,10 @@ from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
+from llama_chat.checkpoints.values import of_type, real_number, shown, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.engine.rope import rope_inverse_frequencies
-from llama_chat.errors import LlamaChatError
+from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.text.gguf_tokenizer import tokenizer_from_gguf_metadata
 
 # Types gguf.quants can dequantise that make sense for weights.
@@ -69,11 +70,17 @@ def load_gguf(path: str | Path) -> Checkpoint:
     when the loader asks for them."""
     source = str(path)
     metadata, stored = _read(Path(path))
+    check_metadata_types(metadata, source)
     architecture = metadata.get("general.architecture")
     if architecture != "llama":
-        raise LlamaChatError(f"{source} is a {architecture!r} model; llama-chat runs llama-architecture models")
+        raise LlamaChatError(f"{source} is a {shown(architecture)} model; llama-chat runs llama-architecture models")
     _check_types(stored, source)
-    tokenizer = tokenizer_from_gguf_metadata(metadata, source)
+    try:
+        tokenizer = tokenizer_from_gguf_metadata(metadata, source)
+    except LlamaChatError:
+        raise
+    except Exception as error:  # noqa: BLE001 (tokenizers refuses a vocabulary with plain Exceptions)
+        raise LlamaChatError(f"{source}: its tokenizer metadata makes no tokenizer ({first_line(error)})") from None
     tokens = metadata["tokenizer.ggml.tokens"]
     rope_factors = _vector(stored[ROPE_FREQS], source).double() if ROPE_FREQS in stored else None
     args = args_from_gguf_metadata(
@@ -112,6 +119,35 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     return read_gguf_header(path)
 
 
+# The types of the metadata llama-chat reads, other than llama.* hyper-parameters (checked
+# where they are read). A GGUF array holds one element type, so its first element tells.
+_METADATA_TYPES: dict[str, tuple[type, type | None]] = {
+    "general.architecture": (str, None),
+    "tokenizer.chat_template": (str, None),
+    "llama.rope.scaling.type": (str, None),
+    "tokenizer.ggml.model": (str, None),
+    "tokenizer.ggml.pre": (str, None),
+    "tokenizer.ggml.tokens": (list, str),
+    "tokenizer.ggml.merges": (list, str),
+    "tokenizer.ggml.token_type": (list, int),
+    "tokenizer.ggml.scores": (list, float),
+    "tokenizer.ggml.add_bos_token": (bool, None),
+    "tokenizer.ggml.add_space_prefix": (bool, None),
+    **{f"tokenizer.ggml.{role}_token_id": (int, None) for role in ("bos", "eos", "unknown", "eot", "eom")},
+}
+
+
+def check_metadata_types(metadata: Mapping[str, Any], source: str) -> None:
+    """Refuse, naming the key, metadata llama-chat reads that holds a value of another type."""
+    for key, (kind, element_kind) in _METADATA_TYPES.items():
+        value = metadata.get(key)
+        if value is None:
+            continue
+        of_type(value, kind, key, source)
+        if element_kind is not None and value:
+            of_type(value[0], element_kind, f"{key}[0]", source)
+
+
 def _check_types(stored: Mapping[str, TensorInfo], source: str) -> None:
     for name, tensor in stored.items():
         if tensor.tensor_type not in SUPPORTED_TYPES:
@@ -139,25 +175,31 @@ def args_from_gguf_metadata(
             raise LlamaChatError(f"{source}: llama.{key} varies by layer, which llama-chat does not support")
         return value
 
+    def whole(key: str, default: int | None = None) -> int:
+        return whole_number(read(key, default), f"llama.{key}", source)
+
+    def real(key: str, default: float) -> float:
+        return real_number(read(key, default), f"llama.{key}", source)
+
     if metadata.get("llama.expert_count", 0):
         raise LlamaChatError(f"{source} is a mixture-of-experts model, which llama-chat cannot run")
-    dim, n_heads = read("embedding_length"), read("attention.head_count")
-    head_dim = read("attention.key_length", metadata.get("llama.rope.dimension_count", dim // n_heads))
-    if read("attention.value_length", head_dim) != head_dim:
+    dim, n_heads = whole("embedding_length"), whole("attention.head_count")
+    head_dim = whole("attention.key_length", metadata.get("llama.rope.dimension_count", dim // n_heads))
+    if whole("attention.value_length", head_dim) != head_dim:
         raise LlamaChatError(f"{source}: keys and values of different sizes are not supported")
-    if read("rope.dimension_count", head_dim) != head_dim:
+    if whole("rope.dimension_count", head_dim) != head_dim:
         raise LlamaChatError(f"{source}: rotary embeddings over part of each head are not supported")
     args = ModelArgs(
         dim=dim,
-        n_layers=read("block_count"),
+        n_layers=whole("block_count"),
         n_heads=n_heads,
-        n_kv_heads=read("attention.head_count_kv", n_heads),
+        n_kv_heads=whole("attention.head_count_kv", n_heads),
         head_dim=head_dim,
         vocab_size=vocab_size,
-        hidden_dim=read("feed_forward_length"),
-        norm_eps=float(read("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(read("rope.freq_base", 10000.0)),
-        max_seq_len=read("context_length", 2048),
+        hidden_dim=whole("feed_forward_length"),
+        norm_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=real("rope.freq_base", 10000.0),
+        max_seq_len=whole("context_length", 2048),
         tie_embeddings=tie_embeddings,
     )
     return replace(args, rope_scaling=_rope_scaling(metadata, args, rope_factors, source))
@@ -167,19 +209,21 @@ def _rope_scaling(
     metadata: Mapping[str, Any], args: ModelArgs, rope_factors: torch.Tensor | None, source: str
 ) -> RopeScaling:
     kind = metadata.get("llama.rope.scaling.type", "none")
-    factor = metadata.get("llama.rope.scaling.factor")
+    factor_key = "llama.rope.scaling.factor"
     if kind == "none" and metadata.get("llama.rope.scale_linear"):  # older files
-        kind, factor = "linear", metadata["llama.rope.scale_linear"]
+        kind, factor_key = "linear", "llama.rope.scale_linear"
     if rope_factors is not None:
         if kind != "none":
             raise LlamaChatError(f"{source} combines {kind} rope scaling with rope_freqs, which is not supported")
         original = metadata.get("llama.rope.scaling.original_context_length", 8192)
+        original = whole_number(original, "llama.rope.scaling.original_context_length", source)
         return llama3_scaling_from_factors(rope_factors, args, original, source)
+    factor = metadata.get(factor_key)
     if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
         return RopeScaling()
     if kind == "linear":
-        return RopeScaling(kind="linear", factor=float(factor))
-    raise LlamaChatError(f"{source} uses {kind!r} rope scaling; llama-chat supports linear and llama3")
+        return RopeScaling(kind="linear", factor=real_number(factor, factor_key, source))
+    raise LlamaChatError(f"{source} uses {shown(kind)} rope scaling; llama-chat supports linear and llama3")
 
 
 def llama3_scaling_from_factors(
@@ -195,6 +239,8 @@ def llama3_scaling_from_factors(
     factors = rope_factors.double().flatten()
     if factors.numel() != args.head_dim // 2:
         raise LlamaChatError(f"{source}: rope_freqs has {factors.numel()} entries, expected {args.head_dim // 2}")
+    if not (torch.isfinite(factors) & (factors > 0)).all():
+        raise LlamaChatError(f"{source}: rope_freqs holds values that are not positive numbers")
     factor = float(factors.max())
     low, high = 1.0, 4.0  # Llama 3.1's values, used when too few frequencies are blended to tell
     inv_freq = rope_inverse_frequencies(args)
@@ -204,6 +250,8 @@ def llama3_scaling_from_factors(
         weight = (1 / factors[blended] - 1 / factor) / (1 - 1 / factor)
         position = original_context * inv_freq[blended] / (2 * math.pi)
         slope, intercept = np.polyfit(position.numpy(), weight.numpy(), 1)
+        if slope == 0:
+            raise LlamaChatError(f"{source}: its rope_freqs are not a llama3 rope scaling llama-chat can reproduce")
         low = -intercept / slope
         high = low + 1 / slope
     scaling = RopeScaling(

@@ -1,0 +1,46 @@
+"""Values read from a model file, checked before any arithmetic uses them, and shown
+short in the one-line messages that refuse them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llama_chat.errors import LlamaChatError
+
+LARGEST_WHOLE_NUMBER = 1 << 31  # far above any model's sizes, and small enough for any arithmetic on them
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A value from a file as a short one-line repr, for messages."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python converts
+        return f"a {type(value).__name__} too long to show"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def whole_number(value: Any, name: str, source: object) -> int:
+    """`value` if it is a whole number from 1 to LARGEST_WHOLE_NUMBER (not a bool), else
+    LlamaChatError naming `source` and `name`."""
+    if type(value) is not int or not 0 < value <= LARGEST_WHOLE_NUMBER:
+        raise LlamaChatError(f"{source}: {name} is {shown(value)}, where a positive whole number belongs")
+    return value
+
+
+def real_number(value: Any, name: str, source: object) -> float:
+    """`value` as a float if it is a finite number (not a bool), else LlamaChatError."""
+    if (type(value) is int and abs(value) <= 1 << 53) or (type(value) is float and math.isfinite(value)):
+        return float(value)
+    raise LlamaChatError(f"{source}: {name} is {shown(value)}, where a number belongs")
+
+
+_KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false", list: "a list"}
+
+
+def of_type(value: Any, kind: type, name: str, source: object) -> Any:
+    """`value` if it is a `kind` (a bool is not an int here, nor an int a float), else
+    LlamaChatError."""
+    if type(value) is not kind:
+        raise LlamaChatError(f"{source}: {name} is {shown(value)}, where {_KIND_NAMES[kind]} belongs")
+    return value
