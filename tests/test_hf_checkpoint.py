@@ -1,4 +1,5 @@
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from llama_chat.checkpoints.hf import load_hf_directory
+from llama_chat.checkpoints.safetensors_file import SafetensorsFile
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.hf_tokenizer import HFTokenizer
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
@@ -227,3 +229,100 @@ def test_generation_config_sampling_is_the_models_recommendation(tmp_path, confi
     save_model_directory(tmp_path)
     write_json(tmp_path / "generation_config.json", {"bos_token_id": BOS, "eos_token_id": [EOS, EOT], **config})
     assert load_hf_directory(tmp_path).sampling == expected
+
+
+# --- files strangers wrote: whatever they say, one line naming the file --------------------
+
+
+@pytest.fixture(scope="module")
+def model_directory(tmp_path_factory) -> Path:
+    """One saved directory; each test below changes a copy of one of its files."""
+    directory = tmp_path_factory.mktemp("hf")
+    save_model_directory(directory)
+    return directory
+
+
+def changed_copy(source: Path, target: Path, name: str, contents: bytes) -> Path:
+    for path in source.iterdir():
+        (target / path.name).symlink_to(path)
+    (target / name).unlink()
+    (target / name).write_bytes(contents)
+    return target
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_attention_heads": 0}, "num_attention_heads is 0, where a positive whole number belongs"),
+    ({"hidden_size": "64"}, "hidden_size is '64', where a positive whole number belongs"),
+    ({"num_hidden_layers": 2.0}, "num_hidden_layers is 2.0, where a positive whole number belongs"),
+    ({"vocab_size": True}, "vocab_size is True, where a positive whole number belongs"),
+    ({"max_position_embeddings": 2**40}, "max_position_embeddings is 1099511627776, where a positive whole number"),
+    ({"rms_norm_eps": "small"}, "rms_norm_eps is 'small', where a number belongs"),
+    ({"rope_theta": [10000]}, "rope_theta is [10000], where a number belongs"),
+    ({"rope_scaling": ["llama3"]}, "rope_scaling is ['llama3'], where an object belongs"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "rope_scaling's factor is '2', where a number belongs"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3 rope scaling without its 'low_freq_factor'"),
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings is 'no', where true or false belongs"),
+    ({"quantization_config": "gptq"}, "quantized weights are not supported"),
+    ({"model_type": "mistral", "sliding_window": "wide"}, "sliding_window is 'wide', where a positive whole number"),
+    ({"llama_chat": {"source_quantization": 4}}, "llama_chat.source_quantization is 4, where text belongs"),
+])
+def test_a_config_of_the_wrong_types_is_one_line_naming_it(model_directory, tmp_path, change, message):
+    config = json.loads((model_directory / "config.json").read_text())
+    changed_copy(model_directory, tmp_path, "config.json", json.dumps({**config, **change}).encode())
+    with pytest.raises(LlamaChatError) as refused:
+        load_hf_directory(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path / 'config.json'}: {message}")
+
+
+def test_a_chat_template_list_of_odd_entries_is_read_for_its_default(model_directory, tmp_path):
+    templates = [{"name": {"not": "a name"}, "template": "x"}, "stray", {"name": "default", "template": TEMPLATE}]
+    contents = json.dumps({"eos_token": "<|eot_id|>", "chat_template": templates}).encode()
+    checkpoint = load_hf_directory(changed_copy(model_directory, tmp_path, "tokenizer_config.json", contents))
+    assert checkpoint.chat_template == TEMPLATE
+
+
+@pytest.mark.parametrize("shard", ["../model.safetensors", "/etc/hostname", 7])
+def test_a_weight_index_naming_files_elsewhere_is_refused(model_directory, tmp_path, shard):
+    changed_copy(model_directory, tmp_path, "config.json", (model_directory / "config.json").read_bytes())
+    write_json(tmp_path / "model.safetensors.index.json", {"weight_map": {"model.norm.weight": shard}})
+    with pytest.raises(LlamaChatError) as refused:
+        load_hf_directory(tmp_path)
+    assert str(refused.value) == (f"{tmp_path / 'model.safetensors.index.json'}: its weight_map names {shard!r}, "
+                                  f"not a file in {tmp_path}")
+
+
+def safetensors_bytes(header: object, data: bytes = bytes(64), length: int | None = None) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text) if length is None else length) + text + data
+
+
+TENSOR = {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}
+
+
+@pytest.mark.parametrize("contents, reason", [
+    (safetensors_bytes({"w": TENSOR}, length=2**40), "a header of 1099511627776 bytes in a file of"),
+    (b"\x05\x00", "it is shorter than a header"),
+    (safetensors_bytes([TENSOR]), "its header is not an object"),
+    (safetensors_bytes({"w": [TENSOR]}), "tensor 'w' is described by [{'dtype': 'F32', 'shape': [4, 4], 'd..."),
+    (safetensors_bytes({"w": {**TENSOR, "dtype": "Q9"}}), "tensor 'w' has dtype 'Q9'"),
+    (safetensors_bytes({"w": {**TENSOR, "dtype": ["F32"]}}), "tensor 'w' has dtype ['F32']"),
+    (safetensors_bytes({"w": {**TENSOR, "shape": "4x4"}}), "tensor 'w' has shape '4x4'"),
+    (safetensors_bytes({"w": {**TENSOR, "shape": [-4, -4]}}), "tensor 'w' has shape [-4, -4]"),
+    (safetensors_bytes({"w": {**TENSOR, "data_offsets": [-64, 0]}}), "tensor 'w' has data_offsets [-64, 0]"),
+    (safetensors_bytes({"w": {**TENSOR, "data_offsets": ["0", "64"]}}), "tensor 'w' has data_offsets ['0', '64']"),
+    (safetensors_bytes({"w": {**TENSOR, "data_offsets": [0, 32]}}), "tensor 'w' has 32 bytes for shape [4, 4] of F32"),
+    # 2**62 * 4 float32s is 2**66 bytes: an int64 product wraps to 0.
+    (safetensors_bytes({"w": {**TENSOR, "shape": [2**62, 4], "data_offsets": [0, 0]}}),
+     "tensor 'w' has 0 bytes for shape [4611686018427387904, 4] of F32"),
+    (safetensors_bytes({"w": {**TENSOR, "data_offsets": [64, 128]}}), "its tensors need 128 bytes of data, the file holds 64"),
+    (safetensors_bytes({"w": TENSOR, "v": {**TENSOR, "shape": [2, 4], "data_offsets": [16, 48]}}),
+     "tensor 'v' overlaps another"),
+    (safetensors_bytes({"__metadata__": {"format": 1}, "w": TENSOR}), "its __metadata__ is not an object of strings"),
+    (struct.pack("<Q", 400_000) + b"[" * 200_000 + b"]" * 200_000, "nested more than 64 levels deep"),
+])
+def test_a_hostile_safetensors_header_is_one_line_naming_the_file(tmp_path, contents, reason):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(contents)
+    with pytest.raises(LlamaChatError) as refused:
+        SafetensorsFile(path)
+    assert str(refused.value).startswith(f"{path}: not a readable safetensors file ({reason}")

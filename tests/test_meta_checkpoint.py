@@ -230,3 +230,19 @@ def test_corrupt_shard_is_reported(tmp_path):
     shard.write_bytes(b"PK\x03\x04 truncated zip")
     with pytest.raises(LlamaChatError, match="not a readable PyTorch weight file"):
         load_meta_directory(directory)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_heads": "4"}, "n_heads is '4', where a positive whole number belongs"),
+    ({"multiple_of": 0}, "multiple_of is 0, where a positive whole number belongs"),
+    ({"ffn_dim_multiplier": 1e300}, "ffn_dim_multiplier is 1e+300, where a number near 1 belongs"),
+    ({"norm_eps": None, "rope_theta": "wide"}, "rope_theta is 'wide', where a number belongs"),
+    ({"vocab_size": 1.5}, "vocab_size is 1.5, where a positive whole number belongs"),
+])
+def test_params_of_the_wrong_types_are_one_line_naming_the_file(tmp_path, change, message):
+    _, directory = llama2_style(tmp_path)
+    params = json.loads((directory / "params.json").read_text())
+    (directory / "params.json").write_text(json.dumps({**params, **change}))
+    with pytest.raises(LlamaChatError) as refused:
+        load_meta_directory(directory)
+    assert str(refused.value) == f"{directory / 'params.json'}: {message}"

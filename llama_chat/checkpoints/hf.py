@@ -20,57 +20,82 @@ from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import chat_template, hf_tokenizer, token_content
+from llama_chat.checkpoints.values import of_type, real_number, shown, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
 
 
-def args_from_hf_config(config: Mapping) -> ModelArgs:
-    """ModelArgs from the contents of a Hugging Face LlamaConfig (config.json)."""
-    try:
-        n_heads = config["num_attention_heads"]
-        dim = config["hidden_size"]
-        return ModelArgs(
-            dim=dim,
-            n_layers=config["num_hidden_layers"],
-            n_heads=n_heads,
-            n_kv_heads=config.get("num_key_value_heads") or n_heads,
-            head_dim=config.get("head_dim") or dim // n_heads,
-            vocab_size=config["vocab_size"],
-            hidden_dim=config["intermediate_size"],
-            norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(config),
-            rope_scaling=_rope_scaling(config.get("rope_scaling") or config.get("rope_parameters")),
-            max_seq_len=config.get("max_position_embeddings", 2048),
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        )
-    except KeyError as missing:
-        raise LlamaChatError(f"config.json has no {missing.args[0]!r}: is this a Llama model?") from None
+def args_from_hf_config(config: Mapping, source: object = "config.json") -> ModelArgs:
+    """ModelArgs from the contents of a Hugging Face LlamaConfig (config.json; `source`
+    names it in errors), every value's type checked before use."""
+
+    def whole(key: str, value: object) -> int:
+        if value is None:
+            raise LlamaChatError(f"{source} has no {key!r}: is this a Llama model?")
+        return whole_number(value, key, source)
+
+    n_heads = whole("num_attention_heads", config.get("num_attention_heads"))
+    dim = whole("hidden_size", config.get("hidden_size"))
+    tie_embeddings = config.get("tie_word_embeddings") or False
+    return ModelArgs(
+        dim=dim,
+        n_layers=whole("num_hidden_layers", config.get("num_hidden_layers")),
+        n_heads=n_heads,
+        n_kv_heads=whole("num_key_value_heads", config.get("num_key_value_heads") or n_heads),
+        head_dim=whole("head_dim", config.get("head_dim") or dim // n_heads),
+        vocab_size=whole("vocab_size", config.get("vocab_size")),
+        hidden_dim=whole("intermediate_size", config.get("intermediate_size")),
+        norm_eps=real_number(_given(config, "rms_norm_eps", 1e-6), "rms_norm_eps", source),
+        rope_theta=_rope_theta(config, source),
+        rope_scaling=_rope_scaling(config.get("rope_scaling") or config.get("rope_parameters"), source),
+        max_seq_len=whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
+        tie_embeddings=of_type(tie_embeddings, bool, "tie_word_embeddings", source),
+    )
 
 
-def _rope_theta(config: Mapping) -> float:
+def _given(config: Mapping, key: str, default: object) -> object:
+    """config[key], or `default` where the key is missing or null."""
+    value = config.get(key)
+    return default if value is None else value
+
+
+def _rope_theta(config: Mapping, source: object) -> float:
     parameters = config.get("rope_parameters") or {}
-    return float(config.get("rope_theta") or parameters.get("rope_theta") or 10000.0)
+    theta = config.get("rope_theta") or (parameters.get("rope_theta") if isinstance(parameters, dict) else None)
+    return real_number(theta or 10000.0, "rope_theta", source)
 
 
-def _rope_scaling(scaling: Mapping | None) -> RopeScaling:
+def _rope_scaling(scaling: object, source: object) -> RopeScaling:
     if not scaling:
         return RopeScaling()
+    if not isinstance(scaling, dict):
+        raise LlamaChatError(f"{source}: rope_scaling is {shown(scaling)}, where an object belongs")
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
+
+    def given(key: str) -> object:
+        if key not in scaling:
+            raise LlamaChatError(f"{source}: {kind} rope scaling without its {key!r}")
+        return scaling[key]
+
+    def real(key: str) -> float:
+        return real_number(given(key), f"rope_scaling's {key}", source)
+
     if kind == "default":
         return RopeScaling()
     if kind == "linear":
-        return RopeScaling(kind="linear", factor=float(scaling["factor"]))
+        return RopeScaling(kind="linear", factor=real("factor"))
     if kind == "llama3":
+        original_key = "original_max_position_embeddings"
         return RopeScaling(
-            kind="llama3",
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+            kind="llama3", factor=real("factor"), low_freq_factor=real("low_freq_factor"),
+            high_freq_factor=real("high_freq_factor"),
+            original_max_position_embeddings=whole_number(given(original_key), f"rope_scaling's {original_key}", source),
         )
-    raise LlamaChatError(f"unsupported rope scaling type {kind!r}: llama-chat supports linear and llama3")
+    raise LlamaChatError(
+        f"{source}: unsupported rope scaling type {shown(kind)}: llama-chat supports linear and llama3"
+    )
 
 
 HF_NAMES = TensorNames(
@@ -122,7 +147,7 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
         chat_template=chat_template(directory, tokenizer_config),
         bos_token=token_content(tokenizer_config.get("bos_token")) or tokenizer.token_name(tokenizer.bos_id),
         eos_token=token_content(tokenizer_config.get("eos_token")) or tokenizer.token_name(tokenizer.eos_id),
-        source_quantization=(config.get("llama_chat") or {}).get("source_quantization"),
+        source_quantization=_source_quantization(config, config_path),
         sampling=sampling_defaults.from_generation_config(generation_config),
     )
 
@@ -132,22 +157,31 @@ def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise LlamaChatError(
-            f"{config_path}: model_type {model_type!r} is not supported: "
+            f"{config_path}: model_type {shown(model_type)} is not supported: "
             f"llama-chat runs Llama-architecture models ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    if config.get("quantization_config"):
-        method = config["quantization_config"].get("quant_method", "quantized")
-        raise LlamaChatError(f"{config_path}: {method} weights are not supported: use a float16/bfloat16 model")
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        method = method if isinstance(method, str) and method.isprintable() else "quantized"
+        raise LlamaChatError(f"{config_path}: {method[:40]} weights are not supported: use a float16/bfloat16 model")
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise LlamaChatError(f"{config_path}: projection biases are not supported by llama-chat's Llama blocks")
     if config.get("hidden_act", "silu") != "silu":
-        raise LlamaChatError(f"{config_path}: activation {config['hidden_act']!r} is not supported (only silu)")
-    args = args_from_hf_config(config)
+        raise LlamaChatError(f"{config_path}: activation {shown(config['hidden_act'])} is not supported (only silu)")
+    args = args_from_hf_config(config, config_path)
     window = config.get("sliding_window")
-    if window and window < args.max_seq_len:
+    if window and whole_number(window, "sliding_window", config_path) < args.max_seq_len:
         # Within the window, sliding-window attention is plain causal attention.
         args = dataclasses.replace(args, max_seq_len=window)
     return args
+
+
+def _source_quantization(config: Mapping, config_path: Path) -> str | None:
+    """What a model converted by llama-chat was quantised as before (its "llama_chat" entry)."""
+    ours = config.get("llama_chat") or {}
+    quantization = ours.get("source_quantization") if isinstance(ours, dict) else None
+    return of_type(quantization, str, "llama_chat.source_quantization", config_path) if quantization else None
 
 
 def _id_set(value: object) -> set[int]:

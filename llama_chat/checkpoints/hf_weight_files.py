@@ -12,6 +12,7 @@ from llama_chat.checkpoints.safetensors_file import SafetensorsFile
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import checked_float
 from llama_chat.checkpoints.torch_file import load_torch_file
+from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError
 
 
@@ -84,6 +85,10 @@ def weight_files(directory: Path, expected: Mapping[str, tuple[int, ...]]) -> We
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict):
             raise LlamaChatError(f"{index_path}: has no weight_map")
+        for file in weight_map.values():
+            # A shard is a file beside the index: a path elsewhere is no weight of this model.
+            if not isinstance(file, str) or Path(file).name != file or file == "..":
+                raise LlamaChatError(f"{index_path}: its weight_map names {shown(file)}, not a file in {directory}")
         locations = {name: directory / file for name, file in weight_map.items()}
         return WeightFiles(directory, locations, expected)
     safetensors_path = directory / "model.safetensors"

@@ -20,6 +20,7 @@ from llama_chat.checkpoints.stored import ColumnStacked, StackedRows, TensorMatr
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, checked_float, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import load_tokenizer_model
 from llama_chat.checkpoints.torch_file import load_torch_file
+from llama_chat.checkpoints.values import real_number, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer
@@ -41,6 +42,7 @@ def load_meta_directory(path: str | Path) -> Checkpoint:
         tokenizer_vocab_size=tokenizer.vocab_size,
         tie_embeddings="output.weight" not in shards[0],
         llama3=isinstance(tokenizer, TiktokenTokenizer),
+        source=directory / "params.json",
     )
     tensors = convert_meta_shards(shards, args, source=_describe(shard_paths))
     return Checkpoint(
@@ -67,37 +69,51 @@ def args_from_meta_params(
     tokenizer_vocab_size: int,
     tie_embeddings: bool = False,
     llama3: bool = False,
+    source: object = "params.json",
 ) -> ModelArgs:
-    """ModelArgs from a params.json; vocab_size -1 means "as many as the tokenizer has"."""
-    try:
-        dim = params["dim"]
-        vocab_size = params.get("vocab_size", -1)
-        return ModelArgs(
-            dim=dim,
-            n_layers=params["n_layers"],
-            n_heads=params["n_heads"],
-            n_kv_heads=params.get("n_kv_heads") or params["n_heads"],
-            vocab_size=vocab_size if vocab_size > 0 else tokenizer_vocab_size,
-            hidden_dim=meta_hidden_dim(dim, params.get("multiple_of", 256), params.get("ffn_dim_multiplier")),
-            norm_eps=params.get("norm_eps", 1e-5),
-            rope_theta=float(params.get("rope_theta", 10000.0)),
-            rope_scaling=_meta_rope_scaling(params),
-            max_seq_len=params.get("max_seq_len") or _default_context(params, llama3),
-            tie_embeddings=tie_embeddings,
-        )
-    except KeyError as missing:
-        raise LlamaChatError(f"params.json has no {missing.args[0]!r}: is this a Meta Llama checkpoint?") from None
+    """ModelArgs from a params.json (`source` names it in errors), every value's type
+    checked before use; vocab_size -1 (or 0) means "as many as the tokenizer has"."""
+
+    def whole(key: str, value: object) -> int:
+        if value is None:
+            raise LlamaChatError(f"{source} has no {key!r}: is this a Meta Llama checkpoint?")
+        return whole_number(value, key, source)
+
+    def real(key: str, default: float) -> float:
+        value = params.get(key)
+        return real_number(default if value is None else value, key, source)
+
+    dim, n_heads = whole("dim", params.get("dim")), whole("n_heads", params.get("n_heads"))
+    vocab_size = params.get("vocab_size", -1)
+    multiplier = params.get("ffn_dim_multiplier")
+    if multiplier is not None and not 0 < real_number(multiplier, "ffn_dim_multiplier", source) <= 64:
+        raise LlamaChatError(f"{source}: ffn_dim_multiplier is {multiplier}, where a number near 1 belongs")
+    return ModelArgs(
+        dim=dim,
+        n_layers=whole("n_layers", params.get("n_layers")),
+        n_heads=n_heads,
+        n_kv_heads=whole("n_kv_heads", params.get("n_kv_heads") or n_heads),
+        vocab_size=(
+            tokenizer_vocab_size if type(vocab_size) is int and vocab_size <= 0 else whole("vocab_size", vocab_size)
+        ),
+        hidden_dim=meta_hidden_dim(dim, whole("multiple_of", params.get("multiple_of", 256)), multiplier),
+        norm_eps=real("norm_eps", 1e-5),
+        rope_theta=real("rope_theta", 10000.0),
+        rope_scaling=_meta_rope_scaling(params, dim, source),
+        max_seq_len=whole("max_seq_len", params.get("max_seq_len") or _default_context(params, llama3)),
+        tie_embeddings=tie_embeddings,
+    )
 
 
-def _meta_rope_scaling(params: Mapping) -> RopeScaling:
+def _meta_rope_scaling(params: Mapping, dim: int, source: object) -> RopeScaling:
     if not params.get("use_scaled_rope"):
         return RopeScaling()
     # params.json does not record the factor: 8 for Llama 3.1 and later large models,
     # 32 for Llama 3.2 1B and 3B (dim 2048 and 3072), as Hugging Face's converter assumes.
-    factor = params.get("rope_scaling_factor") or (32.0 if params["dim"] < 4096 else 8.0)
+    factor = params.get("rope_scaling_factor") or (32.0 if dim < 4096 else 8.0)
     return RopeScaling(
         kind="llama3",
-        factor=float(factor),
+        factor=real_number(factor, "rope_scaling_factor", source),
         low_freq_factor=1.0,
         high_freq_factor=4.0,
         original_max_position_embeddings=8192,

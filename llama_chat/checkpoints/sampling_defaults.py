@@ -5,6 +5,7 @@ is left out."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from llama_chat.engine.sampling import SamplingSettings
@@ -42,6 +43,8 @@ def _valid(values: dict) -> dict:
     kept = {}
     for name, value in values.items():
         whole = isinstance(getattr(SamplingSettings(), name), int)
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
         if whole and isinstance(value, float) and value.is_integer():
             value = int(value)
         try:

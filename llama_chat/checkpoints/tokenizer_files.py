@@ -74,11 +74,14 @@ def tokenizer_from_tokenizer_json(
 
 def special_tokens(tokenizer_config: Mapping) -> dict[str, int]:
     """The special tokens of a tokenizer_config.json's added_tokens_decoder, name to id."""
-    decoder = tokenizer_config.get("added_tokens_decoder") or {}
+    decoder = tokenizer_config.get("added_tokens_decoder")
+    if not isinstance(decoder, dict):
+        return {}
     return {
         entry["content"]: int(token_id)
         for token_id, entry in decoder.items()
-        if isinstance(entry, dict) and entry.get("special", False) and "content" in entry
+        if token_id.isdecimal() and isinstance(entry, dict) and entry.get("special", False)
+        and isinstance(entry.get("content"), str)
     }
 
 
@@ -92,8 +95,8 @@ def chat_template(directory: Path, tokenizer_config: Mapping) -> str | None:
         template = (read_json_object(directory / "chat_template.json") or {}).get("chat_template")
     if isinstance(template, list):
         # Several named templates (e.g. "default" and "tool_use"): chat uses the default one.
-        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
-        template = named.get("default")
+        named = [entry for entry in template if isinstance(entry, dict) and entry.get("name") == "default"]
+        template = named[-1].get("template") if named else None
     return template if isinstance(template, str) else None
 
 
