@@ -223,6 +223,7 @@ def test_tokenizer_json_matches_transformers(tmp_path):
      {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repeat_penalty": 1.1}),
     ({"do_sample": False, "temperature": 0.6}, {"temperature": 0}),  # greedy whatever temperature says
     ({"temperature": -2, "top_p": 7, "top_k": 40.0}, {"top_k": 40}),  # not valid settings: left out
+    ({"temperature": float("inf"), "top_p": float("nan"), "top_k": [40]}, {}),
     ({}, {}),
 ])
 def test_generation_config_sampling_is_the_models_recommendation(tmp_path, config, expected):
