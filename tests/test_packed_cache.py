@@ -1,8 +1,10 @@
 """The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
 ones, never trusted across a changed source, rebuilt when it does not read back."""
 
+import json
 import mmap
 import os
+import struct
 
 import gguf
 import numpy as np
@@ -58,6 +60,51 @@ def test_an_entry_that_does_not_read_back_is_refused(tmp_path, damage):
         packed_cache.load(path)
 
 
+def edited_entry(path, edit) -> None:
+    """Rewrite a saved entry's header as `edit` (a function of the parsed header) says: JSON
+    still well-formed, its data left as written."""
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = edit(json.loads(data[8 : 8 + length]))
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
+
+
+def with_entry(name, **changes):
+    return lambda header: {**header, name: {**header[name], **changes}}
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda header: [header], "its header is not an object"),
+    (lambda header: {**header, "w": [1, 2]}, "tensor 'w' is described by [1, 2]"),
+    (with_entry("w", dtype="Q9"), "tensor 'w' has dtype 'Q9'"),
+    (with_entry("w", dtype=7), "tensor 'w' has dtype 7"),
+    (with_entry("w", shape="64x64"), "tensor 'w' has shape '64x64'"),
+    (with_entry("w", shape=[-64, -64]), "tensor 'w' has shape [-64, -64]"),
+    (with_entry("w", shape=[64.0, 64]), "tensor 'w' has shape [64.0, 64]"),
+    (lambda header: {**header, "w": {"dtype": "F32", "shape": [64, 64]}}, "tensor 'w' has data_offsets None"),
+    (with_entry("w", data_offsets=[-16384, 0]), "tensor 'w' has data_offsets [-16384, 0]"),
+    (with_entry("w", data_offsets=[0, 2**70]), "tensor 'w' has data_offsets [0, 1180591620717411303424]"),
+    (with_entry("w", data_offsets=[16384, 32768]), "its tensors need 32768 bytes of data, the file holds 16384"),
+    (with_entry("w", shape=[2**62, 16], data_offsets=[0, 0]), "tensor 'w' has 0 bytes for shape"),
+    (lambda header: {**header, "v": header["w"]}, "tensor 'v' overlaps another"),
+    (lambda header: {**header, "__metadata__": ["aliases"]}, "its __metadata__ is not an object of strings"),
+    (lambda header: {**header, "__metadata__": {**header["__metadata__"], "aliases": '{"x": "missing"}'}},
+     "its aliases name tensors it does not hold"),
+    (lambda header: {**header, "__metadata__": {**header["__metadata__"], "aliases": "[" * 100 + "]" * 100}},
+     "nested more than 64 levels deep"),
+    (with_entry("w", dtype="I32"), "its header is not the one it was written with"),
+    (with_entry("w", shape=[32, 128]), "its header is not the one it was written with"),
+])
+def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, reason):
+    path = tmp_path / "entry.safetensors"
+    packed_cache.save(path, {"w": torch.randn(64, 64)})
+    edited_entry(path, edit)
+    with pytest.raises(ValueError) as refused:
+        packed_cache.load(path)
+    assert str(refused.value).startswith(reason)
+
+
 def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
     first = llama_chat.load(path, device="cpu")
@@ -95,6 +142,23 @@ def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
     model = llama_chat.load(path, device="cpu")
     assert "packed cache rebuilt (" in model.weights_note and "\n" not in model.weights_note
     assert entry.stat().st_size == size and torch.equal(model.logits([3, 4, 5]), expected)
+
+
+def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_path, tmp_cache):
+    """int8 levels relabelled uint8: the header still describes the data exactly, and the
+    model would take the tensors as they are (with wrong weights)."""
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
+    expected = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    [entry] = entries(tmp_cache)
+
+    def relabelled(header):
+        return {name: {**value, "dtype": "U8"} if value.get("dtype") == "I8" else value
+                for name, value in header.items()}
+
+    edited_entry(entry, relabelled)
+    model = llama_chat.load(path, device="cpu")
+    assert "packed cache rebuilt (its header is not the one it was written with)" in model.weights_note
+    assert torch.equal(model.logits([3, 4, 5]), expected)
 
 
 def test_without_a_cache_the_weights_are_packed_in_memory(tmp_path, monkeypatch):

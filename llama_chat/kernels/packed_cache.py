@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import struct
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from llama_chat.checkpoints.json_file import parse_json
+from llama_chat.checkpoints.regular_file import open_regular_file
+from llama_chat.checkpoints.safetensors_header import read_safetensors_header
+from llama_chat.checkpoints.values import shown
 from llama_chat.paths import cache_root, staged
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
@@ -36,6 +38,7 @@ SAMPLES = 16
 SAMPLE_BYTES = 1 << 16
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
           "I8": torch.int8, "U8": torch.uint8, "I64": torch.int64}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def file_identity(path: Path) -> list:
@@ -86,35 +89,41 @@ def save(path: Path, state: dict[str, torch.Tensor]) -> None:
         else:
             first_name[key] = name
             tensors[name] = tensor.detach().contiguous()
+    layout = {name: (DTYPE_NAMES[tensor.dtype], list(tensor.shape)) for name, tensor in tensors.items()}
     with staged(path) as staging:
-        save_file(tensors, str(staging), metadata={"aliases": json.dumps(aliases)})
+        save_file(tensors, str(staging), metadata={"aliases": json.dumps(aliases), "layout": _digest(layout)})
+
+
+def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
+    """A hash of each tensor's name, dtype and shape: a header edited by hand, its JSON still
+    well-formed, would otherwise hand the model tensors of another dtype or shape."""
+    return hashlib.sha256(json.dumps(sorted(layout.items())).encode()).hexdigest()
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a file written by `save`, as views of one read-only mapping of it
     (pages are read when used, and shared with every process mapping the file). Raises
-    ValueError when the file does not read back as written."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > size - 8:
-            raise ValueError("its header runs past the end of the file")
-        header = json.loads(handle.read(length))
-    data_start = 8 + length
-    aliases = json.loads(header.pop("__metadata__", {}).get("aliases", "{}"))
+    ValueError saying what is wrong when the file does not read back as written (OSError
+    when it cannot be read)."""
+    with open_regular_file(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        header = read_safetensors_header(handle, size)
+    if header.metadata.get("layout") != _digest({n: (e.dtype, list(e.shape)) for n, e in header.tensors.items()}):
+        raise ValueError("its header is not the one it was written with")
+    aliases = parse_json(header.metadata.get("aliases", "{}"))
+    if not isinstance(aliases, dict) or not all(isinstance(t, str) and t in header.tensors for t in aliases.values()):
+        raise ValueError("its aliases name tensors it does not hold")
+    if header.data_start + max((entry.end for entry in header.tensors.values()), default=0) != size:
+        raise ValueError("it holds more bytes than its tensors")
     # MAP_PRIVATE, never written: the pages stay the file's, counted as shared memory.
     mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     state = {}
-    end = 0
-    for name, entry in header.items():
-        begin, stop = entry["data_offsets"]
-        dtype, shape = DTYPES[entry["dtype"]], entry["shape"]
-        if not begin <= stop or data_start + stop > size or (stop - begin) != math.prod(shape) * dtype.itemsize:
-            raise ValueError(f"{name} does not fit where the header puts it")
-        state[name] = mapped[data_start + begin : data_start + stop].view(dtype).view(shape)
-        end = max(end, stop)
-    if data_start + end != size:
-        raise ValueError(f"{size - data_start - end} bytes more or fewer than its tensors")
+    for name, entry in header.tensors.items():
+        dtype = DTYPES.get(entry.dtype)
+        if dtype is None or (header.data_start + entry.begin) % dtype.itemsize:
+            raise ValueError(f"tensor {shown(name)} is not one packing writes")
+        data = mapped[header.data_start + entry.begin : header.data_start + entry.end]
+        state[name] = data.view(dtype).view(entry.shape)
     for name, target in aliases.items():
         state[name] = state[target]
     return state
