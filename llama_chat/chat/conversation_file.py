@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llama_chat.chat.exchange import Exchange
+from llama_chat.checkpoints.json_file import parse_json, read_json_text
+from llama_chat.checkpoints.values import shown
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
+from llama_chat.text.chat_format import THINKING_CLOSE
 from llama_chat.text.undecodable import has_undecodable
 from llama_chat.paths import staged
 
 FILE_KIND = "llama-chat conversation"
 FILE_VERSION = 1
+_WHITESPACE = re.compile(r"\s+")
 
 
 @dataclasses.dataclass
@@ -58,8 +65,38 @@ def read_conversation(path: Path) -> SavedConversation:
     data = _read_json(path)
     system, exchanges, head_ids = _conversation_from(data, path)
     settings = _settings_from(data.get("settings"), path)
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
-    return SavedConversation(system, exchanges, head_ids, settings, model)
+    return SavedConversation(system, exchanges, head_ids, settings, _model_from(data.get("model"), path))
+
+
+def ids_hold_text(
+    system: str | None, exchanges: Sequence[Exchange], head_ids: Sequence[int], decode: Callable[[list[int]], str]
+) -> bool:
+    """Whether saved token ids (all known, all in the vocabulary) hold the saved text, so
+    that the model reads what the conversation shows: each exchange's ids decode to text
+    holding its user message, then its reply's answer (what follows any thinking, which a
+    template may leave out); the first exchange's, with the head ids, hold the system
+    prompt before them. Whitespace is not compared: templates trim it. Ids with more in
+    them than the text pass."""
+    for number, exchange in enumerate(exchanges):
+        ids = exchange.user_ids + exchange.reply_ids
+        expected = [exchange.user, exchange.reply.rpartition(THINKING_CLOSE)[2]]
+        if number == 0:
+            ids, expected = [*head_ids, *ids], [system or "", *expected]
+        if not _holds_in_order(decode(ids), expected):
+            return False
+    return True
+
+
+def _holds_in_order(text: str, parts: Sequence[str]) -> bool:
+    text = _WHITESPACE.sub("", text)
+    position = 0
+    for part in parts:
+        part = _WHITESPACE.sub("", part)
+        found = text.find(part, position)
+        if found < 0:
+            return False
+        position = found + len(part)
+    return True
 
 
 def _dumps(data: dict) -> str:
@@ -71,30 +108,31 @@ def _dumps(data: dict) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise LlamaChatError(f"cannot read {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise LlamaChatError(f"{path} is not a llama-chat conversation (not UTF-8 text)") from None
+        text = read_json_text(path)
+    except FileNotFoundError:
+        raise LlamaChatError(f"cannot read {path}: no such file") from None
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as error:
         raise LlamaChatError(f"{path} is not a llama-chat conversation (bad JSON on line {error.lineno})") from None
+    except ValueError as error:
+        raise LlamaChatError(f"{path} is not a llama-chat conversation (JSON {error})") from None
     if not isinstance(data, dict) or data.get("kind") != FILE_KIND:
         raise LlamaChatError(f"{path} is not a llama-chat conversation (made by /save)")
     if data.get("version") != FILE_VERSION:
         raise LlamaChatError(
-            f"{path} has conversation format version {data.get('version')}; this llama-chat reads {FILE_VERSION}"
+            f"{path} has conversation format version {shown(data.get('version'))}; this llama-chat reads {FILE_VERSION}"
         )
     return data
 
 
 def _token_ids(value: object, path: Path) -> list[int] | None:
+    """Ids as saved: whether they fit the model's vocabulary and text is the session's to check."""
     if value is None:
         return None
-    if isinstance(value, list) and all(isinstance(token, int) and not isinstance(token, bool) for token in value):
-        return list(value)
-    raise LlamaChatError(f"{path}: token_ids must be a list of whole numbers")
+    if isinstance(value, list) and all(type(token) is int and token >= 0 for token in value):
+        return value
+    raise LlamaChatError(f"{path}: token_ids must be a list of whole numbers from 0 up")
 
 
 def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchange], list[int] | None]:
@@ -104,6 +142,8 @@ def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchang
         raise LlamaChatError(f"{path}: 'messages' must be a list of messages")
     if not all(isinstance(m.get("content"), str) for m in messages):
         raise LlamaChatError(f"{path}: every message needs a text 'content'")
+    if not all(isinstance(m.get("interrupted", False), bool) for m in messages):
+        raise LlamaChatError(f"{path}: a message's 'interrupted' must be true or false")
     for number, message in enumerate(messages, 1):
         if has_undecodable(message["content"]):
             raise LlamaChatError(
@@ -119,7 +159,7 @@ def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchang
         )
     exchanges = [
         Exchange(
-            user=asked["content"], reply=answered["content"], interrupted=bool(answered.get("interrupted")),
+            user=asked["content"], reply=answered["content"], interrupted=answered.get("interrupted", False),
             user_ids=_token_ids(asked.get("token_ids"), path), reply_ids=_token_ids(answered.get("token_ids"), path),
         )
         for asked, answered in zip(messages[::2], messages[1::2])
@@ -130,8 +170,33 @@ def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchang
 def _settings_from(values: object, path: Path) -> SamplingSettings:
     if not isinstance(values, dict):
         raise LlamaChatError(f"{path}: 'settings' must be an object")
-    known = {field.name for field in dataclasses.fields(SamplingSettings)}
+    known = {field.name: values[field.name] for field in dataclasses.fields(SamplingSettings) if field.name in values}
+    for name, value in known.items():
+        # SamplingSettings checks types and ranges; not that a number is finite or fits a seed.
+        if (type(value) is float and not math.isfinite(value)) or (type(value) is int and value >= 2**63):
+            raise LlamaChatError(f"{path}: {name} must be a finite number below 2**63, not {shown(value)}")
     try:
-        return SamplingSettings(**{name: value for name, value in values.items() if name in known})
+        return SamplingSettings(**known)
     except SettingError as error:
         raise LlamaChatError(f"{path}: {error}") from None
+
+
+# What a conversation file says of the model it was made with, and the type of each.
+_MODEL_FIELDS = {"path": str, "name": str, "chat_format": str, "vocab_size": int}
+
+
+def _model_from(value: object, path: Path) -> dict:
+    """The 'model' object (missing in files by hand: nothing known), its fields checked: they
+    decide whether the token ids are kept, and name the model in one-line notes."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(_model_field_fits(name, field) for name, field in value.items()):
+        raise LlamaChatError(f"{path}: 'model' must be an object of the text path, name, chat_format and vocab_size")
+    return value
+
+
+def _model_field_fits(name: str, value: object) -> bool:
+    kind = _MODEL_FIELDS.get(name)
+    if kind is None or value is None:
+        return True
+    return type(value) is kind and (kind is not str or value.isprintable())

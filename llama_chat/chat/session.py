@@ -41,7 +41,7 @@ from pathlib import Path
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
 from llama_chat.chat.cache_file import identity as cache_identity
 from llama_chat.chat.cache_file import model_source as cache_model_source
-from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
+from llama_chat.chat.conversation_file import SavedConversation, ids_hold_text, read_conversation, write_conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.thinking import cue_opening
 from llama_chat.engine.cache import common_length
@@ -414,10 +414,12 @@ class Session:
                 exchange.user_ids = exchange.reply_ids = None
         self.system, self.exchanges, self.settings, self.head_ids = saved.system, exchanges, saved.settings, head_ids
         self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
-        if not self._ids_fit_vocabulary():
+        notes = []
+        if not self._ids_hold_the_text():  # ids by hand, or for other text: the model is to read what is shown
+            if same_model and self.ids is not None and exchanges:
+                notes.append(f"{path}: its token ids do not hold its text; they were rebuilt from the text")
             self._rebuild_ids()
         self._trim_cache()
-        notes = []
         if not same_model:
             saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
             notes.append(f"{path} was saved with {saved_name}; its token ids were rebuilt for {self.model.name}")
@@ -443,9 +445,15 @@ class Session:
             and saved.get("vocab_size") == self.model.tokenizer.vocab_size
         )
 
-    def _ids_fit_vocabulary(self) -> bool:
+    def _ids_hold_the_text(self) -> bool:
+        """Whether the ids are known, in the vocabulary and hold the conversation's text (with
+        no exchange, the ids are only the system prompt's: rendered anew, as cheap as checked)."""
         ids = self.ids
-        return ids is not None and all(0 <= token < self.model.tokenizer.vocab_size for token in ids)
+        return (
+            ids is not None and bool(self.exchanges)
+            and all(0 <= token < self.model.tokenizer.vocab_size for token in ids)
+            and ids_hold_text(self.system, self.exchanges, self.head_ids, self.model.tokenizer.decode)
+        )
 
 
 def _messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
