@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.engine.cache import KVCache
 from llama_chat.errors import first_line
 from llama_chat.kernels.packed_cache import source_identity
@@ -27,6 +28,7 @@ from llama_chat.paths import staged
 KIND = "llama-chat kv cache"
 VERSION = "1"
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
 
 
 class CacheNotUsed(Exception):
@@ -100,32 +102,43 @@ def _holds(path: Path, cache: KVCache, held: int, depends_on: dict) -> bool:
 
 def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict) -> int:
     """Fill `cache` from the file at `path` and return how many positions it holds; raises
-    CacheNotUsed (the cache left empty) when the file is not this conversation's cache."""
+    CacheNotUsed (the cache left empty) when the file is not this conversation's cache.
+    Every shape is checked before a tensor is read, so that a file cannot make it read
+    more than this conversation's positions."""
     cache.truncate(0)
     try:
         with safe_open(str(path), framework="pt") as saved:
             metadata = saved.metadata() or {}
             if metadata.get("kind") != KIND or metadata.get("version") != VERSION:
                 raise CacheNotUsed(f"{path.name} is not a llama-chat cache of this version")
-            saved_depends = json.loads(metadata.get("depends on", "{}"))
+            saved_depends = parse_json(metadata.get("depends on", "{}"))
+            if not isinstance(saved_depends, dict):
+                raise CacheNotUsed(f"{path.name} does not say what it was made with")
             for key, value in depends_on.items():
                 if saved_depends.get(key) != value:
                     raise CacheNotUsed(f"it was made with another {key}")
-            keys, values, tokens = saved.get_tensor("keys"), saved.get_tensor("values"), saved.get_tensor("tokens")
+            token_slice = saved.get_slice("tokens")
+            if len(token_slice.get_shape()) != 1 or token_slice.get_dtype() != "I64":
+                raise CacheNotUsed(f"{path.name} holds its tokens in another form than a list of ids")
+            count = token_slice.get_shape()[0]
+            if count > len(ids) or saved.get_tensor("tokens").tolist() != list(ids[:count]):
+                raise CacheNotUsed(f"{path.name} holds other tokens than the conversation")
+            expected = [cache.keys.shape[0], cache.keys.shape[2], count, cache.keys.shape[4]]
+            for name in ("keys", "values"):
+                stored = saved.get_slice(name)
+                if stored.get_shape() != expected:
+                    raise CacheNotUsed(f"{path.name} holds tensors of other shapes than this model's cache")
+                if stored.get_dtype() != _SAFETENSORS_DTYPES.get(cache.keys.dtype):
+                    dtype = _TORCH_DTYPES.get(stored.get_dtype(), stored.get_dtype())
+                    raise CacheNotUsed(f"{path.name} holds a {dtype} cache, this model's is {cache.keys.dtype}")
+            if count >= cache.capacity:
+                raise CacheNotUsed(
+                    f"{path.name} holds {count} positions, too many for a context of {cache.capacity} tokens"
+                )
+            keys, values = saved.get_tensor("keys"), saved.get_tensor("values")
     except CacheNotUsed:
         raise
     except Exception as error:  # noqa: BLE001 (a damaged file can fail in many ways)
         raise CacheNotUsed(f"{path.name} does not read back ({first_line(error)[:120]})") from None
-    count = tokens.numel()
-    expected = (cache.keys.shape[0], cache.keys.shape[2], count, cache.keys.shape[4])
-    if tokens.ndim != 1 or tuple(keys.shape) != expected or tuple(values.shape) != expected:
-        raise CacheNotUsed(f"{path.name} holds tensors of other shapes than this model's cache")
-    if keys.dtype != cache.keys.dtype or values.dtype != cache.values.dtype:
-        raise CacheNotUsed(f"{path.name} holds a {keys.dtype} cache, this model's is {cache.keys.dtype}")
-    held = tokens.tolist()
-    if held != list(ids[:count]):
-        raise CacheNotUsed(f"{path.name} holds other tokens than the conversation")
-    if count >= cache.capacity:
-        raise CacheNotUsed(f"{path.name} holds {count} positions, too many for a context of {cache.capacity} tokens")
-    cache.write(held, keys, values)
+    cache.write(list(ids[:count]), keys, values)
     return count
