@@ -1,0 +1,57 @@
+"""The command line given hostile files: exit code 1 and one line on stderr naming the file,
+never a traceback (the reported cases of "Nothing in a model file or a saved file can hang,
+crash or flood llama-chat"; each reader's own cases are in its tests)."""
+
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import llama_chat.cli.chat
+from llama_chat.cli import main
+
+from .test_gguf import gguf_entry, raw_gguf
+from .test_session import chat_model
+
+ARRAY_VALUE, U32 = 9, 4
+
+
+def arrays_nested_200000_deep(path):
+    nested = struct.pack("<IQ", ARRAY_VALUE, 1) * 200_000 + struct.pack("<IQ", U32, 0)
+    return raw_gguf(path, [gguf_entry("deep", ARRAY_VALUE, nested)])
+
+
+def alignment_zero(path):
+    return raw_gguf(path, [gguf_entry("general.alignment", U32, struct.pack("<I", 0))])
+
+
+@pytest.mark.parametrize("write, reason", [
+    (arrays_nested_200000_deep, "metadata arrays nested more than 4 deep"),
+    (alignment_zero, "general.alignment is 0, not a power of two up to 1048576"),
+])
+def test_a_hostile_gguf_is_one_line_and_exit_code_1(tmp_path, capsys, write, reason):
+    path = write(tmp_path / "hostile.gguf")
+    assert main(["--model", str(path), "-p", "hi"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"llama-chat: {path}: the GGUF file is truncated or corrupt ({reason}); download it again\n"
+
+
+def test_a_conversation_nested_200000_deep_is_one_line_and_exit_code_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(llama_chat.cli.chat, "load", lambda path, **options: chat_model())
+    path = tmp_path / "chat.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    assert main(["--model", "tiny.gguf", "--open", str(path), "-p", "hi"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"llama-chat: {path} is not a llama-chat conversation (JSON nested more than 64 levels deep)\n"
+
+
+def test_the_command_run_as_a_program_prints_no_traceback(tmp_path):
+    path = arrays_nested_200000_deep(tmp_path / "hostile.gguf")
+    finished = subprocess.run([sys.executable, "-m", "llama_chat", "--model", str(path), "-p", "hi"],
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 1 and finished.stdout == ""
+    assert finished.stderr.count("\n") == 1 and "Traceback" not in finished.stderr
+    assert finished.stderr.startswith(f"llama-chat: {path}: the GGUF file is truncated or corrupt (")
