@@ -26,6 +26,11 @@ class UsageError(LlamaChatError):
     """The command line asks for something impossible (exit code 2)."""
 
 
+class CorruptFileError(LlamaChatError, ValueError):
+    """A file llama-chat wrote itself does not read back as written (a cache, to be made
+    again); a ValueError too, as which its callers catch it."""
+
+
 def first_line(error: BaseException) -> str:
     """An exception as one line: its message's first line, or its type's name."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -13,6 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 
 import llama_chat
+from llama_chat.errors import CorruptFileError
 from llama_chat.kernels import native, packed_cache
 from llama_chat.kernels.block_linear import BlockLinear
 
@@ -100,9 +101,9 @@ def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, re
     path = tmp_path / "entry.safetensors"
     packed_cache.save(path, {"w": torch.randn(64, 64)})
     edited_entry(path, edit)
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(CorruptFileError) as refused:  # a ValueError, as the loader catches it
         packed_cache.load(path)
-    assert str(refused.value).startswith(reason)
+    assert str(refused.value).startswith(reason) and isinstance(refused.value, ValueError)
 
 
 def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.engine.cache import KVCache
-from llama_chat.errors import first_line
+from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.kernels.packed_cache import source_identity
 from llama_chat.paths import staged
 
@@ -31,7 +31,7 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
 _TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
 
 
-class CacheNotUsed(Exception):
+class CacheNotUsed(LlamaChatError):
     """A saved cache that cannot stand for the conversation; the message says why."""
 
 

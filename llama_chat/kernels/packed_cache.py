@@ -26,8 +26,9 @@ from safetensors.torch import save_file
 
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import open_regular_file
-from llama_chat.checkpoints.safetensors_header import read_safetensors_header
+from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_safetensors_header
 from llama_chat.checkpoints.values import shown
+from llama_chat.errors import CorruptFileError
 from llama_chat.paths import cache_root, staged
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
@@ -103,27 +104,36 @@ def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
 def load(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a file written by `save`, as views of one read-only mapping of it
     (pages are read when used, and shared with every process mapping the file). Raises
-    ValueError saying what is wrong when the file does not read back as written (OSError
-    when it cannot be read)."""
-    with open_regular_file(path) as handle:
-        size = os.fstat(handle.fileno()).st_size
-        header = read_safetensors_header(handle, size)
-    if header.metadata.get("layout") != _digest({n: (e.dtype, list(e.shape)) for n, e in header.tensors.items()}):
-        raise ValueError("its header is not the one it was written with")
-    aliases = parse_json(header.metadata.get("aliases", "{}"))
-    if not isinstance(aliases, dict) or not all(isinstance(t, str) and t in header.tensors for t in aliases.values()):
-        raise ValueError("its aliases name tensors it does not hold")
-    if header.data_start + max((entry.end for entry in header.tensors.values()), default=0) != size:
-        raise ValueError("it holds more bytes than its tensors")
+    CorruptFileError (a ValueError) saying what is wrong when the file does not read back
+    as written, OSError when it cannot be read."""
+    header, aliases, size = _checked_header(path)
     # MAP_PRIVATE, never written: the pages stay the file's, counted as shared memory.
     mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     state = {}
     for name, entry in header.tensors.items():
         dtype = DTYPES.get(entry.dtype)
         if dtype is None or (header.data_start + entry.begin) % dtype.itemsize:
-            raise ValueError(f"tensor {shown(name)} is not one packing writes")
+            raise CorruptFileError(f"tensor {shown(name)} is not one packing writes")
         data = mapped[header.data_start + entry.begin : header.data_start + entry.end]
         state[name] = data.view(dtype).view(entry.shape)
     for name, target in aliases.items():
         state[name] = state[target]
     return state
+
+
+def _checked_header(path: Path) -> tuple[SafetensorsHeader, dict[str, str], int]:
+    """An entry's header, its aliases and the file's size, all as `save` wrote them."""
+    try:
+        with open_regular_file(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            header = read_safetensors_header(handle, size)
+        aliases = parse_json(header.metadata.get("aliases", "{}"))
+    except ValueError as error:
+        raise CorruptFileError(str(error)) from None
+    if header.metadata.get("layout") != _digest({n: (e.dtype, list(e.shape)) for n, e in header.tensors.items()}):
+        raise CorruptFileError("its header is not the one it was written with")
+    if not isinstance(aliases, dict) or not all(isinstance(t, str) and t in header.tensors for t in aliases.values()):
+        raise CorruptFileError("its aliases name tensors it does not hold")
+    if header.data_start + max((entry.end for entry in header.tensors.values()), default=0) != size:
+        raise CorruptFileError("it holds more bytes than its tensors")
+    return header, aliases, size
