@@ -327,3 +327,12 @@ def test_a_hostile_safetensors_header_is_one_line_naming_the_file(tmp_path, cont
     with pytest.raises(LlamaChatError) as refused:
         SafetensorsFile(path)
     assert str(refused.value).startswith(f"{path}: not a readable safetensors file ({reason}")
+
+
+def test_a_chat_template_file_that_is_not_text_is_one_line(model_directory, tmp_path):
+    changed_copy(model_directory, tmp_path, "tokenizer_config.json", json.dumps({"eos_token": "<|eot_id|>"}).encode())
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ messages }}\xff")
+    with pytest.raises(LlamaChatError) as refused:
+        load_hf_directory(tmp_path)
+    assert str(refused.value) == f"{tmp_path / 'chat_template.jinja'}: not UTF-8 text"
+

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llama_chat.chat.exchange import Exchange
-from llama_chat.checkpoints.json_file import parse_json, read_json_text
+from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, parse_json
+from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.checkpoints.values import shown
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
@@ -108,7 +109,7 @@ def _dumps(data: dict) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        text = read_json_text(path)
+        text = read_text_file(path, MAX_JSON_FILE_BYTES)
     except FileNotFoundError:
         raise LlamaChatError(f"cannot read {path}: no such file") from None
     try:

@@ -9,14 +9,13 @@ literals refuses such a file before it is parsed.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llama_chat.checkpoints.regular_file import open_regular_file
+from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.errors import LlamaChatError
 
 MAX_NESTING = 64  # real files nest a handful of levels
@@ -50,27 +49,10 @@ def parse_json(text: str | bytes) -> Any:
     return json.loads(text)
 
 
-def read_json_text(path: Path, limit: int = MAX_JSON_FILE_BYTES) -> str:
-    """A regular file's text, refused unread when larger than `limit` bytes. FileNotFoundError
-    passes through; every other failure is a LlamaChatError naming the file."""
-    try:
-        with open_regular_file(path) as file:
-            size = os.fstat(file.fileno()).st_size
-            if size > limit:
-                raise LlamaChatError(f"{path}: {size} bytes, too large for a JSON file of its kind (at most {limit})")
-            return file.read(limit + 1).decode("utf-8")
-    except FileNotFoundError:
-        raise
-    except UnicodeDecodeError:
-        raise LlamaChatError(f"{path}: not valid JSON (not UTF-8 text)") from None
-    except OSError as error:
-        raise LlamaChatError(f"{path}: cannot read it ({error.strerror or error})") from None
-
-
 def read_json_object(path: Path) -> dict | None:
     """A JSON object file's contents, or None when the file does not exist."""
     try:
-        text = read_json_text(path)
+        text = read_text_file(path, MAX_JSON_FILE_BYTES)
     except FileNotFoundError:
         return None
     try:

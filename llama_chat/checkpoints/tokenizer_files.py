@@ -8,12 +8,15 @@ from pathlib import Path
 
 import tokenizers
 
-from llama_chat.checkpoints.json_file import read_json_object
+from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, read_json_object
+from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.hf_tokenizer import HFTokenizer
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer, looks_like_tiktoken
 from llama_chat.text.tokenizer import Tokenizer
+
+MAX_TOKENIZER_JSON_BYTES = 256 * 2**20  # the largest vocabularies' files are near 35 MB
 
 
 def load_tokenizer_model(path: Path, added_tokens: Mapping[str, int] | None = None, **settings) -> Tokenizer:
@@ -53,7 +56,9 @@ def tokenizer_from_tokenizer_json(
 ) -> HFTokenizer:
     """A tokenizer.json with the bos/eos names and add_bos_token of its tokenizer_config.json."""
     try:
-        backend = tokenizers.Tokenizer.from_file(str(path))
+        backend = tokenizers.Tokenizer.from_str(read_text_file(path, MAX_TOKENIZER_JSON_BYTES))
+    except LlamaChatError:
+        raise
     except Exception as error:  # tokenizers reports every parse failure as a plain Exception
         raise LlamaChatError(f"{path}: not a readable tokenizer.json ({error})") from None
     bos_name = token_content(tokenizer_config.get("bos_token"))
@@ -91,7 +96,7 @@ def chat_template(directory: Path, tokenizer_config: Mapping) -> str | None:
     if template is None:
         jinja_path = directory / "chat_template.jinja"
         if jinja_path.is_file():
-            return jinja_path.read_text(encoding="utf-8")
+            return read_text_file(jinja_path, MAX_JSON_FILE_BYTES)
         template = (read_json_object(directory / "chat_template.json") or {}).get("chat_template")
     if isinstance(template, list):
         # Several named templates (e.g. "default" and "tool_use"): chat uses the default one.
