@@ -70,7 +70,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
     when the loader asks for them."""
     source = str(path)
     metadata, stored = _read(Path(path))
-    check_metadata_types(metadata, source)
+    _check_metadata_types(metadata, source)
     architecture = metadata.get("general.architecture")
     if architecture != "llama":
         raise LlamaChatError(f"{source} is a {shown(architecture)} model; llama-chat runs llama-architecture models")
@@ -137,7 +137,7 @@ _METADATA_TYPES: dict[str, tuple[type, type | None]] = {
 }
 
 
-def check_metadata_types(metadata: Mapping[str, Any], source: str) -> None:
+def _check_metadata_types(metadata: Mapping[str, Any], source: str) -> None:
     """Refuse, naming the key, metadata llama-chat reads that holds a value of another type."""
     for key, (kind, element_kind) in _METADATA_TYPES.items():
         value = metadata.get(key)
