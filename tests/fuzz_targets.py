@@ -64,7 +64,9 @@ def byte_mutations(draw, seed: bytes, hot: int) -> bytes:
 
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=8),
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=8),
+    # no subnormals: the chat turns them off process-wide (flush_denormals), which hypothesis refuses
+    st.floats(allow_nan=True, allow_subnormal=False),
 )
 json_values = st.recursive(
     json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
