@@ -82,6 +82,7 @@ def test_raw_is_plain_completion(loads, capsys):
     (["--temperature", "-1", "-p", "x"], "temperature must be 0 (greedy) or more"),
     (["--top-p", "1.5", "-p", "x"], "top_p must be in (0, 1]"),
     (["--max-tokens", "0", "-p", "x"], "max_tokens must be a positive number"),
+    (["--seed", str(2**64), "-p", "x"], "seed must be a whole number from 0 to 2**63 - 1"),
     (["--ctx-size", "0", "-p", "x"], "--ctx-size must be a positive number"),
     (["--raw"], "--raw needs a prompt"),
     (["--lookup", "some", "-p", "x"], "--lookup takes auto or a number of tokens (0: off), not 'some'"),

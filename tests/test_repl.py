@@ -86,7 +86,7 @@ def test_settings_change_through_slash_commands():
     ("/min_p 1", "min_p must be in [0, 1)"),
     ("/repeat_penalty 0", "repeat_penalty must be positive"),
     ("/max_tokens 0", "max_tokens must be a positive number"),
-    ("/seed -2", "seed must be a non-negative integer"),
+    ("/seed -2", "seed must be a whole number from 0 to 2**63 - 1"),
     ("/markdown maybe", "/markdown takes on or off, got 'maybe'"),
     ("/think aloud", "/think takes show or hide, got 'aloud'"),
     ("/undo now", "/undo takes no argument"),

@@ -100,6 +100,7 @@ def test_temperature_sharpens_the_distribution():
         dict(repeat_penalty=0.0),
         dict(repeat_last_n=-1),
         dict(seed=-5),
+        dict(seed=2**63),
         dict(max_tokens=0),
     ],
 )

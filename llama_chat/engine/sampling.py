@@ -46,7 +46,8 @@ class SamplingSettings:
             (0 <= self.min_p < 1, "min_p must be in [0, 1); 0 turns it off"),
             (self.repeat_penalty > 0, "repeat_penalty must be positive; 1 turns it off"),
             (self.repeat_last_n >= 0, "repeat_last_n must be 0 or more"),
-            (self.seed is None or self.seed >= 0, "seed must be a non-negative integer"),
+            # torch's generators take seeds below 2**64; a saved conversation keeps them below 2**63
+            (self.seed is None or 0 <= self.seed < 2**63, "seed must be a whole number from 0 to 2**63 - 1"),
             (self.max_tokens > 0, "max_tokens must be a positive number of tokens"),
         ]
         for passed, message in checks:
