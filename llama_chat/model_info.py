@@ -13,6 +13,8 @@ from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import read_gguf_header
 
+_LONGEST_VALUE = 200  # characters of a name or license shown
+
 
 def model_info(path: str | Path) -> list[tuple[str, str]]:
     """(label, value) rows: name, architecture, size, shapes, vocabulary, tensor types,
@@ -36,8 +38,8 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
     files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
     stop_names = sorted(f"{tokenizer.token_name(token) or token} ({token})" for token in tokenizer.stop_ids)
     return [
-        ("name", str(metadata.get("general.name") or path.name)),
-        ("architecture", str(metadata.get("general.architecture", "llama"))),
+        ("name", _from_file(metadata.get("general.name")) or path.name),
+        ("architecture", _from_file(metadata.get("general.architecture", "llama"))),
         ("file", f"{path} ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB)"),
         ("parameters", f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"),
         ("layers", str(args.n_layers)),
@@ -47,10 +49,16 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
         ("vocabulary", f"{args.vocab_size} tokens"),
         ("tensor types", ", ".join(f"{kind}: {count} tensors, {size / 1e6:.1f} MB"
                                    for kind, (count, size) in sorted(types.items(), key=lambda item: -item[1][1]))),
-        ("license", str(metadata.get("general.license") or "not stated in the file")),
+        ("license", _from_file(metadata.get("general.license")) or "not stated in the file"),
         ("chat template", "yes, its own" if checkpoint.chat_template else "none (a built-in format is used)"),
         ("stop tokens", ", ".join(stop_names) or "none"),
     ]
+
+
+def _from_file(value: object) -> str:
+    """A metadata value as a line of at most a few words: the file may hold a megabyte here."""
+    text = "" if value is None else str(value)
+    return text if len(text) <= _LONGEST_VALUE else text[:_LONGEST_VALUE] + "…"
 
 
 def is_gguf(path: Path) -> bool:

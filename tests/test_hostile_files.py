@@ -55,3 +55,19 @@ def test_the_command_run_as_a_program_prints_no_traceback(tmp_path):
     assert finished.returncode == 1 and finished.stdout == ""
     assert finished.stderr.count("\n") == 1 and "Traceback" not in finished.stderr
     assert finished.stderr.startswith(f"llama-chat: {path}: the GGUF file is truncated or corrupt (")
+
+
+def test_info_shows_a_files_name_and_license_as_text_of_a_line(tmp_path, capsys):
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    def words(writer):
+        writer.add_name("\x1b]0;owned\x07\x1b[2Jtiny")
+        writer.add_license("free " * 100_000)
+
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(), extra=words)
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "name:          \\x1b]0;owned\\x07\\x1b[2Jtiny\n" in out
+    license_line = next(line for line in out.splitlines() if line.startswith("license:"))
+    assert license_line == "license:       " + ("free " * 40) + "…"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from llama_chat.chat.display import visible
 from llama_chat.default_model import require_default_model
 from llama_chat.model_info import model_info
 
@@ -14,5 +15,5 @@ def main(argv: list[str]) -> int:
     parser.add_argument("model", nargs="?", help="a .gguf file, or a Hugging Face or Meta checkpoint directory")
     options = parser.parse_args(argv)
     for label, value in model_info(options.model or require_default_model()):
-        print(f"{label + ':':15}{value}")
+        print(f"{label + ':':15}{visible(value)}")  # the file's words, never its escape sequences
     return 0
