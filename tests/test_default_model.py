@@ -147,12 +147,12 @@ def test_packed_weights_agree_with_float32(default_gguf, model, matmul, kernel_r
     assert difference.max() <= 1.5 and difference.mean() <= 0.15
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("bits, least", [("16", 0.99), ("8", 0.90)])
 def test_llama_chats_kernels_agree_with_float32(default_gguf, model, bits, least, monkeypatch):
     """llama-chat's kernels on the file's own Q4_1 blocks, teacher-forced against float32:
     single tokens take float32 activations; 16-token steps take 16-bit activations (two
     int8 halves) by default, or int8 with LLAMA_CHAT_ACTIVATION_BITS=8."""
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
     monkeypatch.setenv("LLAMA_CHAT_ACTIVATION_BITS", bits)
     fast = llama_chat.load(default_gguf, device="cpu")
     assert fast.quantization == "Q4_1" and f"{bits}-bit prompt steps" in fast.weights_note
@@ -207,6 +207,7 @@ PROMPTS_64 = [
 ]
 
 
+@pytest.mark.needs_compiler
 def test_the_compiled_decode_step_agrees_with_the_eager_one(default_gguf):
     """The default model's compiled step (built here, in a child process, as the chat does)
     against its eager step on 4 prompts, 64 tokens each.

@@ -175,6 +175,7 @@ def test_packed_weights_split_over_two_ranks_on_pytorch_kernels(packable_model, 
     assert int8["greedy"] == alone["int8"]["greedy"] and greedy_tokens(int8) == 20
 
 
+@pytest.mark.needs_kernels
 def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_path, monkeypatch):
     """Q4_0 and Q8_0 files as their blocks, and int4 and int8 packing of a float32 file (Q4_1
     and Q8_0 blocks), each /load-ed in turn over 2 ranks on llama-chat's kernels. Blocks hold
@@ -183,7 +184,6 @@ def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_pat
     blocks). Prompt steps quantise activations in groups of 32 to 16 bits, so sums in
     another order can move a level: measured up to 2e-4 on logits of std 1. 2e-3 leaves
     room, and is 20 times below how far 16-bit activations move them from float32 (0.04)."""
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
     cases = {"Q4_0": ("auto", QType.Q4_0), "Q8_0": ("auto", QType.Q8_0), "Q4_1": ("int4", QType.F32),
              "int8-Q8_0": ("int8", QType.F32)}
@@ -199,17 +199,21 @@ def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_pat
         assert seen["turns"] == alone["turns"]
 
 
-def test_widths_that_leave_part_blocks_are_refused_for_int4(model_file, monkeypatch):
+@pytest.mark.needs_kernels
+def test_widths_that_leave_part_blocks_are_refused_for_int4_on_our_kernels(model_file, monkeypatch):
     """6 heads of 16 over 2 ranks: a rank's wo is 48 columns wide, not whole groups of 32, so
-    int4 is refused (the whole model packs); on PyTorch's kernels wqkv's 144 rows per rank,
-    not whole int4 blocks of rows on some CPUs, may be what is named first."""
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    int4 is refused (the whole model packs)."""
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
     with pytest.raises(LlamaChatError) as refused:
         llama_chat.load(model_file, device="cpu", quantize="int4", shard=Shard(1, 2))
     assert str(refused.value) == ("layers.0.attention.wo.weight (48 columns) does not split into groups of 32; "
                                   "use --quantize int8")
     assert llama_chat.load(model_file, device="cpu", quantize="int4").quantization == "Q4_1"
+
+
+def test_widths_that_leave_part_blocks_are_refused_for_int4_on_pytorch_kernels(model_file, monkeypatch):
+    """The same on PyTorch's kernels, where wqkv's 144 rows per rank, not whole int4 blocks
+    of rows on some CPUs, may be what is named first."""
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
     with pytest.raises(LlamaChatError) as refused:
         llama_chat.load(model_file, device="cpu", quantize="int4", dtype="float32", kernel_dtype="float32",
