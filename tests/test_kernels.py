@@ -215,12 +215,33 @@ def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypat
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
     monkeypatch.setenv("CXX", "no-such-compiler")
     state = native.status(wait=True)
-    assert not state.loaded
+    assert not state.loaded and state.wanting  # worth a line at start-up
     assert state.detail == "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels"
     from llama_chat.kernels.cpu_paths import choose_native
 
     variant, reason = choose_native(tiny_args())
     assert variant is None and "no C++ compiler" in reason
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
+    assert not native.status().wanting  # off by choice: nothing to say at start-up
+
+
+def test_a_chat_without_a_compiler_answers_on_pytorch_kernels_with_one_line(tmp_path):
+    """A one-shot chat on a Q4_1 file, with no compiler to be found (an empty PATH) and
+    nothing built: it answers, on PyTorch's kernels, and one line says why."""
+    path = write_gguf(tmp_path / "q4_1.gguf", tiny_hf_model(seed=5), qtype=QType.Q4_1)
+    (tmp_path / "no-programs").mkdir()
+    environment = {**os.environ, "PATH": str(tmp_path / "no-programs"), "LLAMA_CHAT_CACHE": str(tmp_path / "cache"),
+                   "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "kernels")}
+    for inherited in ("CXX", "LLAMA_CHAT_KERNELS", native.LOADED_LIBRARY):
+        environment.pop(inherited, None)
+    command = [sys.executable, "-m", "llama_chat", "--model", str(path), "-p", "hi", "--max-tokens", "4"]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()  # the reply
+    assert result.stderr.splitlines() == [
+        "llama-chat: PyTorch's kernels run: no C++ compiler (c++) found; install g++ or clang to build llama-chat's kernels"
+    ]
+    assert "Traceback" not in result.stdout
 
 
 def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
@@ -232,10 +253,10 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", str(compiler))
     first = native.status(wait=True)
-    assert not first.loaded and first.detail.startswith("build failed: ")
+    assert not first.loaded and first.detail.startswith("build failed: ") and first.wanting
     assert "\n" not in first.detail
     again = native.status(wait=True)
-    assert again.detail.startswith("build failed: ") and "to try again now" in again.detail
+    assert again.detail.startswith("build failed: ") and "to try again now" in again.detail and again.wanting
     # A day later it is tried again (and fails again, with this compiler).
     marker = next((tmp_path / "kernels").glob("*/build-failed.txt"))
     old = marker.stat().st_mtime - native.RETRY_FAILED_BUILD_SECONDS - 1
