@@ -4,7 +4,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType as QType
 
@@ -27,10 +27,11 @@ from .test_gguf import tiny_hf_model, write_gguf
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def rendezvous_store() -> dist.TCPStore:
+    """A store the ranks meet at, as torchrun's agent holds one for its workers: listening
+    on its port before any rank is told of it (a port found free and let go could be taken
+    before the ranks bound it). Keep it until the ranks are done."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def alone(model_file):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_group_reproduces_one_process(model_file, alone, world, tmp_path):
-    mp.start_processes(parallel_ranks.run, args=(world, free_port(), str(model_file), str(tmp_path)),
+    store = rendezvous_store()
+    mp.start_processes(parallel_ranks.run, args=(world, store.port, str(model_file), str(tmp_path)),
                        nprocs=world, start_method="spawn")
     group = torch.load(tmp_path / "rank0.pt")
     assert torch.allclose(group["logits"], alone["logits"], atol=1e-4, rtol=0)
@@ -98,7 +100,8 @@ def test_what_does_not_divide_is_named():
 def run_group(world: int, out: Path, paths: list[Path], settings: dict[Path, dict] | None = None) -> list[dict]:
     """What rank 0 of a group of `world` ranks saw, loading each of `paths` in turn (see run_loads)."""
     settings = {str(path): value for path, value in (settings or {}).items()}
-    arguments = (world, free_port(), str(out), [str(p) for p in paths], settings)
+    store = rendezvous_store()
+    arguments = (world, store.port, str(out), [str(p) for p in paths], settings)
     mp.start_processes(parallel_ranks.run_loads, args=arguments, nprocs=world, start_method="spawn")
     return torch.load(out / "rank0.pt")
 
@@ -257,23 +260,25 @@ def test_the_command_line_gives_the_same_reply_with_tp(model_file):
 
 
 def test_two_hosts_on_the_loopback_interface(model_file):
-    """torchrun with two nodes of one process each, as two hosts would run it."""
-    port = free_port()
+    """torchrun with two nodes of one process each, as two hosts would run it, meeting at a
+    store this test holds (is_host=false: neither node binds a port of its own to meet)."""
+    store = rendezvous_store()
     common = ["-m", str(model_file), "--dtype", "float32", "--temperature", "0", "--max-tokens", "16",
               "-p", "hello there"]
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-             "-m", "llama_chat", *common],
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-id", "two-hosts",
+             "--rdzv-conf", "is_host=false", "-m", "llama_chat", *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
-        for node in (0, 1)
+        for _ in range(2)
     ]
     outputs = [node.communicate(timeout=120) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     alone = subprocess.run(chat_command(*common), capture_output=True, text=True, timeout=120)
-    assert outputs[0][0] == alone.stdout and outputs[1][0] == ""
+    # The rendezvous decides which node is rank 0: that one prints the reply, the other nothing.
+    assert sorted(stdout for stdout, _ in outputs) == ["", alone.stdout] and alone.stdout.strip()
 
 
 def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:
