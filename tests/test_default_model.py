@@ -269,15 +269,22 @@ def test_keys_typed_while_a_reply_streams_are_not_echoed_into_it(default_gguf):
         sent = len(chat.output)
         chat.type(b"Count from 1 to 100, separated by spaces.\r")
         assert chat.read_until(b"\x1b[?2004l", 60, after=sent), chat.text()  # the prompt let go
-        chat.read_until(b"\0never", 0.5)  # 150 tokens take about two seconds: the reply is streaming
+        let_go = len(chat.output)
+        # The reply streams: the terminal is the chat's again and the first piece has shown.
+        assert chat.wait_for(lambda: chat.ctrl_c_is_a_signal() and len(chat.output) > let_go, 60), chat.text()
+        # Keys typed with the chat paused mid-reply: however fast it runs, they arrive before its end.
+        chat.pause()
         typed = len(chat.output)
+        assert b"tok/s" not in chat.output[sent:], "the reply ended before the chat was paused"
         chat.type(b"zqxjw")
+        chat.resume()
         assert chat.read_until(b"tok/s", 60, after=typed), chat.text()  # the reply's statistics line
         reply_end = chat.output.index(b"tok/s", typed)
         assert b"zqxjw" not in chat.output[sent:reply_end]
         assert chat.read_until(b"zqxjw", 10, after=reply_end), chat.text()  # waiting in the next prompt
+        cleared = len(chat.output)
         chat.type(b"\x03")  # Ctrl-C clears the line
-        chat.read_until(b"\0never", 0.5)
+        assert chat.read_prompt(10, after=cleared), chat.text()
         chat.type(b"\x04")
         assert chat.exit_code(30) == 0
     finally:

@@ -1,5 +1,4 @@
 import inspect
-import time
 from pathlib import Path
 
 import pytest
@@ -153,13 +152,20 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
     path.parent.mkdir(parents=True)
     path.write_bytes(destination.read_bytes())
     compiled_step.verify_path(path).write_bytes(compiled_step.verify_path(destination).read_bytes())
-    # Without waiting, and in one-shot mode (no background work) too: it opens in milliseconds.
-    for background in (True, False):
-        step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
-        started = time.perf_counter()
-        assert step.compile(background=background) == "compiled"
-        assert time.perf_counter() - started < 1
-        assert step.compiled is not None and step.pending is None
+    written = (path.stat().st_mtime_ns, compiled_step.verify_path(path).stat().st_mtime_ns)
+
+    def no_build(*_):
+        raise AssertionError("a package on disk was built again")
+
+    # Without waiting, and in one-shot mode (no background work) too: it is opened, not built.
+    with monkeypatch.context() as patched:
+        patched.setattr(compiled_step, "BackgroundCompile", no_build)
+        patched.setattr(compiled_step, "build_packages", no_build)
+        for background in (True, False):
+            step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
+            assert step.compile(background=background) == "compiled"
+            assert step.compiled is not None and step.pending is None
+    assert (path.stat().st_mtime_ns, compiled_step.verify_path(path).stat().st_mtime_ns) == written
     # A truncated package is one line: removed, the eager step goes on (one-shot mode), and
     # the next chat builds it again in the background and uses it.
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])

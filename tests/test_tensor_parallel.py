@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -290,30 +289,66 @@ def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:
     return chat
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
 def test_a_parallel_chat_answers_and_leaves_cleanly(model_file):
     chat = parallel_chat(model_file)
     [worker] = chat.children()
     chat.type(b"hello\r")
     assert chat.read_until(b"tok/s", 60), chat.text()  # the reply's statistics line
-    chat.read_until(b"\0never", 1.0)  # the next prompt
+    assert chat.read_prompt(30, after=chat.output.index(b"tok/s")), chat.text()
     chat.type(b"\x04")  # Ctrl-D
     assert chat.exit_code(30) == 0
-    assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text()
+    assert ended(worker)
+
+
+def unread_bytes(pid: int) -> int:
+    """Bytes sent to process `pid` over TCP that it has not read yet."""
+    links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    inodes = {link.removeprefix("socket:[").removesuffix("]") for link in links if link.startswith("socket:[")}
+    waiting = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()  # ... tx_queue:rx_queue (hex) at 4, the socket's inode at 9
+            if fields[9] in inodes:
+                waiting += int(fields[4].split(":")[1], 16)
+    return waiting
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` has stopped (SIGSTOP)."""
+    states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in Path(f"/proc/{pid}/task").iterdir()]
+    return set(states) == {"T"}
 
 
 def test_ctrl_c_stops_a_parallel_reply_and_the_ranks_stay_in_step(model_file):
+    """Ctrl-C while rank 0 is inside a step that the other rank has not run: held until the
+    step is done on both, then the reply stops; the next turn runs on both in step."""
     chat = parallel_chat(model_file, max_tokens=100)
-    sent = len(chat.output)
-    chat.type(b"tell me a long story\r")
-    assert chat.read_until(b"\x1b[?2004l", 30, after=sent)  # the prompt has let go: the reply starts
-    time.sleep(0.1)
-    chat.type(b"\x03")  # Ctrl-C
+    [worker] = chat.children()
+    os.kill(worker, signal.SIGSTOP)  # the reply cannot end (nor a step finish) before the Ctrl-C
+    try:
+        assert chat.wait_for(lambda: stopped(worker), 30)
+        unread = unread_bytes(worker)
+        sent = len(chat.output)
+        chat.type(b"tell me a long story\r")
+        # Rank 0 has posted the first step (its command waits for the stopped rank): it is in the step.
+        assert chat.wait_for(lambda: unread_bytes(worker) > unread, 30), chat.text()
+        chat.type(b"\x03")  # Ctrl-C
+    finally:
+        os.kill(worker, signal.SIGCONT)
     assert chat.read_until(b"[interrupted]", 30, after=sent), chat.text()
-    chat.read_until(b"\0never", 1.0)
+    assert chat.read_prompt(30, after=chat.output.index(b"[interrupted]", sent)), chat.text()
     sent = len(chat.output)
     chat.type(b"and now?\r")  # the next turn runs on every rank from the same positions
     assert chat.read_until(b"tok/s", 60, after=sent), chat.text()
-    chat.read_until(b"\0never", 1.0)
+    assert chat.read_prompt(30, after=chat.output.index(b"tok/s", sent)), chat.text()
     chat.type(b"/quit\r")
     assert chat.exit_code(30) == 0
     assert "Traceback" not in chat.text()
@@ -323,7 +358,7 @@ def test_a_killed_rank_ends_the_chat_with_one_line(model_file):
     chat = parallel_chat(model_file)
     [worker] = chat.children()
     os.kill(worker, signal.SIGKILL)
-    time.sleep(0.5)
+    assert chat.wait_for(lambda: ended(worker), 30)
     chat.type(b"hello\r")
     assert chat.exit_code(60) == 1
     assert "a rank of the tensor-parallel group stopped" in chat.text() and "Traceback" not in chat.text()
