@@ -1,6 +1,7 @@
 """The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
 ones, never trusted across a changed source, rebuilt when it does not read back."""
 
+import gc
 import mmap
 import os
 
@@ -110,6 +111,7 @@ def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
 
     path = tmp_path / "entry.safetensors"
     packed_cache.save(path, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
+    gc.collect()  # earlier tests' garbage, freed between the readings, would lower the second
     resident, own = memory_now_mb()
     mapped = packed_cache.load(path)["w"]
     assert int(mapped.sum()) == 64 << 20  # every page read
