@@ -5,6 +5,10 @@ import pytest
 from llama_chat import Llama, ModelArgs
 from llama_chat.kernels import native
 
+# Set by CI (.ci/run): a machine meant to have a compiler fails the run when it has none.
+REQUIRE_KERNELS = "LLAMA_CHAT_REQUIRE_KERNELS"
+NO_COMPILER = pytest.StashKey[tuple[str, int]]()
+
 
 def tiny_args(**overrides) -> ModelArgs:
     """A small model with grouped-query attention and a byte-sized vocabulary."""
@@ -15,6 +19,41 @@ def tiny_args(**overrides) -> ModelArgs:
     return ModelArgs(**settings)
 
 
+def pytest_configure(config):
+    left_out = f"deselected, with the reason printed, where no compiler is found and {REQUIRE_KERNELS} is not 1"
+    config.addinivalue_line("markers", f"needs_compiler: compiles C++ (the compiled decode step); {left_out}")
+    config.addinivalue_line(
+        "markers", f"needs_kernels: runs on llama-chat's kernels (loaded, LLAMA_CHAT_KERNELS=ours); {left_out}"
+    )
+
+
+def needs_compiler(item) -> bool:
+    return any(item.get_closest_marker(name) for name in ("needs_compiler", "needs_kernels"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a compiler, the tests that need one cannot say anything: they are left out,
+    and the run says how many and why. Any other failure to build stays a failure."""
+    reason = native.missing_tools()
+    if reason is None:
+        return
+    if os.environ.get(REQUIRE_KERNELS) == "1":
+        raise pytest.UsageError(f"{REQUIRE_KERNELS}=1, but {reason}")
+    needing = [item for item in items if needs_compiler(item)]
+    items[:] = [item for item in items if not needs_compiler(item)]
+    config.hook.pytest_deselected(items=needing)
+    config.stash[NO_COMPILER] = (reason, len(needing))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if NO_COMPILER in config.stash:
+        reason, count = config.stash[NO_COMPILER]
+        terminalreporter.write_line(
+            f"{count} tests that need a C++ compiler were deselected: {reason} "
+            f"(PyTorch's kernels ran; {REQUIRE_KERNELS}=1 makes this an error)"
+        )
+
+
 @pytest.fixture
 def tiny_model() -> Llama:
     return Llama.random(tiny_args(), seed=0)
@@ -22,12 +61,15 @@ def tiny_model() -> Llama:
 
 @pytest.fixture(scope="session")
 def kernels_dir(tmp_path_factory):
-    """llama-chat's kernels, built once for the whole run (as `scripts/setup` builds them)."""
+    """llama-chat's kernels, built once for the whole run (as `scripts/setup` builds them);
+    left empty on a machine without a compiler, so no build kept elsewhere is found."""
     directory = tmp_path_factory.mktemp("kernels")
+    if native.missing_tools() is not None:
+        return directory
     previous = os.environ.get("LLAMA_CHAT_KERNELS_DIR")
     os.environ["LLAMA_CHAT_KERNELS_DIR"] = str(directory)
     try:
-        assert native.main([]) == 0, "llama-chat's kernels did not build"
+        assert native.main([]) == 0, "llama-chat's kernels did not build, though a compiler was found"
     finally:
         if previous is None:
             del os.environ["LLAMA_CHAT_KERNELS_DIR"]
@@ -44,3 +86,11 @@ def _private_cache(tmp_path_factory, monkeypatch, kernels_dir):
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(kernels_dir))
+
+
+@pytest.fixture(autouse=True)
+def _kernels_when_marked(request, monkeypatch, _private_cache):
+    """A test marked needs_kernels runs on the run's build, loaded, and chosen over PyTorch's."""
+    if request.node.get_closest_marker("needs_kernels"):
+        monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+        assert native.load_built(), "llama-chat's kernels were built for this run but do not load"

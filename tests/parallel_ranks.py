@@ -32,7 +32,8 @@ def weight_shapes(model) -> dict[str, list[int]]:
 
 
 def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # every rank a client of the test's store
     torch.set_num_threads(1)
     shard = Shard(rank, world)
     store = join(shard)
@@ -101,7 +102,8 @@ def shard_loader(shard: Shard, settings: dict[str, dict]):
 def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], settings: dict[str, dict]) -> None:
     """Rank 0 loads each of `paths` in turn over the group and observes the model it has
     then: the new one, or where the load failed (its line saved as "error") the one before."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # every rank a client of the test's store
     torch.set_num_threads(1)
     shard = Shard(rank, world)
     store = join(shard)

@@ -4,7 +4,9 @@ import os
 import pty
 import select
 import signal
+import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -24,20 +26,49 @@ class Terminal:
 
     def read_until(self, marker: bytes, seconds: float, after: int = 0) -> bool:
         """Read until `marker` shows (past byte `after` of the output) or time is up."""
+        return self.wait_for(lambda: marker in self.output[after:], seconds)
+
+    def wait_for(self, condition: Callable[[], bool], seconds: float) -> bool:
+        """Read the output until `condition()` holds or time is up (or the output ends)."""
         deadline = time.monotonic() + seconds
-        while marker not in self.output[after:] and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.fd], [], [], 0.2)
-            if ready:
-                try:
-                    data = os.read(self.fd, 4096)
-                except OSError:
-                    return False
-                if not data:
-                    return False
-                self.output += data
-                if b"\x1b[6n" in data:  # answer prompt_toolkit's cursor position request
-                    os.write(self.fd, b"\x1b[1;1R")
-        return marker in self.output[after:]
+        while not condition() and time.monotonic() < deadline:
+            if not self._read(timeout=0.01):
+                break
+        return condition()
+
+    def _read(self, timeout: float) -> bool:
+        """Add what the command has written within `timeout` s; False once the output has ended."""
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            data = os.read(self.fd, 4096)
+        except OSError:
+            return False
+        self.output += data
+        if b"\x1b[6n" in data:  # answer prompt_toolkit's cursor position request
+            os.write(self.fd, b"\x1b[1;1R")
+        return bool(data)
+
+    def read_prompt(self, seconds: float, after: int) -> bool:
+        """Read until a prompt that started past byte `after` reads keys: it turns bracketed
+        paste on once it holds the terminal in raw mode."""
+        return self.read_until(b"\x1b[?2004h", seconds, after)
+
+    def ctrl_c_is_a_signal(self) -> bool:
+        """Whether Ctrl-C typed now is a signal (the chat's own mode, a reply or a command
+        running) rather than a key (a prompt's raw mode)."""
+        return bool(termios.tcgetattr(self.fd)[3] & termios.ISIG)
+
+    def pause(self) -> None:
+        """Stop the command (SIGSTOP) and return once it has stopped, with all it wrote read."""
+        os.kill(self.pid, signal.SIGSTOP)
+        os.waitpid(self.pid, os.WUNTRACED)
+        while select.select([self.fd], [], [], 0)[0] and self._read(timeout=0):
+            pass
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
 
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)

@@ -244,7 +244,8 @@ def test_resume_after_the_chat_was_killed(tmp_path):
         sent = len(chat.output)
         chat.type(b"hello\r")
         assert chat.read_until(b"tok/s", 60, after=sent), chat.text()
-        chat.read_until(b"\0never", 1.0)  # the exchange is kept once the input is handled
+        # The exchange is kept once the input is handled, before the next prompt.
+        assert chat.read_prompt(30, after=chat.output.index(b"tok/s", sent)), chat.text()
     finally:
         chat.kill()
     resumed = subprocess.run([*command, "--resume", "-p", "again", "--stats"], capture_output=True, text=True,

@@ -147,12 +147,12 @@ def test_packed_weights_agree_with_float32(default_gguf, model, matmul, kernel_r
     assert difference.max() <= 1.5 and difference.mean() <= 0.15
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("bits, least", [("16", 0.99), ("8", 0.90)])
 def test_llama_chats_kernels_agree_with_float32(default_gguf, model, bits, least, monkeypatch):
     """llama-chat's kernels on the file's own Q4_1 blocks, teacher-forced against float32:
     single tokens take float32 activations; 16-token steps take 16-bit activations (two
     int8 halves) by default, or int8 with LLAMA_CHAT_ACTIVATION_BITS=8."""
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
     monkeypatch.setenv("LLAMA_CHAT_ACTIVATION_BITS", bits)
     fast = llama_chat.load(default_gguf, device="cpu")
     assert fast.quantization == "Q4_1" and f"{bits}-bit prompt steps" in fast.weights_note
@@ -207,6 +207,7 @@ PROMPTS_64 = [
 ]
 
 
+@pytest.mark.needs_compiler
 def test_the_compiled_decode_step_agrees_with_the_eager_one(default_gguf):
     """The default model's compiled step (built here, in a child process, as the chat does)
     against its eager step on 4 prompts, 64 tokens each.
@@ -268,15 +269,22 @@ def test_keys_typed_while_a_reply_streams_are_not_echoed_into_it(default_gguf):
         sent = len(chat.output)
         chat.type(b"Count from 1 to 100, separated by spaces.\r")
         assert chat.read_until(b"\x1b[?2004l", 60, after=sent), chat.text()  # the prompt let go
-        chat.read_until(b"\0never", 0.5)  # 150 tokens take about two seconds: the reply is streaming
+        let_go = len(chat.output)
+        # The reply streams: the terminal is the chat's again and the first piece has shown.
+        assert chat.wait_for(lambda: chat.ctrl_c_is_a_signal() and len(chat.output) > let_go, 60), chat.text()
+        # Keys typed with the chat paused mid-reply: however fast it runs, they arrive before its end.
+        chat.pause()
         typed = len(chat.output)
+        assert b"tok/s" not in chat.output[sent:], "the reply ended before the chat was paused"
         chat.type(b"zqxjw")
+        chat.resume()
         assert chat.read_until(b"tok/s", 60, after=typed), chat.text()  # the reply's statistics line
         reply_end = chat.output.index(b"tok/s", typed)
         assert b"zqxjw" not in chat.output[sent:reply_end]
         assert chat.read_until(b"zqxjw", 10, after=reply_end), chat.text()  # waiting in the next prompt
+        cleared = len(chat.output)
         chat.type(b"\x03")  # Ctrl-C clears the line
-        chat.read_until(b"\0never", 0.5)
+        assert chat.read_prompt(10, after=cleared), chat.text()
         chat.type(b"\x04")
         assert chat.exit_code(30) == 0
     finally:

@@ -42,15 +42,8 @@ HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q8_0": [(0, 0.001
           "Q4_K": [(0, 0.001), (2, 0.001)], "Q5_K": [(0, 0.001), (2, 0.001)], "Q6_K": [(208, 0.0005)]}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def loaded(kernels_dir):
-    os.environ["LLAMA_CHAT_KERNELS_DIR"] = str(kernels_dir)
-    assert native.load_built()
-
-
 def variants():
     # Every variant this CPU runs: an AVX-512 machine also runs the AVX2 and portable code.
-    native.load_built()
     return native.runnable_variants()
 
 
@@ -93,6 +86,7 @@ def run(x, raw, block_type, variant, bits):
     )
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("block_type", [name for name in TYPES if name not in TILED_TYPES])
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])
 def test_float_activations_match_gguf_dequantisation(block_type, rows):
@@ -107,6 +101,7 @@ def test_float_activations_match_gguf_dequantisation(block_type, rows):
         assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("block_type", TYPES)
 @pytest.mark.parametrize("rows", [1, 2, 7, 16])
 @pytest.mark.parametrize("bits", [8, 16])
@@ -142,12 +137,14 @@ def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     assert not untile_rows(tiles, block_type, 48)[37:].any()
 
 
+@pytest.mark.needs_kernels
 def test_tiled_types_refuse_float_activations():
     tiles = torch.zeros(1, 16 * 18, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="8- or 16-bit activations"):
         torch.ops.llama_chat.block_linear(torch.zeros(1, 32), tiles, BLOCK_TYPES["Q4_0"], 16, 0, 0)
 
 
+@pytest.mark.needs_kernels
 def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
@@ -270,6 +267,7 @@ def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, toleranc
     assert (error <= spread * tolerance * 1.01 + 1e-3 * spread).all()
 
 
+@pytest.mark.needs_kernels
 def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     stored = stored_blocks("Q5_K", 16, 256, 0)
     raw = stored.blocks(0, 16)
@@ -282,6 +280,7 @@ def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     assert layer(x).shape == (1, 4, 16)
 
 
+@pytest.mark.needs_kernels
 def test_stacked_matrices_of_different_types_each_keep_their_own():
     """q and k in Q4_K beside v in Q6_K (as a Q4_K_M file has them): packed as they are,
     none widened to Q8_0, and the product that of the dequantised stack."""
@@ -296,6 +295,7 @@ def test_stacked_matrices_of_different_types_each_keep_their_own():
     assert ((layer(x).double() - exact).abs().max() / exact.abs().max()) < 1e-3
 
 
+@pytest.mark.needs_kernels
 def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch):
     """A tiny Q4_1 model through each variant: the same greedy tokens as the float32 model
     over a prompt step and single tokens."""
@@ -305,7 +305,6 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
     expected = exact.logits(ids)
     for variant in variants():
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
-        monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
         fast = llama_chat.load(path, device="cpu")
         assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
         assert isinstance(fast.transformer.output, BlockLinear)  # the untied head, as the file holds it
@@ -320,12 +319,33 @@ def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypat
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
     monkeypatch.setenv("CXX", "no-such-compiler")
     state = native.status(wait=True)
-    assert not state.loaded
+    assert not state.loaded and state.wanting  # worth a line at start-up
     assert state.detail == "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels"
     from llama_chat.kernels.cpu_paths import choose_native
 
     variant, reason = choose_native(tiny_args())
     assert variant is None and "no C++ compiler" in reason
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
+    assert not native.status().wanting  # off by choice: nothing to say at start-up
+
+
+def test_a_chat_without_a_compiler_answers_on_pytorch_kernels_with_one_line(tmp_path):
+    """A one-shot chat on a Q4_1 file, with no compiler to be found (an empty PATH) and
+    nothing built: it answers, on PyTorch's kernels, and one line says why."""
+    path = write_gguf(tmp_path / "q4_1.gguf", tiny_hf_model(seed=5), qtype=QType.Q4_1)
+    (tmp_path / "no-programs").mkdir()
+    environment = {**os.environ, "PATH": str(tmp_path / "no-programs"), "LLAMA_CHAT_CACHE": str(tmp_path / "cache"),
+                   "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "kernels")}
+    for inherited in ("CXX", "LLAMA_CHAT_KERNELS", native.LOADED_LIBRARY):
+        environment.pop(inherited, None)
+    command = [sys.executable, "-m", "llama_chat", "--model", str(path), "-p", "hi", "--max-tokens", "4"]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()  # the reply
+    assert result.stderr.splitlines() == [
+        "llama-chat: PyTorch's kernels run: no C++ compiler (c++) found; install g++ or clang to build llama-chat's kernels"
+    ]
+    assert "Traceback" not in result.stdout
 
 
 def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
@@ -337,10 +357,10 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", str(compiler))
     first = native.status(wait=True)
-    assert not first.loaded and first.detail.startswith("build failed: ")
+    assert not first.loaded and first.detail.startswith("build failed: ") and first.wanting
     assert "\n" not in first.detail
     again = native.status(wait=True)
-    assert again.detail.startswith("build failed: ") and "to try again now" in again.detail
+    assert again.detail.startswith("build failed: ") and "to try again now" in again.detail and again.wanting
     # A day later it is tried again (and fails again, with this compiler).
     marker = next((tmp_path / "kernels").glob("*/build-failed.txt"))
     old = marker.stat().st_mtime - native.RETRY_FAILED_BUILD_SECONDS - 1
@@ -350,6 +370,7 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     assert retried.detail.startswith("build failed: ") and marker.stat().st_mtime > old + 3600
 
 
+@pytest.mark.needs_kernels
 def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
     """A truncated library in the kernels folder (loading it would kill the process): one
     line says so, and a new build replaces it (in a new process: this one has loaded the
@@ -369,6 +390,7 @@ def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
     assert library.stat().st_size > 4096
 
 
+@pytest.mark.needs_kernels
 def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_path, monkeypatch):
     """Each matrix of a Q4_1 file is held as the file's bytes (q and k rows reordered for
     the half-split rotary layout, nothing else), read in pieces of at most a chunk."""
@@ -385,7 +407,6 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
 
     monkeypatch.setattr(gguf_reader.GGUFMatrix, "blocks", recording)
     monkeypatch.setattr(block_linear, "CHUNK_WEIGHTS", 2048)
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
     model = llama_chat.load(path, device="cpu")
     assert all(stop - start <= max(2048 // columns, 1) * 2 + 16 for _, start, stop, columns in reads)
     w2 = model.transformer.layers[1].feed_forward.w2
@@ -394,6 +415,7 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
     assert torch.equal(w2.file_blocks(), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
 
 
+@pytest.mark.needs_kernels
 def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
     """The decode step's compiler unpickles the model in a child process: it loads the file
     its parent loaded, even with no build of the sources on disk for its own key."""

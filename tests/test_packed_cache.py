@@ -1,6 +1,7 @@
 """The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
 ones, never trusted across a changed source, rebuilt when it does not read back."""
 
+import gc
 import json
 import mmap
 import os
@@ -14,16 +15,10 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.errors import CorruptFileError
-from llama_chat.kernels import native, packed_cache
+from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BlockLinear
 
 from .test_gguf import tiny_hf_model, write_gguf
-
-
-@pytest.fixture(autouse=True)
-def our_kernels(kernels_dir, monkeypatch):
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
-    assert native.load_built()
 
 
 def entries(tmp_cache) -> list:
@@ -106,6 +101,7 @@ def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, re
     assert str(refused.value).startswith(reason) and isinstance(refused.value, ValueError)
 
 
+@pytest.mark.needs_kernels
 def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
     first = llama_chat.load(path, device="cpu")
@@ -123,6 +119,7 @@ def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     assert torch.equal(first.logits(ids), second.logits(ids))
 
 
+@pytest.mark.needs_kernels
 def test_a_changed_source_is_packed_again(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=12), qtype=QType.Q4_0)
     before = llama_chat.load(path, device="cpu").logits([3, 4, 5])
@@ -133,6 +130,7 @@ def test_a_changed_source_is_packed_again(tmp_path, tmp_cache):
     assert torch.equal(after, fresh)
 
 
+@pytest.mark.needs_kernels
 def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
     expected = llama_chat.load(path, device="cpu").logits([3, 4, 5])
@@ -145,6 +143,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
     assert entry.stat().st_size == size and torch.equal(model.logits([3, 4, 5]), expected)
 
 
+@pytest.mark.needs_kernels
 def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_path, tmp_cache):
     """int8 levels relabelled uint8: the header still describes the data exactly, and the
     model would take the tensors as they are (with wrong weights)."""
@@ -162,6 +161,7 @@ def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_p
     assert torch.equal(model.logits([3, 4, 5]), expected)
 
 
+@pytest.mark.needs_kernels
 def test_without_a_cache_the_weights_are_packed_in_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_CACHE", "off")
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=15), qtype=QType.Q4_0)
@@ -177,6 +177,7 @@ def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
 
     path = tmp_path / "entry.safetensors"
     packed_cache.save(path, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
+    gc.collect()  # earlier tests' garbage, freed between the readings, would lower the second
     resident, own = memory_now_mb()
     mapped = packed_cache.load(path)["w"]
     assert int(mapped.sum()) == 64 << 20  # every page read
@@ -190,6 +191,7 @@ def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
     del mapped
 
 
+@pytest.mark.needs_kernels
 def test_a_file_renamed_over_the_model_in_use_leaves_it_alone(tmp_path, tmp_cache):
     """A download renamed over the model file during a chat: the chat's model keeps its
     weights (mapped from the packed cache, not the file); loading the path again gives
@@ -203,6 +205,7 @@ def test_a_file_renamed_over_the_model_in_use_leaves_it_alone(tmp_path, tmp_cach
     assert not torch.equal(llama_chat.load(path, device="cpu").logits([3, 4, 5]), before)
 
 
+@pytest.mark.needs_kernels
 def test_a_cache_that_cannot_be_written_is_one_line_and_the_model_runs(tmp_path, tmp_cache):
     tmp_cache.mkdir(parents=True)
     (tmp_cache / "packed").write_text("a file where the folder should be")
@@ -212,6 +215,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_the_model_runs(tmp_path,
     assert torch.isfinite(model.logits([3, 4, 5])).all()
 
 
+@pytest.mark.needs_kernels
 def test_tensor_parallel_ranks_map_one_entry_of_the_replicated_tensors(tmp_path, tmp_cache):
     """Two ranks of --tp 2: each its own entry of its split matrices, and one entry of the
     embedding, head and norms that both map."""

@@ -4,14 +4,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType as QType
 
@@ -27,10 +26,11 @@ from .test_gguf import tiny_hf_model, write_gguf
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def rendezvous_store() -> dist.TCPStore:
+    """A store the ranks meet at, as torchrun's agent holds one for its workers: listening
+    on its port before any rank is told of it (a port found free and let go could be taken
+    before the ranks bound it). Keep it until the ranks are done."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def alone(model_file):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_group_reproduces_one_process(model_file, alone, world, tmp_path):
-    mp.start_processes(parallel_ranks.run, args=(world, free_port(), str(model_file), str(tmp_path)),
+    store = rendezvous_store()
+    mp.start_processes(parallel_ranks.run, args=(world, store.port, str(model_file), str(tmp_path)),
                        nprocs=world, start_method="spawn")
     group = torch.load(tmp_path / "rank0.pt")
     assert torch.allclose(group["logits"], alone["logits"], atol=1e-4, rtol=0)
@@ -98,7 +99,8 @@ def test_what_does_not_divide_is_named():
 def run_group(world: int, out: Path, paths: list[Path], settings: dict[Path, dict] | None = None) -> list[dict]:
     """What rank 0 of a group of `world` ranks saw, loading each of `paths` in turn (see run_loads)."""
     settings = {str(path): value for path, value in (settings or {}).items()}
-    arguments = (world, free_port(), str(out), [str(p) for p in paths], settings)
+    store = rendezvous_store()
+    arguments = (world, store.port, str(out), [str(p) for p in paths], settings)
     mp.start_processes(parallel_ranks.run_loads, args=arguments, nprocs=world, start_method="spawn")
     return torch.load(out / "rank0.pt")
 
@@ -175,6 +177,7 @@ def test_packed_weights_split_over_two_ranks_on_pytorch_kernels(packable_model, 
     assert int8["greedy"] == alone["int8"]["greedy"] and greedy_tokens(int8) == 20
 
 
+@pytest.mark.needs_kernels
 def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_path, monkeypatch):
     """Q4_0 and Q8_0 files as their blocks, and int4 and int8 packing of a float32 file (Q4_1
     and Q8_0 blocks), each /load-ed in turn over 2 ranks on llama-chat's kernels. Blocks hold
@@ -183,7 +186,6 @@ def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_pat
     blocks). Prompt steps quantise activations in groups of 32 to 16 bits, so sums in
     another order can move a level: measured up to 2e-4 on logits of std 1. 2e-3 leaves
     room, and is 20 times below how far 16-bit activations move them from float32 (0.04)."""
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
     cases = {"Q4_0": ("auto", QType.Q4_0), "Q8_0": ("auto", QType.Q8_0), "Q4_1": ("int4", QType.F32),
              "int8-Q8_0": ("int8", QType.F32)}
@@ -199,17 +201,21 @@ def test_gguf_blocks_split_over_two_ranks_on_our_kernels(packable_model, tmp_pat
         assert seen["turns"] == alone["turns"]
 
 
-def test_widths_that_leave_part_blocks_are_refused_for_int4(model_file, monkeypatch):
+@pytest.mark.needs_kernels
+def test_widths_that_leave_part_blocks_are_refused_for_int4_on_our_kernels(model_file, monkeypatch):
     """6 heads of 16 over 2 ranks: a rank's wo is 48 columns wide, not whole groups of 32, so
-    int4 is refused (the whole model packs); on PyTorch's kernels wqkv's 144 rows per rank,
-    not whole int4 blocks of rows on some CPUs, may be what is named first."""
-    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
+    int4 is refused (the whole model packs)."""
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
     with pytest.raises(LlamaChatError) as refused:
         llama_chat.load(model_file, device="cpu", quantize="int4", shard=Shard(1, 2))
     assert str(refused.value) == ("layers.0.attention.wo.weight (48 columns) does not split into groups of 32; "
                                   "use --quantize int8")
     assert llama_chat.load(model_file, device="cpu", quantize="int4").quantization == "Q4_1"
+
+
+def test_widths_that_leave_part_blocks_are_refused_for_int4_on_pytorch_kernels(model_file, monkeypatch):
+    """The same on PyTorch's kernels, where wqkv's 144 rows per rank, not whole int4 blocks
+    of rows on some CPUs, may be what is named first."""
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
     with pytest.raises(LlamaChatError) as refused:
         llama_chat.load(model_file, device="cpu", quantize="int4", dtype="float32", kernel_dtype="float32",
@@ -253,23 +259,25 @@ def test_the_command_line_gives_the_same_reply_with_tp(model_file):
 
 
 def test_two_hosts_on_the_loopback_interface(model_file):
-    """torchrun with two nodes of one process each, as two hosts would run it."""
-    port = free_port()
+    """torchrun with two nodes of one process each, as two hosts would run it, meeting at a
+    store this test holds (is_host=false: neither node binds a port of its own to meet)."""
+    store = rendezvous_store()
     common = ["-m", str(model_file), "--dtype", "float32", "--temperature", "0", "--max-tokens", "16",
               "-p", "hello there"]
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-             "-m", "llama_chat", *common],
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-id", "two-hosts",
+             "--rdzv-conf", "is_host=false", "-m", "llama_chat", *common],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
-        for node in (0, 1)
+        for _ in range(2)
     ]
     outputs = [node.communicate(timeout=120) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     alone = subprocess.run(chat_command(*common), capture_output=True, text=True, timeout=120)
-    assert outputs[0][0] == alone.stdout and outputs[1][0] == ""
+    # The rendezvous decides which node is rank 0: that one prints the reply, the other nothing.
+    assert sorted(stdout for stdout, _ in outputs) == ["", alone.stdout] and alone.stdout.strip()
 
 
 def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:
@@ -281,30 +289,66 @@ def parallel_chat(model_file, max_tokens: int = 8) -> Terminal:
     return chat
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
 def test_a_parallel_chat_answers_and_leaves_cleanly(model_file):
     chat = parallel_chat(model_file)
     [worker] = chat.children()
     chat.type(b"hello\r")
     assert chat.read_until(b"tok/s", 60), chat.text()  # the reply's statistics line
-    chat.read_until(b"\0never", 1.0)  # the next prompt
+    assert chat.read_prompt(30, after=chat.output.index(b"tok/s")), chat.text()
     chat.type(b"\x04")  # Ctrl-D
     assert chat.exit_code(30) == 0
-    assert not Path(f"/proc/{worker}").exists() or "zombie" in Path(f"/proc/{worker}/status").read_text()
+    assert ended(worker)
+
+
+def unread_bytes(pid: int) -> int:
+    """Bytes sent to process `pid` over TCP that it has not read yet."""
+    links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    inodes = {link.removeprefix("socket:[").removesuffix("]") for link in links if link.startswith("socket:[")}
+    waiting = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()  # ... tx_queue:rx_queue (hex) at 4, the socket's inode at 9
+            if fields[9] in inodes:
+                waiting += int(fields[4].split(":")[1], 16)
+    return waiting
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` has stopped (SIGSTOP)."""
+    states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in Path(f"/proc/{pid}/task").iterdir()]
+    return set(states) == {"T"}
 
 
 def test_ctrl_c_stops_a_parallel_reply_and_the_ranks_stay_in_step(model_file):
+    """Ctrl-C while rank 0 is inside a step that the other rank has not run: held until the
+    step is done on both, then the reply stops; the next turn runs on both in step."""
     chat = parallel_chat(model_file, max_tokens=100)
-    sent = len(chat.output)
-    chat.type(b"tell me a long story\r")
-    assert chat.read_until(b"\x1b[?2004l", 30, after=sent)  # the prompt has let go: the reply starts
-    time.sleep(0.1)
-    chat.type(b"\x03")  # Ctrl-C
+    [worker] = chat.children()
+    os.kill(worker, signal.SIGSTOP)  # the reply cannot end (nor a step finish) before the Ctrl-C
+    try:
+        assert chat.wait_for(lambda: stopped(worker), 30)
+        unread = unread_bytes(worker)
+        sent = len(chat.output)
+        chat.type(b"tell me a long story\r")
+        # Rank 0 has posted the first step (its command waits for the stopped rank): it is in the step.
+        assert chat.wait_for(lambda: unread_bytes(worker) > unread, 30), chat.text()
+        chat.type(b"\x03")  # Ctrl-C
+    finally:
+        os.kill(worker, signal.SIGCONT)
     assert chat.read_until(b"[interrupted]", 30, after=sent), chat.text()
-    chat.read_until(b"\0never", 1.0)
+    assert chat.read_prompt(30, after=chat.output.index(b"[interrupted]", sent)), chat.text()
     sent = len(chat.output)
     chat.type(b"and now?\r")  # the next turn runs on every rank from the same positions
     assert chat.read_until(b"tok/s", 60, after=sent), chat.text()
-    chat.read_until(b"\0never", 1.0)
+    assert chat.read_prompt(30, after=chat.output.index(b"tok/s", sent)), chat.text()
     chat.type(b"/quit\r")
     assert chat.exit_code(30) == 0
     assert "Traceback" not in chat.text()
@@ -314,7 +358,7 @@ def test_a_killed_rank_ends_the_chat_with_one_line(model_file):
     chat = parallel_chat(model_file)
     [worker] = chat.children()
     os.kill(worker, signal.SIGKILL)
-    time.sleep(0.5)
+    assert chat.wait_for(lambda: ended(worker), 30)
     chat.type(b"hello\r")
     assert chat.exit_code(60) == 1
     assert "a rank of the tensor-parallel group stopped" in chat.text() and "Traceback" not in chat.text()

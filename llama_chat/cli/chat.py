@@ -19,6 +19,7 @@ from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.engine.speculation import LOOKUP_AUTO, parse_lookup
 from llama_chat.errors import SettingError, UsageError
+from llama_chat.kernels import native
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load
@@ -192,6 +193,9 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         try:
             system = None if options.system is None else checked_text(options.system, "--system")
             model = load_model(model_path)
+            reason = kernels_wanting(model)
+            if reason:
+                print(f"llama-chat: PyTorch's kernels run: {reason}", file=sys.stderr)
             session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
                               model_path=model_path)
             # Flags first, then what the model file recommends, then llama-chat's defaults.
@@ -218,6 +222,15 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             load_draft.stop()
 
     return run_in_group(options.tp, argv, partial(model_loader, options), chat)
+
+
+def kernels_wanting(model: Llama) -> str | None:
+    """Why llama-chat's kernels cannot run on this machine (no compiler, a failed build), for
+    a model packed for the cpu; None where they run, are off by choice or are being built."""
+    if model.quantization == "none" or model.device.type != "cpu":
+        return None
+    state = native.status()
+    return state.detail if state.wanting else None
 
 
 def answer_once(session: Session, prompt: str, show_stats: bool, show_thinking: bool = False) -> int:

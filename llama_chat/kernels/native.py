@@ -49,6 +49,9 @@ RETRY_FAILED_BUILD_SECONDS = 24 * 3600
 class NativeStatus:
     loaded: bool
     detail: str  # the variants this CPU runs, or why the kernels are not in use
+    # Off for want of something on this machine (a compiler, ninja, a build that failed or
+    # does not load), not by a choice or for a build under way: worth a line at start-up.
+    wanting: bool = False
 
 
 @functools.cache  # the sources, the CPU and PyTorch stay what they are for a process
@@ -180,26 +183,26 @@ def status(wait: bool = False) -> NativeStatus:
         try:
             _load_library(str(library))
         except (OSError, RuntimeError) as error:
-            return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}")
+            return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}", wanting=True)
         return NativeStatus(True, "variants here: " + ", ".join(runnable_variants()))
     failed = directory / "build-failed.txt"
     if failed.exists() and time.time() - failed.stat().st_mtime < RETRY_FAILED_BUILD_SECONDS:
         line = failed.read_text(encoding="utf-8").strip()
-        return NativeStatus(False, f"build failed: {line} (remove {directory} to try again now)")
+        return NativeStatus(False, f"build failed: {line} (remove {directory} to try again now)", wanting=True)
     failed.unlink(missing_ok=True)
     reason = missing_tools()
     if reason:
-        return NativeStatus(False, damaged + reason)
+        return NativeStatus(False, damaged + reason, wanting=True)
     child = _started_build(directory)
     if not wait:
         return NativeStatus(False, damaged + "building in the background (PyTorch's kernels meanwhile)")
     _, errors = child.communicate()
     if not library.exists():
-        return NativeStatus(False, damaged + f"build failed: {_first_line(errors or '')}")
+        return NativeStatus(False, damaged + f"build failed: {_first_line(errors or '')}", wanting=True)
     try:
         _load_library(str(library))
     except (OSError, RuntimeError) as error:
-        return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}")
+        return NativeStatus(False, f"cannot load {library.name}: {_first_line(str(error))}", wanting=True)
     rebuilt = f"{damaged}built again; " if damaged else ""
     return NativeStatus(True, rebuilt + "variants here: " + ", ".join(runnable_variants()))
 

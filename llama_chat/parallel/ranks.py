@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import weakref
@@ -52,20 +51,21 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def start_ranks(world: int, argv: Sequence[str]) -> list[subprocess.Popen]:
+def start_ranks(world: int, argv: Sequence[str]) -> tuple[dist.TCPStore, list[subprocess.Popen]]:
     """Ranks 1..world-1 of a group on this host, each `python -m llama_chat argv`; this
     process becomes rank 0. They run detached from the terminal (setsid), so that Ctrl-C
     reaches rank 0 alone (which stops a reply between steps); the CPU's threads are shared
-    out."""
-    with socket.socket() as probe:  # a free port for the group's rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    out. Also returned: the group's rendezvous store, already listening on the port the
+    ranks are given (a port found free and let go could be taken before the group bound
+    it); keep it until `join`, whose rendezvous in this process shares it (multi_tenant)."""
+    rendezvous = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=collective_timeout(),
+                               wait_for_workers=False, multi_tenant=True)
     threads = max(1, torch.get_num_threads() // world)
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "WORLD_SIZE": str(world),
               "OMP_NUM_THREADS": str(threads)}
     os.environ.update(common, RANK="0", LOCAL_RANK="0")
     torch.set_num_threads(threads)
-    return [
+    return rendezvous, [
         subprocess.Popen(
             [sys.executable, "-m", "llama_chat", *argv],
             env={**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
@@ -95,7 +95,8 @@ def lead(shard: Shard | None, tp: int, argv: Sequence[str]) -> tuple[Shard | Non
     if shard is None:
         if tp <= 1:
             return None, None
-        shard, processes = Shard(0, tp), start_ranks(tp, argv)
+        shard = Shard(0, tp)
+        rendezvous, processes = start_ranks(tp, argv)  # noqa: F841  (held open until joined)
     try:
         return shard, Peers(join(shard), processes)
     except BaseException:
