@@ -74,7 +74,9 @@ class Terminal:
         os.write(self.fd, keys)
 
     def children(self) -> list[int]:
-        return [int(pid) for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()]
+        """The chat's child processes, leaving out its chat template's renderer."""
+        pids = [int(pid) for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()]
+        return [pid for pid in pids if b"template_worker" not in _command_line(pid)]
 
     def exit_code(self, seconds: float) -> int:
         deadline = time.monotonic() + seconds
@@ -95,3 +97,10 @@ class Terminal:
             os.waitpid(self.pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # it has ended
+        return b""
