@@ -51,7 +51,7 @@ class TemplateRunner:
         self.source = source
         self.origin = origin
         self.max_chars = max(MIN_OUTPUT_CHARS, OUTPUT_CHARS_PER_TOKEN * context_length)
-        self.refusal: UnusableTemplateError | None = None
+        self.refusal: str | None = None  # why every render is refused, once a limit was passed
         self._worker: _Worker | None = None
         self._lock = threading.Lock()
 
@@ -59,23 +59,26 @@ class TemplateRunner:
         """The template's output; a LlamaChatError says what went wrong (an
         UnusableTemplateError where no conversation can render, from then on for every render)."""
         with self._lock:
-            if self.refusal is not None:
-                raise self.refusal
-            answer = self._ask({"source": self.source, "variables": variables, "max_chars": self.max_chars})
-        if "text" in answer:
-            return answer["text"]
-        error = answer["error"]
+            if self.refusal is None:
+                answer = self._ask({"source": self.source, "variables": variables, "max_chars": self.max_chars})
+                if "text" in answer:
+                    return answer["text"]
+                self._raise_for(answer)
+            raise UnusableTemplateError(self.refusal)
+
+    def _raise_for(self, answer: dict[str, Any]) -> None:
+        """Raise what went wrong; past a limit, also close the worker and keep the refusal."""
+        error, about = answer["error"], f"the chat template of {self.origin}"
         if error == "syntax":
             raise UnusableTemplateError(
-                f"the chat template of {self.origin} has a syntax error on line {answer['line']}: "
-                f"{answer['message']}; {PICK_ANOTHER}"
+                f"{about} has a syntax error on line {answer['line']}: {answer['message']}; {PICK_ANOTHER}"
             )
         if error == "invalid":
-            raise UnusableTemplateError(f"the chat template of {self.origin} is invalid: {answer['message']}; {PICK_ANOTHER}")
+            raise UnusableTemplateError(f"{about} is invalid: {answer['message']}; {PICK_ANOTHER}")
         if error == "raised":
-            raise LlamaChatError(f"the chat template of {self.origin} rejected the conversation: {answer['message']}")
+            raise LlamaChatError(f"{about} rejected the conversation: {answer['message']}")
         if error == "failed":
-            raise LlamaChatError(f"the chat template of {self.origin} failed: {answer['message']}; {PICK_ANOTHER}")
+            raise LlamaChatError(f"{about} failed: {answer['message']}; {PICK_ANOTHER}")
         limits = {
             "output": f"wrote more than {self.max_chars:,} characters",
             "memory": f"needed more than {MEMORY_LIMIT_BYTES >> 20} MB of memory",
@@ -83,10 +86,7 @@ class TemplateRunner:
             "stopped": "crashed its renderer",
         }
         self.close()
-        self.refusal = UnusableTemplateError(
-            f"the chat template of {self.origin} {limits[error]}, so llama-chat stopped it; {PICK_ANOTHER}"
-        )
-        raise self.refusal
+        self.refusal = f"{about} {limits[error]}, so llama-chat stopped it; {PICK_ANOTHER}"
 
     def close(self) -> None:
         if self._worker is not None:
