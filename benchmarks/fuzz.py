@@ -27,6 +27,7 @@ from hypothesis.errors import HypothesisWarning
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package
 
 from llama_chat.text import template_runner  # noqa: E402
+from llama_chat.text.template_worker import limit_memory  # noqa: E402
 from tests.fuzz_targets import TARGETS  # noqa: E402
 
 BATCH = 200  # inputs per hypothesis run; each run has its own seed
@@ -60,10 +61,10 @@ def campaign(name: str, seconds: float, failures: Path) -> None:
                     found[key] = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
                     failures.mkdir(parents=True, exist_ok=True)
                     (failures / f"{name}-{len(found)}.bin").write_bytes(last_input[0])
-    print(f"{name}: {tried:,} inputs in {seconds / 60:.1f} min, slowest {slowest:.2f} s, "
-          f"{len(found)} distinct failures")
-    for (kind, filename, line), message in found.items():
-        print(f"  {message}  at {Path(filename).name}:{line}")
+    lines = [f"{name}: {tried:,} inputs in {seconds / 60:.1f} min, slowest {slowest:.2f} s, "
+             f"{len(found)} distinct failures"]
+    lines += [f"  {message}  at {Path(filename).name}:{line}" for (_, filename, line), message in found.items()]
+    print("\n".join(lines), flush=True)
 
 
 def main() -> None:
@@ -72,12 +73,16 @@ def main() -> None:
     parser.add_argument("--target", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--failures", type=Path, default=Path("fuzz-failures"),
                         help="where failing inputs are written")
+    parser.add_argument("--memory-gb", type=float, default=8.0,
+                        help="address space this process may take: an input that floods memory fails "
+                             "with MemoryError (and is reported) instead of waking the out-of-memory killer")
     parser.add_argument("--render-seconds", type=float, default=0.5,
                         help="the template time limit during the campaign (the chat's is 5 s)")
     options = parser.parse_args()
     warnings.filterwarnings("ignore", category=HypothesisWarning)  # the repr of a large failing input
     os.environ.setdefault("LLAMA_CHAT_CACHE", tempfile.mkdtemp(prefix="llama-chat-fuzz-"))
     template_runner.RENDER_SECONDS = options.render_seconds
+    limit_memory(int(options.memory_gb * 2**30))
     for name in options.target:
         campaign(name, options.minutes * 60, options.failures)
 

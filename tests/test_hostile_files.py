@@ -9,9 +9,11 @@ import sys
 import pytest
 
 import llama_chat.cli.chat
+from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
+from llama_chat.errors import LlamaChatError
 
-from .test_gguf import gguf_entry, raw_gguf
+from .test_gguf import gguf_entry, gguf_text, raw_gguf, tiny_hf_model, write_gguf
 from .test_session import chat_model
 
 ARRAY_VALUE, U32 = 9, 4
@@ -58,8 +60,6 @@ def test_the_command_run_as_a_program_prints_no_traceback(tmp_path):
 
 
 def test_info_shows_a_files_name_and_license_as_text_of_a_line(tmp_path, capsys):
-    from .test_gguf import tiny_hf_model, write_gguf
-
     def words(writer):
         writer.add_name("\x1b]0;owned\x07\x1b[2Jtiny")
         writer.add_license("free " * 100_000)
@@ -71,3 +71,13 @@ def test_info_shows_a_files_name_and_license_as_text_of_a_line(tmp_path, capsys)
     assert "name:          \\x1b]0;owned\\x07\\x1b[2Jtiny\n" in out
     license_line = next(line for line in out.splitlines() if line.startswith("license:"))
     assert license_line == "license:       " + ("free " * 40) + "…"
+
+
+def test_a_gguf_claiming_two_billion_layers_is_refused_before_its_tensor_names_are_listed(tmp_path):
+    path = write_gguf(tmp_path / "layers.gguf", tiny_hf_model())
+    two_layers = gguf_text("llama.block_count") + struct.pack("<II", U32, 2)
+    data = path.read_bytes()
+    assert data.count(two_layers) == 1
+    path.write_bytes(data.replace(two_layers, gguf_text("llama.block_count") + struct.pack("<II", U32, 2**31)))
+    with pytest.raises(LlamaChatError, match="llama.block_count is 2147483648, more layers than llama-chat runs"):
+        load_gguf(path)

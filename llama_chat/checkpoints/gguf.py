@@ -31,7 +31,7 @@ from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
-from llama_chat.checkpoints.values import of_type, real_number, shown, whole_number
+from llama_chat.checkpoints.values import layer_count, of_type, real_number, shown, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.engine.rope import rope_inverse_frequencies
 from llama_chat.errors import LlamaChatError, first_line
@@ -191,7 +191,7 @@ def args_from_gguf_metadata(
         raise LlamaChatError(f"{source}: rotary embeddings over part of each head are not supported")
     args = ModelArgs(
         dim=dim,
-        n_layers=whole("block_count"),
+        n_layers=layer_count(whole("block_count"), "llama.block_count", source),
         n_heads=n_heads,
         n_kv_heads=whole("attention.head_count_kv", n_heads),
         head_dim=head_dim,

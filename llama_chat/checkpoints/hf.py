@@ -20,7 +20,7 @@ from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import chat_template, hf_tokenizer, token_content
-from llama_chat.checkpoints.values import of_type, real_number, shown, whole_number
+from llama_chat.checkpoints.values import layer_count, of_type, real_number, shown, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
@@ -41,7 +41,7 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
     tie_embeddings = config.get("tie_word_embeddings") or False
     return ModelArgs(
         dim=dim,
-        n_layers=whole("num_hidden_layers", config.get("num_hidden_layers")),
+        n_layers=layer_count(whole("num_hidden_layers", config.get("num_hidden_layers")), "num_hidden_layers", source),
         n_heads=n_heads,
         n_kv_heads=whole("num_key_value_heads", config.get("num_key_value_heads") or n_heads),
         head_dim=whole("head_dim", config.get("head_dim") or dim // n_heads),

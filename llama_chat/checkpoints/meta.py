@@ -20,7 +20,7 @@ from llama_chat.checkpoints.stored import ColumnStacked, StackedRows, TensorMatr
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, checked_float, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import load_tokenizer_model
 from llama_chat.checkpoints.torch_file import load_torch_file
-from llama_chat.checkpoints.values import real_number, whole_number
+from llama_chat.checkpoints.values import layer_count, real_number, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer
@@ -90,7 +90,7 @@ def args_from_meta_params(
         raise LlamaChatError(f"{source}: ffn_dim_multiplier is {multiplier}, where a number near 1 belongs")
     return ModelArgs(
         dim=dim,
-        n_layers=whole("n_layers", params.get("n_layers")),
+        n_layers=layer_count(whole("n_layers", params.get("n_layers")), "n_layers", source),
         n_heads=n_heads,
         n_kv_heads=whole("n_kv_heads", params.get("n_kv_heads") or n_heads),
         vocab_size=(

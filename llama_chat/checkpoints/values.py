@@ -9,6 +9,9 @@ from typing import Any
 from llama_chat.errors import LlamaChatError
 
 LARGEST_WHOLE_NUMBER = 1 << 31  # far above any model's sizes, and small enough for any arithmetic on them
+# Llama 3.1 405B has 126 layers; the names of every layer's tensors are listed before any is
+# read, so a count in the billions would take minutes and gigabytes.
+MAX_LAYERS = 1024
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -25,6 +28,13 @@ def whole_number(value: Any, name: str, source: object) -> int:
     LlamaChatError naming `source` and `name`."""
     if type(value) is not int or not 0 < value <= LARGEST_WHOLE_NUMBER:
         raise LlamaChatError(f"{source}: {name} is {shown(value)}, where a positive whole number belongs")
+    return value
+
+
+def layer_count(value: Any, name: str, source: object) -> int:
+    """`value` if it is a whole number of layers up to MAX_LAYERS, else LlamaChatError."""
+    if whole_number(value, name, source) > MAX_LAYERS:
+        raise LlamaChatError(f"{source}: {name} is {value}, more layers than llama-chat runs (at most {MAX_LAYERS})")
     return value
 
 
