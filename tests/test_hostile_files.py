@@ -81,3 +81,12 @@ def test_a_gguf_claiming_two_billion_layers_is_refused_before_its_tensor_names_a
     path.write_bytes(data.replace(two_layers, gguf_text("llama.block_count") + struct.pack("<II", U32, 2**31)))
     with pytest.raises(LlamaChatError, match="llama.block_count is 2147483648, more layers than llama-chat runs"):
         load_gguf(path)
+
+
+def test_a_context_of_two_billion_tokens_is_read_as_the_longest_llama_chat_builds(tmp_path):
+    path = write_gguf(tmp_path / "context.gguf", tiny_hf_model())
+    context = gguf_text("llama.context_length") + struct.pack("<II", U32, 128)
+    data = path.read_bytes()
+    assert data.count(context) == 1
+    path.write_bytes(data.replace(context, gguf_text("llama.context_length") + struct.pack("<II", U32, 2**31)))
+    assert load_gguf(path).args.max_seq_len == 2**18  # its rotary tables: 16 MB, not 128 GB

@@ -31,7 +31,7 @@ from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
-from llama_chat.checkpoints.values import layer_count, of_type, real_number, shown, whole_number
+from llama_chat.checkpoints.values import context_length, layer_count, of_type, real_number, shown, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.engine.rope import rope_inverse_frequencies
 from llama_chat.errors import LlamaChatError, first_line
@@ -199,7 +199,7 @@ def args_from_gguf_metadata(
         hidden_dim=whole("feed_forward_length"),
         norm_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=real("rope.freq_base", 10000.0),
-        max_seq_len=whole("context_length", 2048),
+        max_seq_len=context_length(whole("context_length", 2048), "llama.context_length", source),
         tie_embeddings=tie_embeddings,
     )
     return replace(args, rope_scaling=_rope_scaling(metadata, args, rope_factors, source))

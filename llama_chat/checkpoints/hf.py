@@ -20,7 +20,7 @@ from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import chat_template, hf_tokenizer, token_content
-from llama_chat.checkpoints.values import layer_count, of_type, real_number, shown, whole_number
+from llama_chat.checkpoints.values import context_length, layer_count, of_type, real_number, shown, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
@@ -50,7 +50,8 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
         norm_eps=real_number(_given(config, "rms_norm_eps", 1e-6), "rms_norm_eps", source),
         rope_theta=_rope_theta(config, source),
         rope_scaling=_rope_scaling(config.get("rope_scaling") or config.get("rope_parameters"), source),
-        max_seq_len=whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
+        max_seq_len=context_length(whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
+                                   "max_position_embeddings", source),
         tie_embeddings=of_type(tie_embeddings, bool, "tie_word_embeddings", source),
     )
 

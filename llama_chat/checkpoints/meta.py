@@ -20,7 +20,7 @@ from llama_chat.checkpoints.stored import ColumnStacked, StackedRows, TensorMatr
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, checked_float, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import load_tokenizer_model
 from llama_chat.checkpoints.torch_file import load_torch_file
-from llama_chat.checkpoints.values import layer_count, real_number, whole_number
+from llama_chat.checkpoints.values import context_length, layer_count, real_number, whole_number
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer
@@ -100,7 +100,8 @@ def args_from_meta_params(
         norm_eps=real("norm_eps", 1e-5),
         rope_theta=real("rope_theta", 10000.0),
         rope_scaling=_meta_rope_scaling(params, dim, source),
-        max_seq_len=whole("max_seq_len", params.get("max_seq_len") or _default_context(params, llama3)),
+        max_seq_len=context_length(whole("max_seq_len", params.get("max_seq_len") or _default_context(params, llama3)),
+                                   "max_seq_len", source),
         tie_embeddings=tie_embeddings,
     )
 

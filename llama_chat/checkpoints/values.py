@@ -12,6 +12,9 @@ LARGEST_WHOLE_NUMBER = 1 << 31  # far above any model's sizes, and small enough 
 # Llama 3.1 405B has 126 layers; the names of every layer's tensors are listed before any is
 # read, so a count in the billions would take minutes and gigabytes.
 MAX_LAYERS = 1024
+# The rotary tables cover the whole context when the model is built (4 bytes a position and
+# head dimension): a context of two billion claimed by a file would take hundreds of GB.
+MAX_CONTEXT = 1 << 18  # 262,144: twice Llama 3.1's context
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -36,6 +39,12 @@ def layer_count(value: Any, name: str, source: object) -> int:
     if whole_number(value, name, source) > MAX_LAYERS:
         raise LlamaChatError(f"{source}: {name} is {value}, more layers than llama-chat runs (at most {MAX_LAYERS})")
     return value
+
+
+def context_length(value: Any, name: str, source: object) -> int:
+    """A whole number of positions, read as at most MAX_CONTEXT (more than a chat on one
+    machine reaches; llama-chat's default context is 4096)."""
+    return min(whole_number(value, name, source), MAX_CONTEXT)
 
 
 def real_number(value: Any, name: str, source: object) -> float:
