@@ -165,6 +165,7 @@ def one_row(**changes):
     return block_linear(torch.zeros(1, 32), q8_0_weight(4, 32), **changes)
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("call, message", [
     # Bytes that do not make the rows said: the kernels would read past the weight's end.
     (lambda: block_linear(torch.zeros(1, 64), q8_0_weight(4, 64)[:-1]),
@@ -202,6 +203,7 @@ def test_the_operator_refuses_inputs_it_cannot_multiply(call, message):
         call()
 
 
+@pytest.mark.needs_kernels
 def test_the_operator_runs_exactly_the_variants_it_reports():
     """Each variant number runs where supported_variants has its bit, and is refused by
     name of the cause where it does not (on a CPU without AVX-512, say)."""
@@ -216,6 +218,7 @@ def test_the_operator_runs_exactly_the_variants_it_reports():
     assert native.runnable_variants() == runnable
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("forced, message", [
     ("avx9", "LLAMA_CHAT_KERNEL_VARIANT='avx9' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
     ("AVX2", "LLAMA_CHAT_KERNEL_VARIANT='AVX2' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
