@@ -73,20 +73,22 @@ def test_info_shows_a_files_name_and_license_as_text_of_a_line(tmp_path, capsys)
     assert license_line == "license:       " + ("free " * 40) + "…"
 
 
-def test_a_gguf_claiming_two_billion_layers_is_refused_before_its_tensor_names_are_listed(tmp_path):
-    path = write_gguf(tmp_path / "layers.gguf", tiny_hf_model())
-    two_layers = gguf_text("llama.block_count") + struct.pack("<II", U32, 2)
+def tiny_gguf_with_u32(path, key, written, claimed):
+    """The tiny model's GGUF, its u32 entry `key` (written as `written`) set to `claimed`."""
+    path = write_gguf(path, tiny_hf_model())
+    entry = gguf_text(key) + struct.pack("<II", U32, written)
     data = path.read_bytes()
-    assert data.count(two_layers) == 1
-    path.write_bytes(data.replace(two_layers, gguf_text("llama.block_count") + struct.pack("<II", U32, 2**31)))
+    assert data.count(entry) == 1
+    path.write_bytes(data.replace(entry, gguf_text(key) + struct.pack("<II", U32, claimed)))
+    return path
+
+
+def test_a_gguf_claiming_two_billion_layers_is_refused_before_its_tensor_names_are_listed(tmp_path):
+    path = tiny_gguf_with_u32(tmp_path / "layers.gguf", "llama.block_count", 2, 2**31)
     with pytest.raises(LlamaChatError, match="llama.block_count is 2147483648, more layers than llama-chat runs"):
         load_gguf(path)
 
 
 def test_a_context_of_two_billion_tokens_is_read_as_the_longest_llama_chat_builds(tmp_path):
-    path = write_gguf(tmp_path / "context.gguf", tiny_hf_model())
-    context = gguf_text("llama.context_length") + struct.pack("<II", U32, 128)
-    data = path.read_bytes()
-    assert data.count(context) == 1
-    path.write_bytes(data.replace(context, gguf_text("llama.context_length") + struct.pack("<II", U32, 2**31)))
+    path = tiny_gguf_with_u32(tmp_path / "context.gguf", "llama.context_length", 128, 2**31)
     assert load_gguf(path).args.max_seq_len == 2**18  # its rotary tables: 16 MB, not 128 GB
