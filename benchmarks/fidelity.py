@@ -1,17 +1,27 @@
-"""Top-1 agreement of the packed cpu paths with float32 on the default model (or --model).
+"""How closely the packed cpu paths follow float32 on the default model (or --model), as the
+field measures it: the share of positions with the same top token, and the mean KL
+divergence of the next-token distribution from float32's.
 
 Teacher-forced over the same text, each position is compared with the float32 model's
-choice there: `decode` feeds one token at a time (the single-token kernels), `steps`
-feeds the text in steps of --step tokens (the multi-token kernels). Prints one line each,
-with the largest and mean logit difference.
+(the file's weights dequantised to float32) there: `decode` feeds one token at a time
+(the single-token kernels), `verify steps` feeds it 9 tokens at a time (a speculative
+verify step: a token and 8 drafts) and `steps` --step tokens at a time (prompt chunks).
+With --peer-python (an interpreter with llama-cpp-python), llama.cpp's logits on the same
+file and ids are measured the same way (benchmarks/llama_cpp_logits.py), a token at a time
+and in steps.
 
-    .venv/bin/python benchmarks/fidelity.py [--model FILE.gguf] [--positions 256] [--step 16]
+    .venv/bin/python benchmarks/fidelity.py [--model FILE.gguf] [--positions 256] [--step 16] [--peer-python PY]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
 
+import numpy as np
 import torch
 
 import llama_chat
@@ -37,11 +47,24 @@ def step_logits(model: llama_chat.Llama, ids: list[int], step: int) -> torch.Ten
     return model.step(model.new_cache(len(ids) + 8), ids, every_logits=True, chunk_size=step)
 
 
-def compare(fast: llama_chat.Llama, reference: torch.Tensor, ids: list[int], step: int) -> tuple[float, float, float]:
-    got = step_logits(fast, ids, step)
-    difference = (got - reference).abs()
-    agreement = float((got.argmax(-1) == reference.argmax(-1)).float().mean())
-    return agreement, float(difference.max()), float(difference.mean())
+VERIFY_STEP = 9  # a token and 8 drafts (speculation's most by default)
+PEER_SCRIPT = Path(__file__).with_name("llama_cpp_logits.py")
+
+
+def agreement(got: torch.Tensor, reference: torch.Tensor) -> str:
+    """Same top token, mean KL divergence from the reference, and the largest logit difference."""
+    same = float((got.argmax(-1) == reference.argmax(-1)).float().mean())
+    log_p, log_q = reference.log_softmax(-1), got.log_softmax(-1)
+    divergence = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    return f"same top token {same:.3f}, KL divergence {divergence:.2e}, logits within {float((got - reference).abs().max()):.2f}"
+
+
+def llama_cpp_logits(python: str, model: str, ids: list[int], step: int) -> torch.Tensor:
+    with tempfile.TemporaryDirectory() as folder:
+        ids_file, out = Path(folder, "ids.json"), Path(folder, "logits.npy")
+        ids_file.write_text(json.dumps(ids))
+        subprocess.run([python, str(PEER_SCRIPT), model, str(ids_file), str(out), "--step", str(step)], check=True)
+        return torch.from_numpy(np.load(out))
 
 
 def main() -> None:
@@ -49,16 +72,21 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--positions", type=int, default=256)
     parser.add_argument("--step", type=int, default=16)
+    parser.add_argument("--peer-python", help="an interpreter with llama-cpp-python: llama.cpp's figures too")
     options = parser.parse_args()
     path = options.model or str(download_default_model())
     exact = llama_chat.load(path, device="cpu", dtype="float32")
     fast = llama_chat.load(path, device="cpu")
     ids = exact.tokenizer.encode(TEXT * 4)[: options.positions]
     reference = exact.logits(ids)
-    print(f"{fast.quantization} weights, {fast.weights_note}; {len(ids)} positions")
-    for name, step in (("decode", 1), (f"steps of {options.step}", options.step)):
-        agreement, largest, mean = compare(fast, reference, ids, step)
-        print(f"{name}: top-1 agreement {agreement:.3f}, logits within {largest:.2f} (mean {mean:.3f})")
+    print(f"{fast.quantization} weights, {fast.weights_note}; {len(ids)} positions against float32")
+    for name, step in (("decode", 1), (f"verify steps of {VERIFY_STEP}", VERIFY_STEP),
+                       (f"steps of {options.step}", options.step)):
+        print(f"llama-chat {name}: {agreement(step_logits(fast, ids, step), reference)}")
+    if options.peer_python:
+        for name, step in (("decode", 1), (f"steps of {options.step}", options.step)):
+            got = llama_cpp_logits(options.peer_python, path, ids, step)
+            print(f"llama.cpp {name}: {agreement(got, reference)}")
 
 
 if __name__ == "__main__":
