@@ -165,11 +165,14 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
         // chains in step (a second chain each where they are fewer than 4, vpdpbusd's
         // latency in cycles; Q6_K's two half groups are two chains anyway), so the
         // products issue back to back.
+        // Unrolled in full (8 x R x PLANES products: past the compiler's own limit), so
+        // that the chains are registers, not an array on the stack indexed at run time.
         constexpr int CHAINS = HALVES == 2 || R * PLANES < 4 ? 2 : 1;
         __m512i dot[R][PLANES][CHAINS];
         for (int r = 0; r < R; ++r)
             for (int plane = 0; plane < PLANES; ++plane)
                 for (int c = 0; c < CHAINS; ++c) dot[r][plane][c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
         for (int v = 0; v < 2 * GROUP_CHUNKS; ++v) {
             const int c = HALVES == 2 ? v / GROUP_CHUNKS : v % CHAINS;
             for (int r = 0; r < R; ++r)
@@ -322,6 +325,7 @@ void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& 
             // two chains: the even and odd level vectors, or Q6_K's half groups
             __m512i dot[PLANES][2];
             for (int plane = 0; plane < PLANES; ++plane) dot[plane][0] = dot[plane][1] = _mm512_setzero_si512();
+#pragma GCC unroll 4
             for (int k = 0; k < GROUP_CHUNKS; ++k) {
                 __m512i low, high;
                 unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, low, high);
