@@ -10,6 +10,11 @@ the process that spawned it as its starting ru_maxrss, so the parent is kept sma
 the prompt ids are made in a child process of their own.
 
     python benchmarks/compare_speed.py --model FILE.gguf --peer-python PYTHON --repeats 3
+
+With --ik-bench, ik_llama.cpp's llama-bench (built from its sources as a peer) runs in the
+same run on the same file and threads, rows repacked at load (-rtr 1): its prefill of the
+prompt (-p) and its decode after a prompt of that length (-gp); it measures neither load
+time nor memory, so those columns stay empty.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ def run_json(name: str, command: list[str]) -> dict | None:
 
 
 def table(results: dict[str, dict | None]) -> str:
-    width = max(len(name) for name in results) + 2
+    width = max(len(name) for name in results) + len("ratio to ") + 2
     lines = ["".ljust(width) + "".join(title.rjust(16) for title, _, _ in COLUMNS)]
     for name, result in results.items():
         cells = []
@@ -91,17 +96,34 @@ def table(results: dict[str, dict | None]) -> str:
             value = result.get(key) if result else None
             if value is not None and key == "time_to_first_token":
                 value *= 1000
-            cells.append((fmt.format(value) if value is not None else "failed").rjust(16))
+            shown = fmt.format(value) if value is not None else "-" if result else "failed"
+            cells.append(shown.rjust(16))
         lines.append(name.ljust(width) + "".join(cells))
-    ours, theirs = results.get("llama-chat"), results.get("llama.cpp")
-    if ours and theirs:
-        ratios = []
-        for _, key, _ in COLUMNS:
-            ratios.append((f"{ours[key] / theirs[key]:.2f}x" if theirs.get(key) else "-").rjust(16))
-        lines.append("ratio".ljust(width) + "".join(ratios))
-        lines.append("(ratio = llama-chat / llama.cpp: above 1 is better for llama-chat in the tok/s columns, "
+    ours = results.get("llama-chat")
+    for peer in ("llama.cpp", "ik_llama.cpp"):
+        theirs = results.get(peer)
+        if ours and theirs:
+            ratios = [(f"{ours[key] / theirs[key]:.2f}x" if theirs.get(key) else "-").rjust(16) for _, key, _ in COLUMNS]
+            lines.append(f"ratio to {peer}".ljust(width) + "".join(ratios))
+    if ours and len(results) > 1:
+        lines.append("(ratio = llama-chat / the peer: above 1 is better for llama-chat in the tok/s columns, "
                      "worse in the others)")
     return "\n".join(lines)
+
+
+def ik_llama_bench(options: argparse.Namespace, model: Path) -> dict | None:
+    """ik_llama.cpp's prefill and decode tok/s on the model, from its llama-bench's JSON."""
+    prompt, new = options.prompt_tokens, options.new_tokens
+    command = [options.ik_bench, "-m", str(model), "-t", str(options.threads), "-p", str(prompt), "-n", "0",
+               "-gp", f"{prompt},{new}", "-r", str(options.repeats), "-rtr", "1", "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        tests = json.loads(done.stdout)
+        rate = {(test["n_prompt"], test["n_gen"]): test["avg_ts"] for test in tests}
+        return {"prefill_tokens_per_second": rate[(prompt, 0)], "decode_tokens_per_second": rate[(prompt, new)]}
+    except (json.JSONDecodeError, KeyError, TypeError):
+        print(f"ik_llama.cpp failed (exit {done.returncode}):\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--bench-args", default="", help="extra arguments for llama-chat bench, e.g. '--quantize int8'")
     parser.add_argument("--llama-cpp-args", default="", help="extra arguments for the llama.cpp script, e.g. '--no-mmap'")
+    parser.add_argument("--ik-bench", help="ik_llama.cpp's llama-bench binary: measured in the same run too")
     parser.add_argument("--only", choices=("llama-chat", "llama.cpp"), help="measure one program only")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--write-prompt-ids", type=Path, help=argparse.SUPPRESS)  # the child mode
@@ -153,6 +176,8 @@ def compare(options: argparse.Namespace, ids_path: Path) -> int:
         command = [options.peer_python, str(LLAMA_CPP_SCRIPT), str(model), "--prompt-ids", str(ids_path), *common,
                    *shlex.split(options.llama_cpp_args)]
         results["llama.cpp"] = run_json("llama.cpp", command)
+    if options.ik_bench:
+        results["ik_llama.cpp"] = ik_llama_bench(options, model)
 
     cpu = cpu_name()
     capability = info["torch_cpu_capability"]
