@@ -320,6 +320,7 @@ void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& 
         for (int plane = 0; plane < PLANES; ++plane)
             for (int v = 0; v < 2 * GROUP_CHUNKS; ++v) xv[plane][v] = _mm512_set1_epi32(dword(x[plane] + 32 * g + 4 * v));
         const float summed[2] = {HALVES == 1 ? xq.xsum[g] : xq.xsum_half[g], xq.xsum[g] - xq.xsum_half[g]};
+#pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
             const uint8_t* tile = tiles + t * stride;
             // two chains: the even and odd level vectors, or Q6_K's half groups
