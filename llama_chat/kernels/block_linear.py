@@ -156,7 +156,7 @@ class BlockLinear(nn.Module):
     def __init__(
         self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16, *, read: bool = True
     ) -> None:
-        """read=False: only the shapes, on the meta device (the packed cache fills them)."""
+        """read=False: only the shapes, on the meta device (`fill` or the packed cache fills them)."""
         super().__init__()
         self.out_features, self.in_features = source.shape
         self.block_type = block_type
@@ -164,23 +164,26 @@ class BlockLinear(nn.Module):
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
         self.tiled = block_type in TILED_TYPES
-        unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
+        self.unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
         width = arranged_bytes(block_type, self.in_features)
         device = None if read else "meta"
-        units = -(-self.out_features // unit)
+        units = -(-self.out_features // self.unit)
         self.register_buffer("blocks", torch.empty(units, width, dtype=torch.uint8, device=device))
-        if not read:
-            return
-        alignment = math.lcm(unit, source.row_alignment)
+        if read:
+            self.fill(source)
+
+    def fill(self, source: StoredMatrix) -> None:
+        """Write `source` into the blocks, a chunk of rows at a time."""
+        alignment = math.lcm(self.unit, source.row_alignment)
         step = max(alignment, CHUNK_WEIGHTS // self.in_features // alignment * alignment)
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
-            if source.block_type == block_type:
+            if source.block_type == self.block_type:
                 rows = source.blocks(start, stop)
             else:
-                rows = QUANTISERS[block_type](as_float(source.rows(start, stop)))
+                rows = QUANTISERS[self.block_type](as_float(source.rows(start, stop)))
             # Written in place by the kernels library (kernels/csrc/arrange.cpp), at memory's pace.
-            arranged = self.blocks[start // unit : -(-stop // unit)]
+            arranged = self.blocks[start // self.unit : -(-stop // self.unit)]
             torch.ops.llama_chat.arrange_blocks(rows.contiguous(), self.type_number, arranged)
 
     def file_blocks(self) -> torch.Tensor:
@@ -221,18 +224,24 @@ class StackedBlockLinear(nn.Module):
 
     def __init__(self, source: StackedRows, variant: int, activation_bits: int = 16, *, read: bool = True) -> None:
         super().__init__()
-        runs: list[list[StoredMatrix]] = []
-        for part in source.parts:
-            if runs and runs[-1][0].block_type == part.block_type:
-                runs[-1].append(part)
-            else:
-                runs.append([part])
         self.parts = nn.ModuleList(
-            BlockLinear(
-                run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits, read=read
-            )
-            for run in runs
+            BlockLinear(run, run.block_type, variant, activation_bits, read=read) for run in _runs_of_one_type(source)
         )
+
+    def fill(self, source: StackedRows) -> None:
+        for part, run in zip(self.parts, _runs_of_one_type(source)):
+            part.fill(run)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+def _runs_of_one_type(source: StackedRows) -> list[StoredMatrix]:
+    """The stacked parts, neighbours of one block type stacked together."""
+    runs: list[list[StoredMatrix]] = []
+    for part in source.parts:
+        if runs and runs[-1][0].block_type == part.block_type:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [run[0] if len(run) == 1 else StackedRows(run) for run in runs]

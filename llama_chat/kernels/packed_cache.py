@@ -19,10 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import open_regular_file
@@ -76,23 +78,52 @@ def entry_path(source: Path, settings: dict) -> Path | None:
     return root / "packed" / f"{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]}.safetensors"
 
 
-def save(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Write `state` as a safetensors file at `path`, atomically (a new name, then a
-    rename). A tensor under several names (a tied table) is written once; the other names
-    are aliases in the metadata."""
-    first_name: dict[tuple[int, int], str] = {}
+# The data starts at a multiple of this, so every tensor (largest items first) starts at a
+# multiple of its item size.
+DATA_ALIGNMENT = 64
+
+
+@contextmanager
+def writing(path: Path, layout: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+    """A new entry at `path` holding tensors named, shaped and typed as `layout`'s (meta
+    tensors will do; one tensor object under several names, a tied table, is held once,
+    the other names aliases in the metadata): the block gets writable views of the file,
+    mapped shared, and packs into them in place, so the weights are neither held in
+    private memory nor copied to disk afterwards. The file's space is reserved first (a
+    full disk is then an OSError here rather than a crash writing through the mapping); it
+    is written under another name and renamed into place when the block ends."""
+    first_name: dict[int, str] = {}
     aliases: dict[str, str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in first_name:
-            aliases[name] = first_name[key]
+    for name, tensor in layout.items():
+        if id(tensor) in first_name:
+            aliases[name] = first_name[id(tensor)]
         else:
-            first_name[key] = name
-            tensors[name] = tensor.detach().contiguous()
-    layout = {name: (DTYPE_NAMES[tensor.dtype], list(tensor.shape)) for name, tensor in tensors.items()}
+            first_name[id(tensor)] = name
+    held = sorted(first_name.values(), key=lambda name: -layout[name].element_size())
+    entries, offset = {}, 0
+    for name in held:
+        tensor = layout[name]
+        size = tensor.numel() * tensor.element_size()
+        entries[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                         "data_offsets": [offset, offset + size]}
+        offset += size
+    digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()})
+    header = json.dumps({"__metadata__": {"aliases": json.dumps(aliases), "layout": digest}, **entries}).encode()
+    header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
+    data_start, size = 8 + len(header), 8 + len(header) + offset
     with staged(path) as staging:
-        save_file(tensors, str(staging), metadata={"aliases": json.dumps(aliases), "layout": _digest(layout)})
+        with open(staging, "r+b") as handle:
+            handle.write(struct.pack("<Q", len(header)) + header)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(handle.fileno(), 0, size)
+            else:  # no way to reserve the blocks here (macOS): a sparse file
+                handle.truncate(size)
+        mapped = torch.from_file(str(staging), shared=True, size=size, dtype=torch.uint8)
+        views = {}
+        for name, entry in entries.items():
+            begin, end = entry["data_offsets"]
+            views[name] = mapped[data_start + begin : data_start + end].view(layout[name].dtype).view(entry["shape"])
+        yield views | {name: views[target] for name, target in aliases.items()}
 
 
 def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
@@ -102,7 +133,7 @@ def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a file written by `save`, as views of one read-only mapping of it
+    """The tensors of a file written by `writing`, as views of one read-only mapping of it
     (pages are read when used, and shared with every process mapping the file). Raises
     CorruptFileError (a ValueError) saying what is wrong when the file does not read back
     as written, OSError when it cannot be read."""
@@ -122,7 +153,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _checked_header(path: Path) -> tuple[SafetensorsHeader, dict[str, str], int]:
-    """An entry's header, its aliases and the file's size, all as `save` wrote them."""
+    """An entry's header, its aliases and the file's size, all as `writing` wrote them."""
     try:
         with open_regular_file(path) as handle:
             size = os.fstat(handle.fileno()).st_size
