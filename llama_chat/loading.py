@@ -37,6 +37,7 @@ from llama_chat.kernels.packed import (
     Scratch,
     return_freed_memory,
 )
+from llama_chat.kernels.packed_cache_entries import make_room
 from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
@@ -219,14 +220,20 @@ def packed_from_cache(
             transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
     layout = transformer.state_dict(keep_vars=True)  # keep_vars: a tied table is one tensor under two names
     parts = {"own": layout}
+    names = {"own": source.name}
     if ranks:
         parts = {"own": {n: t for n, t in layout.items() if is_sharded(n)},
                  "replicated": {n: t for n, t in layout.items() if not is_sharded(n)}}
+        names = {"own": f"{source.name}, rank {shard.rank} of {shard.world}",
+                 "replicated": f"{source.name}, shared by {shard.world} ranks"}
+    new_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in layout.values()}.values())
     try:
+        _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()))
         with ExitStack() as stack:
             views = {}
             for kind, part in parts.items():
-                views.update(_cache_step(stack.enter_context, packed_cache.writing(entries[kind], part)))
+                writing = packed_cache.writing(entries[kind], part, names[kind])
+                views.update(_cache_step(stack.enter_context, writing))
             for name, tensor in layout.items():
                 if not tensor.is_meta:  # packed at layout (PyTorch's int8 rows)
                     views[name].copy_(tensor)
@@ -245,9 +252,9 @@ class _CacheUnusable(Exception):
     """The packed cache could not take or give back an entry: the model is packed in memory."""
 
 
-def _cache_step(step: Callable, argument):
+def _cache_step(step: Callable, *arguments):
     try:
-        return step(argument)
+        return step(*arguments)
     except (OSError, ValueError, RuntimeError) as error:  # RuntimeError: a file that cannot be mapped
         raise _CacheUnusable from error
 

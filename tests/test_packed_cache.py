@@ -21,9 +21,9 @@ from llama_chat.kernels.block_linear import BlockLinear
 from .test_gguf import tiny_hf_model, write_gguf
 
 
-def write_entry(path, state: dict) -> None:
+def write_entry(path, state: dict, source: str = "") -> None:
     """`state` as an entry of the packed cache, written as a first load writes one."""
-    with packed_cache.writing(path, state) as views:
+    with packed_cache.writing(path, state, source) as views:
         for name, tensor in state.items():
             views[name].copy_(tensor)
 
@@ -113,9 +113,9 @@ def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
     first = llama_chat.load(path, device="cpu")
     [entry] = entries(tmp_cache)
-    written = entry.stat().st_mtime_ns
+    written = entry.stat().st_ino  # a new entry is a new file, renamed into place
     second = llama_chat.load(path, device="cpu")
-    assert entries(tmp_cache) == [entry] and entry.stat().st_mtime_ns == written  # read, not written again
+    assert entries(tmp_cache) == [entry] and entry.stat().st_ino == written  # read, not written again
     w2 = second.transformer.layers[1].feed_forward.w2
     assert isinstance(w2, BlockLinear) and w2.blocks.untyped_storage().nbytes() == entry.stat().st_size
     # The weights used are the file's bytes, in the kernels' order.

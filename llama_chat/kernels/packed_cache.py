@@ -31,6 +31,7 @@ from llama_chat.checkpoints.regular_file import open_regular_file
 from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_safetensors_header
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import CorruptFileError
+from llama_chat.kernels.packed_cache_entries import record_use
 from llama_chat.paths import cache_root, staged
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
@@ -84,8 +85,9 @@ DATA_ALIGNMENT = 64
 
 
 @contextmanager
-def writing(path: Path, layout: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
-    """A new entry at `path` holding tensors named, shaped and typed as `layout`'s (meta
+def writing(path: Path, layout: dict[str, torch.Tensor], source: str) -> Iterator[dict[str, torch.Tensor]]:
+    """A new entry at `path`, of the weights of `source` (a model file's name, which
+    `llama-chat cache` shows), holding tensors named, shaped and typed as `layout`'s (meta
     tensors will do; one tensor object under several names, a tied table, is held once,
     the other names aliases in the metadata): the block gets writable views of the file,
     mapped shared, and packs into them in place, so the weights are neither held in
@@ -108,7 +110,8 @@ def writing(path: Path, layout: dict[str, torch.Tensor]) -> Iterator[dict[str, t
                          "data_offsets": [offset, offset + size]}
         offset += size
     digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()})
-    header = json.dumps({"__metadata__": {"aliases": json.dumps(aliases), "layout": digest}, **entries}).encode()
+    metadata = {"aliases": json.dumps(aliases), "layout": digest, "source": source}
+    header = json.dumps({"__metadata__": metadata, **entries}).encode()
     header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
     data_start, size = 8 + len(header), 8 + len(header) + offset
     with staged(path) as staging:
@@ -138,6 +141,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     CorruptFileError (a ValueError) saying what is wrong when the file does not read back
     as written, OSError when it cannot be read."""
     header, aliases, size = _checked_header(path)
+    record_use(path)
     # MAP_PRIVATE, never written: the pages stay the file's, counted as shared memory.
     mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     state = {}
@@ -150,6 +154,15 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     for name, target in aliases.items():
         state[name] = state[target]
     return state
+
+
+def source_of(path: Path) -> str | None:
+    """The name of the model file an entry was packed from ("" where the entry does not say);
+    None for an entry that does not read back."""
+    try:
+        return _checked_header(path)[0].metadata.get("source", "")
+    except (OSError, ValueError):
+        return None
 
 
 def _checked_header(path: Path) -> tuple[SafetensorsHeader, dict[str, str], int]:
