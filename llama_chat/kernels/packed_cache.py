@@ -1,11 +1,10 @@
 """A model's packed weights kept on disk, mapped read-only on later loads.
 
 The first load of a file on llama-chat's kernels packs its matrices (tiles, row groups,
-int8 tables): seconds for a 1 B model, half a minute for 8 B. What it packed is written
-once to the cache as a safetensors file (atomically: a new name, then a rename), and later
-loads map that file instead of packing: a start costs what mapping costs, the pages are
-the system's page cache (shared by every process using the model, kept between runs),
-and no process holds a private copy.
+int8 tables) straight into a new safetensors file of the cache, mapped shared (and made
+whole before it is renamed into place), and later loads map that file instead of packing:
+a start costs what mapping costs, the pages are the system's page cache (shared by every
+process using the model, kept between runs), and no process holds a private copy.
 
 An entry is found by what it was packed from and how: the source files' identity (size,
 modification time, a hash of the first MiB and of 16 pieces spread over the file), the
