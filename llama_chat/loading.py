@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +37,7 @@ from llama_chat.kernels.packed import (
     Scratch,
     return_freed_memory,
 )
+from llama_chat.kernels.packed_cache_entries import make_room
 from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
@@ -100,20 +101,19 @@ def build_transformer(
 
 
 def build_packed_transformer(
-    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: Progress,
-    packed: dict[str, torch.Tensor] | None = None,
+    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: Progress, *, read: bool = True
 ) -> Transformer:
     """The Transformer with every matrix packed as it is read (the layers' as `modes` says,
     the embedding and output head as int8 tables, or the head in blocks for our kernels);
-    with `packed` (a state read from the packed cache), nothing is read: the modules are
-    laid out and take those tensors."""
+    with read=False, the modules are laid out on the meta device (a state read from the
+    packed cache fills them, or fill_packed_transformer), and only matrices for PyTorch's
+    kernels are packed."""
     args = checkpoint.args
     tensors = checkpoint.tensors
     with torch.device("meta"):
         transformer = Transformer(args)
     scratch = Scratch()
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
-    read = packed is None
     # Matrices pack on as many threads as PyTorch uses (reading, decoding and packing
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
     pool = ThreadPoolExecutor(max_workers=torch.get_num_threads() if read else 1)
@@ -159,9 +159,35 @@ def build_packed_transformer(
     finally:
         # An interrupted load (Ctrl-C at /load) stops after the matrices being packed now.
         pool.shutdown(cancel_futures=True)
-    if not read:
-        transformer.load_state_dict(packed, assign=True, strict=True)
     return transformer
+
+
+def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, progress: Progress) -> None:
+    """Pack the checkpoint's weights into the tensors `transformer` holds (laid out by
+    build_packed_transformer with read=False, then given memory), matrices on as many
+    threads as PyTorch uses. Matrices packed for PyTorch's kernels were packed at layout."""
+    tensors = dict(checkpoint.tensors)
+    if tensors["output.weight"] is tensors["tok_embeddings.weight"]:
+        del tensors["output.weight"]  # the embedding's table, filled with it
+    pool = ThreadPoolExecutor(max_workers=torch.get_num_threads())
+    try:
+        filling = {}
+        for name, weight in tensors.items():
+            module = transformer.get_submodule(name.rpartition(".")[0])
+            if isinstance(module, (PackedEmbedding, PackedHead)):
+                filling[name] = pool.submit(module.table.fill, weight)
+            elif isinstance(module, (BlockLinear, StackedBlockLinear)):
+                filling[name] = pool.submit(module.fill, weight)
+        for name, weight in tensors.items():
+            module_name, _, attribute = name.rpartition(".")
+            vector = getattr(transformer.get_submodule(module_name), attribute, None)
+            with progress.item(module_name, weight):
+                if name in filling:
+                    filling.pop(name).result()
+                elif isinstance(vector, nn.Parameter):  # a norm's weights
+                    vector.copy_(weight.float())
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def packed_from_cache(
@@ -169,43 +195,73 @@ def packed_from_cache(
     progress: Progress,
 ) -> tuple[Transformer, str]:
     """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
-    entries for this source and packing are there, else packed from the source and written
-    there, then mapped (so the process keeps no private copy either way); and a note when
-    the cache could not be used. Under tensor parallelism each rank's share of the split
-    matrices is an entry of its own, and the replicated tensors (embedding, head, norms)
-    one entry that every rank maps, so the ranks on a host hold them once."""
+    entries for this source and packing are there, else packed from the source straight
+    into new entries, then mapped (so the process keeps no private copy either way); and a
+    note when the cache could not be used. Under tensor parallelism each rank's share of
+    the split matrices is an entry of its own, and the replicated tensors (embedding, head,
+    norms) one entry that every rank maps, so the ranks on a host hold them once."""
     ranks = shard is not None and shard.world > 1
     own = {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None}
     entries = {"own": packed_cache.entry_path(source, own)}
     if ranks:
         entries["replicated"] = packed_cache.entry_path(source, {"modes": modes, "replicated_of": shard.world})
+    if entries["own"] is None:
+        return build_packed_transformer(checkpoint, paths, modes, progress), ""
     note = ""
-    if all(entry is not None and entry.exists() for entry in entries.values()):
+    transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
+    if all(entry.exists() for entry in entries.values()):
         try:
-            state = {name: tensor for entry in entries.values() for name, tensor in packed_cache.load(entry).items()}
-            return build_packed_transformer(checkpoint, paths, modes, progress, packed=state), note
+            transformer.load_state_dict(mapped_entries(entries.values()), assign=True, strict=True)
+            return transformer, note
         except (OSError, ValueError, RuntimeError, KeyError) as error:
             for entry in entries.values():
                 entry.unlink(missing_ok=True)
             note = f"packed cache rebuilt ({first_line(error)})"
-    transformer = build_packed_transformer(checkpoint, paths, modes, progress)
-    if entries["own"] is None:
-        return transformer, note
-    state = transformer.state_dict()
-    parts = {"own": state}
+            transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
+    layout = transformer.state_dict(keep_vars=True)  # keep_vars: a tied table is one tensor under two names
+    parts = {"own": layout}
+    names = {"own": source.name}
     if ranks:
-        parts = {"own": {n: t for n, t in state.items() if is_sharded(n)},
-                 "replicated": {n: t for n, t in state.items() if not is_sharded(n)}}
+        parts = {"own": {n: t for n, t in layout.items() if is_sharded(n)},
+                 "replicated": {n: t for n, t in layout.items() if not is_sharded(n)}}
+        names = {"own": f"{source.name}, rank {shard.rank} of {shard.world}",
+                 "replicated": f"{source.name}, shared by {shard.world} ranks"}
+    new_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in layout.values()}.values())
     try:
-        mapped = {}
-        for kind, part in parts.items():
-            packed_cache.save(entries[kind], part)
-            mapped.update(packed_cache.load(entries[kind]))
-        transformer.load_state_dict(mapped, assign=True, strict=True)
-        return_freed_memory()
-    except (OSError, ValueError) as error:
-        note = f"packed cache not written ({first_line(error)})"
+        _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()))
+        with ExitStack() as stack:
+            views = {}
+            for kind, part in parts.items():
+                writing = packed_cache.writing(entries[kind], part, names[kind])
+                views.update(_cache_step(stack.enter_context, writing))
+            for name, tensor in layout.items():
+                if not tensor.is_meta:  # packed at layout (PyTorch's int8 rows)
+                    views[name].copy_(tensor)
+            transformer.load_state_dict(views, assign=True, strict=True)
+            # Errors reading the weights end the load (the new entries are removed).
+            fill_packed_transformer(transformer, checkpoint, progress)
+        transformer.load_state_dict(_cache_step(mapped_entries, entries.values()), assign=True, strict=True)
+        return_freed_memory()  # packing's temporaries
+    except _CacheUnusable as error:
+        transformer = build_packed_transformer(checkpoint, paths, modes, progress)
+        note = f"packed cache not written ({first_line(error.__cause__)})"
     return transformer, note
+
+
+class _CacheUnusable(Exception):
+    """The packed cache could not take or give back an entry: the model is packed in memory."""
+
+
+def _cache_step(step: Callable, *arguments):
+    try:
+        return step(*arguments)
+    except (OSError, ValueError, RuntimeError) as error:  # RuntimeError: a file that cannot be mapped
+        raise _CacheUnusable from error
+
+
+def mapped_entries(entries: Iterable[Path]) -> dict[str, torch.Tensor]:
+    """The tensors of packed-cache entries, each mapped read-only."""
+    return {name: tensor for entry in entries for name, tensor in packed_cache.load(entry).items()}
 
 
 def head_block_type(head: StoredMatrix) -> str | None:

@@ -29,6 +29,7 @@ from llama_chat.text import template_runner
 from llama_chat.text.template_runner import TemplateRunner
 
 from .test_gguf import tiny_hf_model, write_gguf
+from .test_packed_cache import write_entry
 from .test_session import GREEDY, assert_consistent, chat_model, say
 
 # Little-endian values that sit on the edges of the integer types a header stores.
@@ -227,7 +228,7 @@ def packed_entry_target(directory: Path) -> Target:
 
     seed_path = directory / "seed.safetensors"
     weight = torch.arange(96, dtype=torch.uint8).view(4, 24)
-    packed_cache.save(seed_path, {"a.weight": weight, "b.scales": torch.ones(4, 2), "tied": weight})
+    write_entry(seed_path, {"a.weight": weight, "b.scales": torch.ones(4, 2), "tied": weight})
     seed = seed_path.read_bytes()
     (header_length,) = struct.unpack_from("<Q", seed)
     header = json.loads(seed[8 : 8 + header_length])

@@ -26,13 +26,12 @@ from llama_chat.kernels.block_linear import (
     BlockLinear,
     StackedBlockLinear,
     arranged_bytes,
-    interleave_rows,
     q4_1_blocks,
     q8_0_blocks,
-    tile_rows,
     untile_rows,
 )
 
+from .block_layout_reference import interleave_rows, tile_rows
 from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
 
@@ -73,17 +72,66 @@ def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor
     return x.double() @ weight.reshape(raw.shape[0], -1).t()
 
 
-def run(x, raw, block_type, variant, bits):
-    """The operator on raw blocks [rows, bytes a row], given in the kernels' layout (tiles
-    of 16 rows or groups of 4)."""
-    blocks = torch.from_numpy(raw)
+def arranged(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
+    """Blocks [rows, bytes a row] in the kernels' layout (tiles of 16 rows or groups of 4),
+    as the library's arrange_blocks writes it."""
+    unit = 16 if block_type in TILED_TYPES else 4
+    columns = blocks.shape[1] // BLOCK_SIZES[block_type][1] * BLOCK_SIZES[block_type][0]
+    out = torch.full((-(-len(blocks) // unit), arranged_bytes(block_type, columns)), 0xAB, dtype=torch.uint8)
+    torch.ops.llama_chat.arrange_blocks(blocks, BLOCK_TYPES[block_type], out)
+    return out
+
+
+def reference_arranged(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
     if block_type in TILED_TYPES:
-        arranged = tile_rows(blocks, block_type)
-    else:
-        arranged = interleave_rows(blocks, BLOCK_SIZES[block_type][1])
+        return tile_rows(blocks, block_type)
+    return interleave_rows(blocks, BLOCK_SIZES[block_type][1])
+
+
+def run(x, raw, block_type, variant, bits):
+    """The operator on raw blocks [rows, bytes a row], arranged by the library."""
     return torch.ops.llama_chat.block_linear(
-        x, arranged, BLOCK_TYPES[block_type], raw.shape[0], native.variant_number(variant), bits
+        x, arranged(torch.from_numpy(raw), block_type), BLOCK_TYPES[block_type], raw.shape[0],
+        native.variant_number(variant), bits,
     )
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("block_type", TYPES)
+@pytest.mark.parametrize("rows", [1, 5, 16, 37, 3205])
+def test_the_library_arranges_blocks_as_the_reference_does_byte_for_byte(block_type, rows):
+    """Every byte random (fields too: arranging moves bytes, never reads them as numbers);
+    3205 rows split over threads into several pieces and end in a padded tile or group."""
+    columns = 1024 if rows == 3205 else 512
+    weights, size = BLOCK_SIZES[block_type]
+    generator = torch.Generator().manual_seed(rows)
+    blocks = torch.randint(0, 256, (rows, columns // weights * size), dtype=torch.uint8, generator=generator)
+    got = arranged(blocks, block_type)
+    assert torch.equal(got, reference_arranged(blocks, block_type))
+    if block_type in TILED_TYPES:
+        assert torch.equal(untile_rows(got, block_type, rows), blocks)
+
+
+def four_q4_0_rows(**changes):
+    """Arguments for 4 rows of 2 Q4_0 blocks (one tile of 2 units, 576 bytes), with changes."""
+    call = dict(blocks=torch.zeros(4, 36, dtype=torch.uint8), block_type=BLOCK_TYPES["Q4_0"],
+                arranged=torch.zeros(576, dtype=torch.uint8))
+    call.update(changes)
+    return call
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("call, message", [
+    (four_q4_0_rows(blocks=torch.zeros(4, 35, dtype=torch.uint8)), "35 bytes is not whole blocks of 18"),
+    (four_q4_0_rows(arranged=torch.zeros(575, dtype=torch.uint8)), "575 bytes, not the 576 of 4 rows"),
+    (four_q4_0_rows(blocks=torch.zeros(4, 36, dtype=torch.int8)), "blocks must be contiguous uint8"),
+    (four_q4_0_rows(blocks=torch.zeros(36, 4, dtype=torch.uint8).t()), "blocks must be contiguous uint8"),
+    (four_q4_0_rows(arranged=torch.zeros(576, dtype=torch.int16)), "arranged must be contiguous uint8"),
+    (four_q4_0_rows(block_type=7), "unsupported block type 7"),
+])
+def test_arranging_refuses_what_it_cannot_lay_out(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.llama_chat.arrange_blocks(**call)
 
 
 @pytest.mark.needs_kernels

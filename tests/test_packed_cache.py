@@ -21,6 +21,13 @@ from llama_chat.kernels.block_linear import BlockLinear
 from .test_gguf import tiny_hf_model, write_gguf
 
 
+def write_entry(path, state: dict, source: str = "") -> None:
+    """`state` as an entry of the packed cache, written as a first load writes one."""
+    with packed_cache.writing(path, state, source) as views:
+        for name, tensor in state.items():
+            views[name].copy_(tensor)
+
+
 def entries(tmp_cache) -> list:
     return sorted((tmp_cache / "packed").glob("*.safetensors"))
 
@@ -36,7 +43,7 @@ def test_a_state_reads_back_as_views_of_one_mapping(tmp_path):
     state = {"a.levels": table, "a.scales": torch.randn(3, 2), "b.levels": table,
              "c.blocks": torch.randint(0, 256, (5, 7), dtype=torch.uint8), "d": torch.randn(4).to(torch.bfloat16)}
     path = tmp_path / "entry.safetensors"
-    packed_cache.save(path, state)
+    write_entry(path, state)
     back = packed_cache.load(path)
     assert set(back) == set(state)
     for name, tensor in state.items():
@@ -49,7 +56,7 @@ def test_a_state_reads_back_as_views_of_one_mapping(tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "header"])
 def test_an_entry_that_does_not_read_back_is_refused(tmp_path, damage):
     path = tmp_path / "entry.safetensors"
-    packed_cache.save(path, {"w": torch.randn(64, 64)})
+    write_entry(path, {"w": torch.randn(64, 64)})
     data = path.read_bytes()
     path.write_bytes(data[:-100] if damage == "truncate" else data[:8] + b"{not json" + data[17:])
     with pytest.raises(ValueError):
@@ -94,7 +101,7 @@ def with_entry(name, **changes):
 ])
 def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, reason):
     path = tmp_path / "entry.safetensors"
-    packed_cache.save(path, {"w": torch.randn(64, 64)})
+    write_entry(path, {"w": torch.randn(64, 64)})
     edited_entry(path, edit)
     with pytest.raises(CorruptFileError) as refused:  # a ValueError, as the loader catches it
         packed_cache.load(path)
@@ -106,9 +113,9 @@ def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
     first = llama_chat.load(path, device="cpu")
     [entry] = entries(tmp_cache)
-    written = entry.stat().st_mtime_ns
+    written = entry.stat().st_ino  # a new entry is a new file, renamed into place
     second = llama_chat.load(path, device="cpu")
-    assert entries(tmp_cache) == [entry] and entry.stat().st_mtime_ns == written  # read, not written again
+    assert entries(tmp_cache) == [entry] and entry.stat().st_ino == written  # read, not written again
     w2 = second.transformer.layers[1].feed_forward.w2
     assert isinstance(w2, BlockLinear) and w2.blocks.untyped_storage().nbytes() == entry.stat().st_size
     # The weights used are the file's bytes, in the kernels' order.
@@ -176,7 +183,7 @@ def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
     from llama_chat.process_memory import memory_now_mb
 
     path = tmp_path / "entry.safetensors"
-    packed_cache.save(path, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
+    write_entry(path, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
     gc.collect()  # earlier tests' garbage, freed between the readings, would lower the second
     resident, own = memory_now_mb()
     mapped = packed_cache.load(path)["w"]

@@ -46,10 +46,14 @@ Rows = torch.Tensor | Int4Groups
 def read_range(path: str | Path, offset: int, count: int) -> bytearray:
     """`count` bytes of a file from `offset`, by a plain read (a memory map's touched pages
     would stay counted in the process's resident memory until the load ends)."""
-    with open(path, "rb") as file:
+    data = bytearray(count)
+    done = 0
+    with open(path, "rb", buffering=0) as file:  # unbuffered: read straight into `data`, one copy
         file.seek(offset)
-        data = bytearray(file.read(count))
-    if len(data) != count:
+        view = memoryview(data)
+        while done < count and (got := file.readinto(view[done:])):
+            done += got
+    if done != count:
         raise LlamaChatError(f"{path}: the file ends before the weights it lists; it is truncated or corrupt")
     return data
 

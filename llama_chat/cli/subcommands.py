@@ -6,4 +6,5 @@ SUBCOMMANDS = {  # name: (module, what it does)
     "convert": ("llama_chat.cli.convert", "write a Hugging Face-style directory from a GGUF file or a Meta checkpoint"),
     "train": ("llama_chat.cli.train", "train a small Llama from scratch on text files"),
     "info": ("llama_chat.cli.info", "what a model file holds: shapes, tensor types, license, template, stop tokens"),
+    "cache": ("llama_chat.cli.cache", "the packed weights kept on disk (model file, size, last use); `cache clear` removes them"),
 }

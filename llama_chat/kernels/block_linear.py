@@ -2,13 +2,14 @@
 
 A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's blocks and
 (but for Q4_K's 6-bit scales, held a byte each: 148 bytes a block against 144) its size:
-- Q4_0, Q4_1 and Q4_K are rearranged into tiles of 16 rows whose 4-bit levels feed integer
+- Q4_0, Q4_1, Q4_K and Q6_K are rearranged into tiles of 16 rows whose 4-bit levels (Q6_K:
+  their low 4 bits, the top 2 in planes of their own) feed integer
   dot products directly (kernels.h has the layout): a single token and several tokens both
   run integer kernels, with activations quantised per group of 32 to 16 bits carried as
   two int8 halves (within 1/65000 of each group's largest value; a step's activations can
   go to int8 instead, half the integer work, but measured to change 4% of the default
   model's teacher-forced choices; see the README).
-- Q8_0, Q5_K and Q6_K keep their blocks with rows in groups of 4, interleaved block by
+- Q8_0 and Q5_K keep their blocks with rows in groups of 4, interleaved block by
   block, so that a single token reads 4 rows as one sequential stream (1.36x faster from
   memory than 4 rows side by side); a single token multiplies them with float32
   activations, several tokens as above.
@@ -75,29 +76,8 @@ def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor:
 QUANTISERS = {"Q8_0": q8_0_blocks, "Q4_1": q4_1_blocks}
 
 
-def interleave_rows(rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
-    """Bytes [rows, bytes a row] (rows padded with zero blocks to a multiple of 4) as
-    groups of 4 rows interleaved block by block, [rows / 4, 4 * bytes a row]."""
-    count, size = rows.shape
-    grouped = _padded(rows, ROW_GROUP).view(-1, ROW_GROUP, size // block_bytes, block_bytes)
-    return grouped.transpose(1, 2).reshape(-1, ROW_GROUP * size)
-
-
-def _padded(rows: torch.Tensor, multiple: int) -> torch.Tensor:
-    extra = -len(rows) % multiple
-    return torch.cat([rows, rows.new_zeros(extra, rows.shape[1])]) if extra else rows
-
-
-def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K's 12 bytes of 6-bit scales and minimums [..., 12] as two [..., 8]."""
-    low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    scales = torch.cat([low & 63, (rest & 15) | ((low >> 6) << 4)], dim=-1)
-    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
-    return scales, minimums
-
-
 def _k_scales_packed(scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tensor:
-    """The inverse of _k_scales."""
+    """Q4_K's 8 scales and 8 minimums [..., 8] (6 bits each) packed into its 12 bytes."""
     return torch.cat([
         scales[..., :4] | ((scales[..., 4:] >> 4) << 6),
         minimums[..., :4] | ((minimums[..., 4:] >> 4) << 6),
@@ -124,29 +104,6 @@ def arranged_bytes(block_type: str, columns: int) -> int:
     return ROW_GROUP * columns // weights * size
 
 
-def _block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Blocks [rows, units, bytes a block] as levels [rows, groups of 32, 32], float16
-    fields' bytes [rows, units, fields, 2] and (K types) byte factors [rows, units, 16]."""
-    rows, units, _ = blocks.shape
-    fields, at = TILE_HALVES[block_type]
-    halves = blocks[..., at : at + 2 * fields].reshape(rows, units, fields, 2)
-    factors = None
-    if block_type == "Q4_K":
-        factors = torch.cat(_k_scales(blocks[..., 4:16]), dim=-1)
-        runs = blocks[..., 16:].reshape(rows, units, 4, 1, 32)  # 4 runs of 32 bytes: 64 weights each
-        levels = torch.cat([runs & 15, runs >> 4], dim=3)  # low nibbles: the run's first 32
-    elif block_type == "Q6_K":
-        factors = blocks[..., 192:208]
-        low = blocks[..., :128].reshape(rows, units, 2, 2, 32)  # [half block, first or second 32, l]
-        high = blocks[..., 128:192].reshape(rows, units, 2, 1, 32)
-        nibbles = torch.cat([low & 15, low >> 4], dim=3)  # quarters 0..3 of each half block
-        levels = nibbles | (((high >> CRUMB_SHIFTS) & 3) << 4)
-    else:
-        nibbles = blocks[..., 2 * fields :]
-        levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # byte i: columns i and i + 16
-    return levels.reshape(rows, -1, 32), halves, factors
-
-
 def _blocks_from_parts(
     levels: torch.Tensor, halves: torch.Tensor, factors: torch.Tensor | None, block_type: str
 ) -> torch.Tensor:
@@ -164,29 +121,6 @@ def _blocks_from_parts(
         return torch.cat([packed_low.flatten(2), packed_high.flatten(2), factors, halves.flatten(2)], dim=-1)
     nibbles = levels[..., :16] | (levels[..., 16:] << 4)
     return torch.cat([halves.flatten(2), nibbles], dim=-1)
-
-
-def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
-    """Q4_0, Q4_1, Q4_K or Q6_K blocks [rows, bytes a row] (rows padded with zeros to a
-    multiple of 16) as tiles [rows / 16, arranged_bytes], laid out as kernels/csrc/kernels.h
-    says."""
-    rows = _padded(rows, TILE_ROWS)
-    tiles = len(rows) // TILE_ROWS
-    levels, halves, factors = _block_parts(rows.view(len(rows), -1, BLOCK_SIZES[block_type][1]), block_type)
-    groups, units = levels.shape[1], halves.shape[1]
-    # levels: [tile, row, group, k, half, j] -> bytes [tile, group, k, row, j]
-    slices = levels.view(tiles, TILE_ROWS, groups, 4, 2, 4)
-    low = slices & 15
-    packed = (low[..., 0, :] | (low[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1)
-    parts = [packed]
-    if block_type == "Q6_K":  # the high 2 bits: level vector v = 2 k + half in bits 2 (v % 4) of chunk v // 4
-        crumbs = (slices >> 4).reshape(tiles, TILE_ROWS, groups, 2, 4, 4)  # [.., chunk, v % 4, j]
-        bits = (crumbs << CRUMB_SHIFTS).sum(dim=4, dtype=torch.uint8)  # disjoint bits: the sum is their or
-        parts.append(bits.permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
-    parts.append(halves.view(tiles, TILE_ROWS, units, -1, 2).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
-    if factors is not None:
-        parts.append(factors.reshape(tiles, TILE_ROWS, units, -1).permute(0, 2, 3, 1).reshape(tiles, units, -1))
-    return torch.cat(parts, dim=-1).reshape(tiles, -1)
 
 
 def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tensor:
@@ -216,13 +150,13 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
 
 
 class BlockLinear(nn.Module):
-    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1 and Q4_K in
-    tiles of 16 rows, other types in groups of 4 rows."""
+    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1, Q4_K and Q6_K
+    in tiles of 16 rows, other types in groups of 4 rows."""
 
     def __init__(
         self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16, *, read: bool = True
     ) -> None:
-        """read=False: only the shapes, on the meta device (the packed cache fills them)."""
+        """read=False: only the shapes, on the meta device (`fill` or the packed cache fills them)."""
         super().__init__()
         self.out_features, self.in_features = source.shape
         self.block_type = block_type
@@ -230,23 +164,27 @@ class BlockLinear(nn.Module):
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
         self.tiled = block_type in TILED_TYPES
-        unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
+        self.unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
         width = arranged_bytes(block_type, self.in_features)
         device = None if read else "meta"
-        units = -(-self.out_features // unit)
+        units = -(-self.out_features // self.unit)
         self.register_buffer("blocks", torch.empty(units, width, dtype=torch.uint8, device=device))
-        if not read:
-            return
-        alignment = math.lcm(unit, source.row_alignment)
+        if read:
+            self.fill(source)
+
+    def fill(self, source: StoredMatrix) -> None:
+        """Write `source` into the blocks, a chunk of rows at a time."""
+        alignment = math.lcm(self.unit, source.row_alignment)
         step = max(alignment, CHUNK_WEIGHTS // self.in_features // alignment * alignment)
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
-            if source.block_type == block_type:
+            if source.block_type == self.block_type:
                 rows = source.blocks(start, stop)
             else:
-                rows = QUANTISERS[block_type](as_float(source.rows(start, stop)))
-            arranged = tile_rows(rows, block_type) if self.tiled else interleave_rows(rows, BLOCK_SIZES[block_type][1])
-            self.blocks[start // unit : start // unit + len(arranged)] = arranged
+                rows = QUANTISERS[self.block_type](as_float(source.rows(start, stop)))
+            # Written in place by the kernels library (kernels/csrc/arrange.cpp), at memory's pace.
+            arranged = self.blocks[start // self.unit : -(-stop // self.unit)]
+            torch.ops.llama_chat.arrange_blocks(rows.contiguous(), self.type_number, arranged)
 
     def file_blocks(self) -> torch.Tensor:
         """The blocks in the file's order, [out_features, bytes a row]."""
@@ -286,18 +224,24 @@ class StackedBlockLinear(nn.Module):
 
     def __init__(self, source: StackedRows, variant: int, activation_bits: int = 16, *, read: bool = True) -> None:
         super().__init__()
-        runs: list[list[StoredMatrix]] = []
-        for part in source.parts:
-            if runs and runs[-1][0].block_type == part.block_type:
-                runs[-1].append(part)
-            else:
-                runs.append([part])
         self.parts = nn.ModuleList(
-            BlockLinear(
-                run[0] if len(run) == 1 else StackedRows(run), run[0].block_type, variant, activation_bits, read=read
-            )
-            for run in runs
+            BlockLinear(run, run.block_type, variant, activation_bits, read=read) for run in _runs_of_one_type(source)
         )
+
+    def fill(self, source: StackedRows) -> None:
+        for part, run in zip(self.parts, _runs_of_one_type(source)):
+            part.fill(run)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+def _runs_of_one_type(source: StackedRows) -> list[StoredMatrix]:
+    """The stacked parts, neighbours of one block type stacked together."""
+    runs: list[list[StoredMatrix]] = []
+    for part in source.parts:
+        if runs and runs[-1][0].block_type == part.block_type:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [run[0] if len(run) == 1 else StackedRows(run) for run in runs]

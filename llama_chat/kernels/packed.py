@@ -293,7 +293,7 @@ class Int8Table(nn.Module):
     """
 
     def __init__(self, source: StoredMatrix, scratch: Scratch, *, read: bool = True) -> None:
-        """read=False: only the shapes, on the meta device (the packed cache fills them)."""
+        """read=False: only the shapes, on the meta device (`fill` or the packed cache fills them)."""
         super().__init__()
         self.vocab_size, self.dim = source.shape
         self.scratch = scratch
@@ -301,8 +301,11 @@ class Int8Table(nn.Module):
         self.register_buffer("levels", torch.empty(source.shape, dtype=torch.int8, device=device))
         scales = torch.empty(self.vocab_size, self.dim // GROUP, dtype=torch.float32, device=device)
         self.register_buffer("scales", scales)
-        if not read:
-            return
+        if read:
+            self.fill(source)
+
+    def fill(self, source: StoredMatrix) -> None:
+        """Write `source` into the levels and scales, a chunk of rows at a time."""
         step = chunk_rows(source, 1)
         for start in range(0, self.vocab_size, step):
             stop = min(start + step, self.vocab_size)

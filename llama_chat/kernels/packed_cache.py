@@ -1,11 +1,10 @@
 """A model's packed weights kept on disk, mapped read-only on later loads.
 
 The first load of a file on llama-chat's kernels packs its matrices (tiles, row groups,
-int8 tables): seconds for a 1 B model, half a minute for 8 B. What it packed is written
-once to the cache as a safetensors file (atomically: a new name, then a rename), and later
-loads map that file instead of packing: a start costs what mapping costs, the pages are
-the system's page cache (shared by every process using the model, kept between runs),
-and no process holds a private copy.
+int8 tables) straight into a new safetensors file of the cache, mapped shared (and made
+whole before it is renamed into place), and later loads map that file instead of packing:
+a start costs what mapping costs, the pages are the system's page cache (shared by every
+process using the model, kept between runs), and no process holds a private copy.
 
 An entry is found by what it was packed from and how: the source files' identity (size,
 modification time, a hash of the first MiB and of 16 pieces spread over the file), the
@@ -19,22 +18,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import open_regular_file
 from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_safetensors_header
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import CorruptFileError
+from llama_chat.kernels.packed_cache_entries import record_use
 from llama_chat.paths import cache_root, staged
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
 # packs anew.
-PACKING_SOURCES = ("kernels/block_linear.py", "kernels/packed.py", "kernels/quantize.py", "loading.py",
-                   "checkpoints/stored.py")
+PACKING_SOURCES = ("kernels/block_linear.py", "kernels/csrc/arrange.cpp", "kernels/packed.py", "kernels/quantize.py",
+                   "loading.py", "checkpoints/stored.py")
 SAMPLES = 16
 SAMPLE_BYTES = 1 << 16
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
@@ -76,23 +78,54 @@ def entry_path(source: Path, settings: dict) -> Path | None:
     return root / "packed" / f"{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]}.safetensors"
 
 
-def save(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Write `state` as a safetensors file at `path`, atomically (a new name, then a
-    rename). A tensor under several names (a tied table) is written once; the other names
-    are aliases in the metadata."""
-    first_name: dict[tuple[int, int], str] = {}
+# The data starts at a multiple of this, so every tensor (largest items first) starts at a
+# multiple of its item size.
+DATA_ALIGNMENT = 64
+
+
+@contextmanager
+def writing(path: Path, layout: dict[str, torch.Tensor], source: str) -> Iterator[dict[str, torch.Tensor]]:
+    """A new entry at `path`, of the weights of `source` (a model file's name, which
+    `llama-chat cache` shows), holding tensors named, shaped and typed as `layout`'s (meta
+    tensors will do; one tensor object under several names, a tied table, is held once,
+    the other names aliases in the metadata): the block gets writable views of the file,
+    mapped shared, and packs into them in place, so the weights are neither held in
+    private memory nor copied to disk afterwards. The file's space is reserved first (a
+    full disk is then an OSError here rather than a crash writing through the mapping); it
+    is written under another name and renamed into place when the block ends."""
+    first_name: dict[int, str] = {}
     aliases: dict[str, str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in first_name:
-            aliases[name] = first_name[key]
+    for name, tensor in layout.items():
+        if id(tensor) in first_name:
+            aliases[name] = first_name[id(tensor)]
         else:
-            first_name[key] = name
-            tensors[name] = tensor.detach().contiguous()
-    layout = {name: (DTYPE_NAMES[tensor.dtype], list(tensor.shape)) for name, tensor in tensors.items()}
+            first_name[id(tensor)] = name
+    held = sorted(first_name.values(), key=lambda name: -layout[name].element_size())
+    entries, offset = {}, 0
+    for name in held:
+        tensor = layout[name]
+        size = tensor.numel() * tensor.element_size()
+        entries[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                         "data_offsets": [offset, offset + size]}
+        offset += size
+    digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()})
+    metadata = {"aliases": json.dumps(aliases), "layout": digest, "source": source}
+    header = json.dumps({"__metadata__": metadata, **entries}).encode()
+    header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
+    data_start, size = 8 + len(header), 8 + len(header) + offset
     with staged(path) as staging:
-        save_file(tensors, str(staging), metadata={"aliases": json.dumps(aliases), "layout": _digest(layout)})
+        with open(staging, "r+b") as handle:
+            handle.write(struct.pack("<Q", len(header)) + header)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(handle.fileno(), 0, size)
+            else:  # no way to reserve the blocks here (macOS): a sparse file
+                handle.truncate(size)
+        mapped = torch.from_file(str(staging), shared=True, size=size, dtype=torch.uint8)
+        views = {}
+        for name, entry in entries.items():
+            begin, end = entry["data_offsets"]
+            views[name] = mapped[data_start + begin : data_start + end].view(layout[name].dtype).view(entry["shape"])
+        yield views | {name: views[target] for name, target in aliases.items()}
 
 
 def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
@@ -102,11 +135,12 @@ def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a file written by `save`, as views of one read-only mapping of it
+    """The tensors of a file written by `writing`, as views of one read-only mapping of it
     (pages are read when used, and shared with every process mapping the file). Raises
     CorruptFileError (a ValueError) saying what is wrong when the file does not read back
     as written, OSError when it cannot be read."""
     header, aliases, size = _checked_header(path)
+    record_use(path)
     # MAP_PRIVATE, never written: the pages stay the file's, counted as shared memory.
     mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     state = {}
@@ -121,8 +155,17 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def source_of(path: Path) -> str | None:
+    """The name of the model file an entry was packed from ("" where the entry does not say);
+    None for an entry that does not read back."""
+    try:
+        return _checked_header(path)[0].metadata.get("source", "")
+    except (OSError, ValueError):
+        return None
+
+
 def _checked_header(path: Path) -> tuple[SafetensorsHeader, dict[str, str], int]:
-    """An entry's header, its aliases and the file's size, all as `save` wrote them."""
+    """An entry's header, its aliases and the file's size, all as `writing` wrote them."""
     try:
         with open_regular_file(path) as handle:
             size = os.fstat(handle.fileno()).st_size

@@ -1,0 +1,177 @@
+// llama_chat::arrange_blocks: a run of rows of a GGUF file's blocks put into the layout
+// the kernels read (kernels.h): Q4_0, Q4_1, Q4_K and Q6_K as tiles of 16 rows, Q8_0 and
+// Q5_K as groups of 4 rows interleaved block by block; rows past the last are zeros.
+// A model's first load arranges every matrix, so this runs at the pace of memory.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "blocks.h"
+#include "kernels.h"
+
+namespace llama_chat_kernels {
+namespace {
+
+constexpr int MAX_BLOCK_WEIGHTS = 256;
+constexpr int MAX_BLOCK_BYTES = 210;  // Q6_K's
+const uint8_t ZERO_BLOCK[MAX_BLOCK_BYTES] = {};  // a padding row's block
+
+// Where a tiled type's float16 fields start in a file block, and how many it has.
+struct Halves {
+    int at;
+    int count;
+};
+constexpr Halves halves_of(int type) {
+    return type == Q6_K ? Halves{208, 1} : type == Q4_0 ? Halves{0, 1} : Halves{0, 2};
+}
+
+// One file block's levels in column order: 0..15, Q6_K's 0..63.
+template <int TYPE>
+inline void block_levels(const uint8_t* block, uint8_t* levels) {
+    if constexpr (TYPE == Q4_0 || TYPE == Q4_1) {
+        const uint8_t* q = block + (TYPE == Q4_0 ? 2 : 4);
+        for (int i = 0; i < 16; ++i) {  // byte i holds columns i and i + 16
+            levels[i] = q[i] & 15;
+            levels[i + 16] = q[i] >> 4;
+        }
+    } else if constexpr (TYPE == Q4_K) {
+        const uint8_t* q = block + 16;
+        for (int run = 0; run < 4; ++run)  // 32 bytes hold 64 columns: low nibbles first
+            for (int l = 0; l < 32; ++l) {
+                levels[64 * run + l] = q[32 * run + l] & 15;
+                levels[64 * run + 32 + l] = q[32 * run + l] >> 4;
+            }
+    } else {  // Q6_K: column 128 h + 32 q + l
+        const uint8_t *low = block, *high = block + 128;
+        for (int h = 0; h < 2; ++h)
+            for (int quarter = 0; quarter < 4; ++quarter)
+                for (int l = 0; l < 32; ++l) {
+                    const int nibble = (low[64 * h + 32 * (quarter & 1) + l] >> (4 * (quarter >> 1))) & 15;
+                    const int crumb = (high[32 * h + l] >> (2 * quarter)) & 3;
+                    levels[128 * h + 32 * quarter + l] = uint8_t(nibble | crumb << 4);
+                }
+    }
+}
+
+// One unit (a block of each of the tile's 16 rows) of a tiled type, written to `out`.
+template <int TYPE>
+void arrange_unit(const uint8_t* const* blocks, uint8_t* out) {
+    constexpr int weights = type_info(TYPE).block_weights, groups = weights / X_GROUP;
+    uint8_t levels[TILE_ROWS][MAX_BLOCK_WEIGHTS];
+    for (int r = 0; r < TILE_ROWS; ++r) block_levels<TYPE>(blocks[r], levels[r]);
+    // Group g's chunk k: byte 4 r + j holds row r's columns 8 k + j (low nibble) and 8 k + 4 + j.
+    for (int g = 0; g < groups; ++g)
+        for (int k = 0; k < 4; ++k)
+            for (int r = 0; r < TILE_ROWS; ++r)
+                for (int j = 0; j < 4; ++j) {
+                    const uint8_t* column = levels[r] + X_GROUP * g + 8 * k + j;
+                    *out++ = uint8_t((column[0] & 15) | (column[4] & 15) << 4);
+                }
+    if constexpr (TYPE == Q6_K) {  // the top 2 bits: chunk c's byte 4 r + j, bits 2 i, of column 16 c + 4 i + j
+        for (int g = 0; g < groups; ++g)
+            for (int c = 0; c < 2; ++c)
+                for (int r = 0; r < TILE_ROWS; ++r)
+                    for (int j = 0; j < 4; ++j) {
+                        const uint8_t* column = levels[r] + X_GROUP * g + 16 * c + j;
+                        *out++ = uint8_t((column[0] >> 4) | (column[4] >> 4) << 2 | (column[8] >> 4) << 4 |
+                                         (column[12] >> 4) << 6);
+                    }
+    }
+    constexpr Halves halves = halves_of(TYPE);
+    for (int field = 0; field < halves.count; ++field)  // the 16 rows' d, then (Q4_1, Q4_K) m or dmin
+        for (int r = 0; r < TILE_ROWS; ++r, out += 2) std::memcpy(out, blocks[r] + halves.at + 2 * field, 2);
+    if constexpr (TYPE == Q4_K) {  // 6-bit scales, then minimums, a byte each: group j's for the 16 rows
+        for (int j = 0; j < 8; ++j)
+            for (int r = 0; r < TILE_ROWS; ++r) {
+                int scale, minimum;
+                k_scale_min(j, blocks[r] + 4, scale, minimum);
+                out[16 * j + r] = uint8_t(scale);
+                out[128 + 16 * j + r] = uint8_t(minimum);
+            }
+    } else if constexpr (TYPE == Q6_K) {  // the int8 scales of the 16 sub-blocks, a byte each
+        for (int s = 0; s < 16; ++s)
+            for (int r = 0; r < TILE_ROWS; ++r) out[16 * s + r] = blocks[r][192 + s];
+    }
+}
+
+template <int TYPE>
+void arrange_tiles(const uint8_t* rows, int64_t count, int64_t row_bytes, uint8_t* tiles, int64_t t0, int64_t t1) {
+    constexpr int block_bytes = type_info(TYPE).block_bytes;
+    const int64_t units = row_bytes / block_bytes;
+    const int64_t tile_size = units * tile_unit_bytes(TYPE);
+    const uint8_t* blocks[TILE_ROWS];
+    for (int64_t t = t0; t < t1; ++t)
+        for (int64_t u = 0; u < units; ++u) {
+            for (int r = 0; r < TILE_ROWS; ++r) {
+                const int64_t row = t * TILE_ROWS + r;
+                blocks[r] = row < count ? rows + row * row_bytes + u * block_bytes : ZERO_BLOCK;
+            }
+            arrange_unit<TYPE>(blocks, tiles + t * tile_size + u * tile_unit_bytes(TYPE));
+        }
+}
+
+// Groups g0..g1 of 4 rows, interleaved block by block (kernels.h's block_at).
+void arrange_row_groups(const uint8_t* rows, int64_t count, int64_t row_bytes, int block_bytes, uint8_t* groups,
+                        int64_t g0, int64_t g1) {
+    const int64_t blocks = row_bytes / block_bytes;
+    for (int64_t g = g0; g < g1; ++g) {
+        uint8_t* out = groups + g * ROW_GROUP * row_bytes;
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int r = 0; r < ROW_GROUP; ++r, out += block_bytes) {
+                const int64_t row = g * ROW_GROUP + r;
+                if (row < count) {
+                    std::memcpy(out, rows + row * row_bytes + b * block_bytes, block_bytes);
+                } else {
+                    std::memset(out, 0, block_bytes);
+                }
+            }
+    }
+}
+
+// blocks: uint8 [rows, bytes a row] as the file holds them; arranged: the kernels' layout
+// of those rows, tile_count(rows) tiles or padded_rows(rows) / 4 row groups, written whole.
+void arrange_blocks(const at::Tensor& blocks, int64_t block_type, const at::Tensor& arranged) {
+    TORCH_CHECK(block_type >= 0 && block_type <= 255 && known_type(int(block_type)),
+                "llama_chat: unsupported block type ", block_type);
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2,
+                "llama_chat: blocks must be contiguous uint8 [rows, bytes a row]");
+    TORCH_CHECK(arranged.scalar_type() == at::kByte && arranged.is_contiguous(),
+                "llama_chat: arranged must be contiguous uint8");
+    const int type = int(block_type);
+    const TypeInfo info = type_info(type);
+    const int64_t count = blocks.size(0), row_bytes = blocks.size(1);
+    TORCH_CHECK(row_bytes > 0 && row_bytes % info.block_bytes == 0, "llama_chat: a row of ", row_bytes,
+                " bytes is not whole blocks of ", info.block_bytes);
+    const int64_t columns = row_bytes / info.block_bytes * info.block_weights;
+    const bool tiled = tiled_type(type);
+    const int64_t units = tiled ? tile_count(count) : padded_rows(count) / ROW_GROUP;
+    const int64_t unit_bytes = tiled ? tile_bytes(type, columns) : ROW_GROUP * row_bytes;
+    TORCH_CHECK(arranged.numel() == units * unit_bytes, "llama_chat: arranged holds ", arranged.numel(),
+                " bytes, not the ", units * unit_bytes, " of ", count, " rows of ", columns,
+                (tiled ? " in tiles of 16" : " in groups of 4"));
+    const uint8_t* rows = blocks.const_data_ptr<uint8_t>();
+    uint8_t* out = arranged.mutable_data_ptr<uint8_t>();
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / unit_bytes);  // pieces of about 256 KB
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+        switch (type) {
+            case Q4_0: return arrange_tiles<Q4_0>(rows, count, row_bytes, out, u0, u1);
+            case Q4_1: return arrange_tiles<Q4_1>(rows, count, row_bytes, out, u0, u1);
+            case Q4_K: return arrange_tiles<Q4_K>(rows, count, row_bytes, out, u0, u1);
+            case Q6_K: return arrange_tiles<Q6_K>(rows, count, row_bytes, out, u0, u1);
+            default: return arrange_row_groups(rows, count, row_bytes, info.block_bytes, out, u0, u1);
+        }
+    });
+}
+
+}  // namespace
+}  // namespace llama_chat_kernels
+
+TORCH_LIBRARY_FRAGMENT(llama_chat, m) {
+    m.def("arrange_blocks(Tensor blocks, int block_type, Tensor(a!) arranged) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llama_chat, CPU, m) { m.impl("arrange_blocks", &llama_chat_kernels::arrange_blocks); }

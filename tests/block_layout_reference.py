@@ -1,0 +1,82 @@
+"""The kernels' weight layout (kernels/csrc/kernels.h) built with PyTorch tensor
+operations: the independent reference the library's arrange_blocks operator is checked
+against byte for byte, and the way the tests lay out blocks without it."""
+
+from __future__ import annotations
+
+import torch
+
+from llama_chat.kernels.block_linear import (
+    BLOCK_SIZES,
+    CRUMB_SHIFTS,
+    ROW_GROUP,
+    TILE_HALVES,
+    TILE_ROWS,
+)
+
+
+def interleave_rows(rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """Bytes [rows, bytes a row] (rows padded with zero blocks to a multiple of 4) as
+    groups of 4 rows interleaved block by block, [rows / 4, 4 * bytes a row]."""
+    count, size = rows.shape
+    grouped = padded(rows, ROW_GROUP).view(-1, ROW_GROUP, size // block_bytes, block_bytes)
+    return grouped.transpose(1, 2).reshape(-1, ROW_GROUP * size)
+
+
+def padded(rows: torch.Tensor, multiple: int) -> torch.Tensor:
+    extra = -len(rows) % multiple
+    return torch.cat([rows, rows.new_zeros(extra, rows.shape[1])]) if extra else rows
+
+
+def k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 bytes of 6-bit scales and minimums [..., 12] as two [..., 8]."""
+    low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = torch.cat([low & 63, (rest & 15) | ((low >> 6) << 4)], dim=-1)
+    minimums = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
+    return scales, minimums
+
+
+def block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Blocks [rows, units, bytes a block] as levels [rows, groups of 32, 32], float16
+    fields' bytes [rows, units, fields, 2] and (K types) byte factors [rows, units, 16]."""
+    rows, units, _ = blocks.shape
+    fields, at = TILE_HALVES[block_type]
+    halves = blocks[..., at : at + 2 * fields].reshape(rows, units, fields, 2)
+    factors = None
+    if block_type == "Q4_K":
+        factors = torch.cat(k_scales(blocks[..., 4:16]), dim=-1)
+        runs = blocks[..., 16:].reshape(rows, units, 4, 1, 32)  # 4 runs of 32 bytes: 64 weights each
+        levels = torch.cat([runs & 15, runs >> 4], dim=3)  # low nibbles: the run's first 32
+    elif block_type == "Q6_K":
+        factors = blocks[..., 192:208]
+        low = blocks[..., :128].reshape(rows, units, 2, 2, 32)  # [half block, first or second 32, l]
+        high = blocks[..., 128:192].reshape(rows, units, 2, 1, 32)
+        nibbles = torch.cat([low & 15, low >> 4], dim=3)  # quarters 0..3 of each half block
+        levels = nibbles | (((high >> CRUMB_SHIFTS) & 3) << 4)
+    else:
+        nibbles = blocks[..., 2 * fields :]
+        levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # byte i: columns i and i + 16
+    return levels.reshape(rows, -1, 32), halves, factors
+
+
+def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
+    """Q4_0, Q4_1, Q4_K or Q6_K blocks [rows, bytes a row] (rows padded with zeros to a
+    multiple of 16) as tiles [rows / 16, arranged_bytes], laid out as kernels/csrc/kernels.h
+    says."""
+    rows = padded(rows, TILE_ROWS)
+    tiles = len(rows) // TILE_ROWS
+    levels, halves, factors = block_parts(rows.view(len(rows), -1, BLOCK_SIZES[block_type][1]), block_type)
+    groups, units = levels.shape[1], halves.shape[1]
+    # levels: [tile, row, group, k, half, j] -> bytes [tile, group, k, row, j]
+    slices = levels.view(tiles, TILE_ROWS, groups, 4, 2, 4)
+    low = slices & 15
+    packed = (low[..., 0, :] | (low[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1)
+    parts = [packed]
+    if block_type == "Q6_K":  # the high 2 bits: level vector v = 2 k + half in bits 2 (v % 4) of chunk v // 4
+        crumbs = (slices >> 4).reshape(tiles, TILE_ROWS, groups, 2, 4, 4)  # [.., chunk, v % 4, j]
+        bits = (crumbs << CRUMB_SHIFTS).sum(dim=4, dtype=torch.uint8)  # disjoint bits: the sum is their or
+        parts.append(bits.permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
+    parts.append(halves.view(tiles, TILE_ROWS, units, -1, 2).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
+    if factors is not None:
+        parts.append(factors.reshape(tiles, TILE_ROWS, units, -1).permute(0, 2, 3, 1).reshape(tiles, units, -1))
+    return torch.cat(parts, dim=-1).reshape(tiles, -1)
