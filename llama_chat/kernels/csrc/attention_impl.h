@@ -42,6 +42,17 @@ inline VecF round_to_integer(VecF v) { return _mm512_roundscale_ps(v, _MM_FROUND
 inline VecF power_of_two(VecF whole) {  // 2^whole for whole in -126..0, through the exponent bits
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(whole), _mm512_set1_epi32(127)), 23));
 }
+// The sums of four vectors, into out[4]: one tree for the four (about a third of the
+// instructions of four sums one by one), as every dot product of a key ends in one.
+inline void sum4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+    const __m512 pairs01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 pairs23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(pairs01, pairs23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_ps(pairs01, pairs23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(lanes),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
+}
 inline VecF zero_below(VecF x, VecF value, float lowest) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, broadcast(lowest), _CMP_GE_OQ), value);
 }
@@ -67,6 +78,10 @@ inline VecF round_to_integer(VecF v) { return _mm256_round_ps(v, _MM_FROUND_TO_N
 inline VecF power_of_two(VecF whole) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23));
 }
+inline void sum4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+    const __m256 lanes = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1)));
+}
 inline VecF zero_below(VecF x, VecF value, float lowest) {
     return _mm256_and_ps(_mm256_cmp_ps(x, broadcast(lowest), _CMP_GE_OQ), value);
 }
@@ -78,6 +93,9 @@ inline VecF maximum(VecF a, VecF b) { return std::max(a, b); }
 inline float largest(VecF v) { return v; }
 inline VecF load_float16(const uint16_t* p) { return half_to_float(reinterpret_cast<const uint8_t*>(p)); }
 inline VecF load_bfloat16(const uint16_t* p) { return bfloat16_to_float(*p); }
+inline void sum4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+    out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
+}
 #endif
 
 // e^x for x <= 0 (and -inf), as 2^n e^r with n whole and |r| <= ln(2) / 2: a degree-6
@@ -135,7 +153,8 @@ void score(const float* q, const float* keys, int64_t key_stride, int64_t visibl
             a2 = fma(qv, load(k + 2 * key_stride + d), a2);
             a3 = fma(qv, load(k + 3 * key_stride + d), a3);
         }
-        float s[4] = {sum(a0), sum(a1), sum(a2), sum(a3)};
+        float s[4];
+        sum4(a0, a1, a2, a3, s);
         for (; d < head_dim; ++d)
             for (int i = 0; i < 4; ++i) s[i] += q[d] * k[i * key_stride + d];
         for (int i = 0; i < 4; ++i) scores[j + i] = s[i] * scale + (bias ? bias[j + i] : 0.0f);
