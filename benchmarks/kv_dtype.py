@@ -1,12 +1,14 @@
-"""What the KV cache's dtype does to fidelity and speed: float32 against bfloat16 and
-float16 caches on one model.
+"""What the KV cache's dtype and the attention over it do to fidelity and speed: float32,
+bfloat16 and float16 caches under llama-chat's attention kernel, and float32 and float16
+under PyTorch's attention (how every step attended before the kernel, and the reference).
 
 Fidelity is teacher-forced, as benchmarks/fidelity.py measures it: the text is fed one
 token at a time (so every earlier position is read from the cache), and each position's
-greedy choice is compared with the float32 cache's. Speed is single-token decode after
-`--context` cached positions, where the cache is read most.
+greedy choice and next-token distribution are compared with those of PyTorch's attention
+over a float32 cache (agreement, largest logit difference, mean KL divergence). Speed is
+single-token decode after `--context` cached positions, where the cache is read most.
 
-    .venv/bin/python benchmarks/kv_dtype.py [--model F] [--context 1024] [--repeats 3]
+    .venv/bin/python benchmarks/kv_dtype.py [--model F] [--context 1024] [--repeats 3] [--positions 256]
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ import torch
 
 import llama_chat
 from llama_chat.default_model import download_default_model
+from llama_chat.engine.cache import KVCache
 from llama_chat.engine.device import cpu_model_name, flush_denormals
 from llama_chat.kernels.machine_limits import read_bandwidth_gb_per_second
 
 from fidelity import TEXT  # noqa: E402 (a sibling script)
 
-DTYPES = ("float32", "bfloat16", "float16")
+# name: (--kv-dtype, whether llama-chat's kernel attends); the first is the reference.
+CASES = {
+    "float32, PyTorch's attention": ("float32", False),
+    "float16, PyTorch's attention": ("float16", False),
+    "float32": ("float32", True),
+    "bfloat16": ("bfloat16", True),
+    "float16": ("float16", True),
+}
 
 
 def teacher_forced_logits(model: llama_chat.Llama, ids: list[int]) -> torch.Tensor:
@@ -32,10 +42,16 @@ def teacher_forced_logits(model: llama_chat.Llama, ids: list[int]) -> torch.Tens
     return torch.stack([model.feed(cache, [token]) for token in ids])
 
 
-def decode_seconds(model: llama_chat.Llama, context: int, steps: int = 32) -> float:
-    """Median seconds of a single-token step after `context` cached positions."""
+def filled_cache(model: llama_chat.Llama, context: int, steps: int = 32) -> KVCache:
+    """A cache holding `context` positions, with room for `steps` more."""
     cache = model.new_cache(context + steps + 1)
     model.feed(cache, [(31 * i) % 1000 + 10 for i in range(context)])
+    return cache
+
+
+def decode_seconds(model: llama_chat.Llama, cache: KVCache, context: int, steps: int = 32) -> float:
+    """Median seconds of a single-token step after `context` cached positions."""
+    cache.truncate(context)
     times = []
     for index in range(steps):
         started = time.perf_counter()
@@ -49,32 +65,47 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--positions", type=int, default=256, help="positions of text fed for fidelity")
     parser.add_argument("--threads", type=int, default=2)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     flush_denormals()
     path = options.model or str(download_default_model())
-    models = {name: llama_chat.load(path, kv_dtype=name) for name in DTYPES}
+    models = {}
+    for name, (kv_dtype, kernel) in CASES.items():
+        model = llama_chat.load(path, kv_dtype=kv_dtype)
+        if not kernel:
+            for layer in model.transformer.layers:
+                layer.attention.cache_attention = None
+        model.step.compile()  # all built at once, in the background
+        models[name] = model
     for model in models.values():
         model.step.compile(wait=True)
-    ids = models["float32"].tokenizer.encode(TEXT)[:256]
-    reference = teacher_forced_logits(models["float32"], ids)
-    seconds = {name: [] for name in DTYPES}
+    reference_name = next(iter(CASES))
+    ids = models[reference_name].tokenizer.encode(TEXT)[: options.positions]
+    reference = teacher_forced_logits(models[reference_name], ids)
+    seconds = {name: [] for name in CASES}
+    caches = {name: filled_cache(model, options.context) for name, model in models.items()}
     for _ in range(options.repeats):  # in turn, so that the machine's drift falls on all alike
         for name, model in models.items():
-            seconds[name].append(decode_seconds(model, options.context))
+            seconds[name].append(decode_seconds(model, caches[name], options.context))
+    first = models[reference_name]
     print(f"{cpu_model_name()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
-          f"read bandwidth {read_bandwidth_gb_per_second():.1f} GB/s; {models['float32'].name}: "
-          f"{models['float32'].describe_weights()}; decode step {models['float32'].step.describe()}")
+          f"read bandwidth {read_bandwidth_gb_per_second():.1f} GB/s; {first.name}: "
+          f"{first.describe_weights()}; decode step {first.step.describe()}")
+    reference_log = torch.log_softmax(reference, dim=-1)
     for name, model in models.items():
-        logits = reference if name == "float32" else teacher_forced_logits(model, ids)
+        logits = reference if name == reference_name else teacher_forced_logits(model, ids)
         agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
         difference = float((logits - reference).abs().max())
+        log_probabilities = torch.log_softmax(logits, dim=-1)
+        divergence = float((reference_log.exp() * (reference_log - log_probabilities)).sum(-1).mean())
         bytes_a_token = 2 * model.args.n_layers * model.args.n_kv_heads * model.args.head_dim * model.cache_dtype.itemsize
+        attention = "kernel" if model.transformer.layers[0].attention.cache_attention is not None else "PyTorch"
         step = statistics.median(seconds[name])
-        print(f"{name:9} cache: agreement {agreement:.3f} over {len(ids)} positions, logits within {difference:.3f}; "
-              f"{bytes_a_token / 1024:.1f} KB a token; decode after {options.context}: {step * 1000:.2f} ms "
-              f"({1 / step:.1f} tok/s)")
+        print(f"{name:29} cache ({attention} attends): agreement {agreement:.3f} over {len(ids)} positions, "
+              f"logits within {difference:.3f}, KL {divergence:.2e}; {bytes_a_token / 1024:.1f} KB a token; "
+              f"decode after {options.context}: {step * 1000:.2f} ms ({1 / step:.1f} tok/s)")
 
 
 if __name__ == "__main__":

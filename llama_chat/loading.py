@@ -28,6 +28,7 @@ from llama_chat.engine.model import Transformer
 from llama_chat.errors import DeviceError, LlamaChatError, first_line
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, StackedBlockLinear
+from llama_chat.kernels.cache_attention import CACHE_DTYPE, use_cache_attention
 from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
 from llama_chat.kernels.packed import (
     Int8Table,
@@ -303,7 +304,8 @@ def load(
     `kernel_dtype` name them. With a `shard`, only that tensor-parallel rank's rows and
     columns are read, and its blocks sum their outputs over the process group.
     `progress(description, total_bytes)` makes what the load reports its progress to.
-    `kv_dtype` is the KV cache's dtype (auto: the model's).
+    `kv_dtype` is the KV cache's dtype (auto: float16 where llama-chat's kernels attend over
+    it, else the model's).
     """
     resolved_device = resolve_device(device)
     packed = packs(quantize, resolved_device, dtype)
@@ -321,6 +323,7 @@ def load(
     )
     total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
     reporter = progress(f"loading {source.name}", total)
+    cache_dtype = resolve_kv_dtype(kv_dtype)
     try:
         with reading_errors(source):
             if packed:
@@ -334,6 +337,9 @@ def load(
                     paths = dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}")
                 if variant is not None:
                     transformer, cache_note = packed_from_cache(checkpoint, source, paths, modes, shard, reporter)
+                    # The kernels attend over the cache too, which they read at half width.
+                    use_cache_attention(transformer, paths.variant_number)
+                    cache_dtype = cache_dtype or CACHE_DTYPE
                 else:
                     transformer, cache_note = build_packed_transformer(checkpoint, paths, modes, reporter), ""
                 weights_note, quantization, arithmetic = paths.describe(), describe_packing(modes), paths.arithmetic()
@@ -354,14 +360,13 @@ def load(
         quantization=quantization,
         weights_note=weights_note,
         arithmetic=arithmetic,
-        cache_dtype=resolve_kv_dtype(kv_dtype),
+        cache_dtype=cache_dtype,
         sampling_defaults=checkpoint.sampling,
     )
 
 
 def resolve_kv_dtype(name: str | None) -> torch.dtype | None:
-    """--kv-dtype: auto (None: the model's own dtype, measured the better choice here; see
-    the README) or float32, bfloat16, float16."""
+    """--kv-dtype: auto (None: the loader's choice, see load) or float32, bfloat16, float16."""
     name = (name or "auto").lower()
     if name == "auto":
         return None

@@ -404,3 +404,20 @@ def test_a_narrower_cache_dtype_is_kept_and_saved_in_it(tmp_path):
         assert saved.get_tensor("keys").dtype == torch.bfloat16 and cached > 0
     opened, note = restored_session(wide, path, tmp_path / "model.gguf")
     assert "its saved cache was not used" in note and [e.user for e in opened.exchanges] == ["one"]
+
+
+def test_a_float32_cache_file_restores_into_a_float16_cache_rounded_as_a_step_writes(tmp_path):
+    """A conversation saved while caches were float32 (the earlier default) resumes under a
+    float16 cache: its keys and values rounded to float16, as if computed in it."""
+    wide = chat_model()
+    session = Session(wide, GREEDY, model_path=tmp_path / "model.gguf")
+    say(session, "one")
+    path, cached = session.save(tmp_path / "chat.json")
+    narrow = Llama(wide.transformer, wide.tokenizer, name="tiny", chat_format=wide.chat_format,
+                   cache_dtype=torch.float16)
+    opened, note = restored_session(narrow, path, tmp_path / "model.gguf")
+    assert note is None and len(opened.cache) == cached > 0
+    assert opened.cache.keys.dtype == torch.float16
+    assert torch.equal(opened.cache.keys[:, :, :, :cached], session.cache.keys[:, :, :, :cached].half())
+    assert torch.equal(opened.cache.values[:, :, :, :cached], session.cache.values[:, :, :, :cached].half())
+    assert say(opened, "two").stats.reused_tokens == cached

@@ -63,7 +63,7 @@ def packed_model(tmp_path_factory):
 def compiled_package(packed_model, tmp_path_factory):
     """The packed tiny model's decode step, compiled in a child process as the chat does it."""
     destination = tmp_path_factory.mktemp("compiled") / "decode.pt2"
-    background = compiled_step.BackgroundCompile(packed_model.transformer, torch.float32, destination)
+    background = compiled_step.BackgroundCompile(packed_model.transformer, packed_model.cache_dtype, destination)
     background.wait()
     assert background.error == ""
     return destination, background
@@ -148,7 +148,7 @@ def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
 def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, monkeypatch, tmp_path):
     destination, _ = compiled_package
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
-    path = compiled_step.package_path(packed_model.transformer, torch.float32)
+    path = compiled_step.package_path(packed_model.transformer, packed_model.cache_dtype)
     path.parent.mkdir(parents=True)
     path.write_bytes(destination.read_bytes())
     compiled_step.verify_path(path).write_bytes(compiled_step.verify_path(destination).read_bytes())
@@ -162,18 +162,18 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
         patched.setattr(compiled_step, "BackgroundCompile", no_build)
         patched.setattr(compiled_step, "build_packages", no_build)
         for background in (True, False):
-            step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
+            step = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
             assert step.compile(background=background) == "compiled"
             assert step.compiled is not None and step.pending is None
     assert (path.stat().st_mtime_ns, compiled_step.verify_path(path).stat().st_mtime_ns) == written
     # A truncated package is one line: removed, the eager step goes on (one-shot mode), and
     # the next chat builds it again in the background and uses it.
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    broken = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
+    broken = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
     note = broken.compile(background=False)
     assert note.startswith("eager (the compiled step on disk did not load (") and "\n" not in note
     assert "removed; the next chat builds it" in note and not path.exists() and broken.compiled is None
-    healed = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
+    healed = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
     assert healed.compile(wait=True).startswith("compiled (built in") and healed.compiled is not None
     assert compiled_step.is_built(path)
 
@@ -183,7 +183,7 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
 
     # The child process cannot be patched, so it is handed a structure file it cannot read.
     monkeypatch.setattr(compiled_step, "structure_copy", lambda transformer: "not a model")
-    step = llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32)
+    step = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
     step.compile(wait=True)
     assert step.compiled is None
     assert step.note.startswith("eager (compiling the decode step failed")
@@ -191,7 +191,7 @@ def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monk
     reply = packed_model.generate(IDS[:5], SamplingSettings(temperature=0, max_tokens=5), stop_ids=())
     assert len(list(reply)) == 5  # the eager step still runs
     monkeypatch.setattr(compiled_step, "available", lambda: False)
-    assert llama_chat.engine.step.ModelStep(packed_model.transformer, torch.float32).compile() == (
+    assert llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype).compile() == (
         "eager (this PyTorch cannot run a step compiled ahead of time)"
     )
 

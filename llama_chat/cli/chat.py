@@ -55,7 +55,8 @@ def chat_parser() -> argparse.ArgumentParser:
                         help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
                         "measured on this CPU)")
     parser.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="the KV cache's dtype (default: auto, the model's)")
+                        help="the KV cache's dtype (default: auto: float16 where llama-chat's kernels attend, "
+                             "else the model's)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
                         help="the compiled decode step on the cpu: auto (built in the background the first time, "

@@ -58,6 +58,9 @@ class Attention(nn.Module):
         self.n_rep = args.n_rep
         self.wqkv = UninitializedLinear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim)
         self.wo = UninitializedLinear(args.n_heads * args.head_dim, args.dim)
+        # A kernel that attends over the cache in one call (llama-chat's, set at load), or
+        # None: PyTorch's operations below.
+        self.cache_attention: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Causal attention within x [batch, time, dim] alone (no cache): the whole-sequence pass."""
@@ -93,6 +96,10 @@ class Attention(nn.Module):
         time = x.shape[1]
         position = past_bias.shape[0]
         q, k, v = self._project(x, cos, sin)
+        if self.cache_attention is not None and time <= self.cache_attention.most_tokens:
+            # new_bias is the causal mask among the new tokens, which the kernel applies itself.
+            out = self.cache_attention(q[0], k[0], v[0], past_keys[0], past_values[0], past_bias)
+            return self.wo(out.reshape(1, time, -1)), k[0].transpose(0, 1), v[0].transpose(0, 1)
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
         q = q[0].view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.head_dim**-0.5

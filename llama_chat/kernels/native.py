@@ -1,14 +1,14 @@
 """llama-chat's own CPU kernels (csrc/): built on this machine, kept, loaded, or not.
 
 The C++ sources are compiled with PyTorch's extension tooling (a C++ compiler and the
-`ninja` package) into one library that registers `llama_chat::block_linear`. A build is
-kept per CPU model, PyTorch version and source text, in `kernels/` of the cache folder
-(LLAMA_CHAT_KERNELS_DIR moves it), so it is made once: by `scripts/setup`, by
-`python -m llama_chat.kernels.native`, or in the background on first use, while that
-first run goes on with PyTorch's own kernels. Without a compiler, or when a build fails,
-PyTorch's kernels run and `status()` says why in one line. A kept build that is not the
-file its build wrote (truncated, changed: its digest is recorded beside it) is removed and
-built again the same way.
+`ninja` package) into one library that registers `llama_chat::block_linear` and
+`llama_chat::cache_attention`. A build is kept per CPU model, PyTorch version and source
+text, in `kernels/` of the cache folder (LLAMA_CHAT_KERNELS_DIR moves it), so it is made
+once: by `scripts/setup`, by `python -m llama_chat.kernels.native`, or in the background
+on first use, while that first run goes on with PyTorch's own kernels. Without a
+compiler, or when a build fails, PyTorch's kernels run and `status()` says why in one
+line. A kept build that is not the file its build wrote (truncated, changed: its digest
+is recorded beside it) is removed and built again the same way.
 
 Variants: portable C++, AVX2 (with FMA) and AVX-512 with VNNI; the library reports which
 this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT forces one.
@@ -163,6 +163,9 @@ def _load_library(path: str) -> None:
         lambda x, weight, block_type, out_features, variant, activation_bits: x.new_empty(
             (*x.shape[:-1], out_features)
         )
+    )
+    torch.library.register_fake("llama_chat::cache_attention")(
+        lambda q, new_keys, new_values, past_keys, past_values, past_bias, scale, variant: q.new_empty(q.shape)
     )
 
 

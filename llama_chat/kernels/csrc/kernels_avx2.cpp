@@ -11,6 +11,8 @@
 #define VARIANT_NAMESPACE avx2
 #define KERNEL_SET_FUNCTION kernels_avx2
 #include "kernels_impl.h"
+#define ATTENTION_SET_FUNCTION attention_avx2
+#include "attention_impl.h"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

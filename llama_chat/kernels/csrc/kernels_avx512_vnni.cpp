@@ -11,6 +11,8 @@
 #define VARIANT_NAMESPACE avx512_vnni
 #define KERNEL_SET_FUNCTION kernels_avx512_vnni
 #include "kernels_impl.h"
+#define ATTENTION_SET_FUNCTION attention_avx512_vnni
+#include "attention_impl.h"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

@@ -7,3 +7,5 @@
 #define VARIANT_NAMESPACE portable
 #define KERNEL_SET_FUNCTION kernels_portable
 #include "kernels_impl.h"
+#define ATTENTION_SET_FUNCTION attention_portable
+#include "attention_impl.h"

@@ -1,0 +1,65 @@
+"""Attention over the KV cache by llama-chat's kernel (csrc/attention_*): a decode step's
+new tokens read the cache where it lies, in its own dtype, once for all the query heads
+that share a key/value head, under a float32 streaming softmax.
+
+PyTorch's attention reads a float16 cache back into float32 first (a copy of the cache
+every step), so a half-width cache used to cost time; the kernel reads the half-width
+cache as it is, half the bytes of a float32 one. Where the kernel runs, the cache is
+therefore float16 unless --kv-dtype says otherwise (fidelity: benchmarks/kv_dtype.py and
+the README).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llama_chat.kernels import native
+
+# Steps of up to this many tokens (a single token, a verify step, a short chat turn) run the
+# kernel; longer prompt chunks are matrix products, which PyTorch's kernels do better.
+MOST_TOKENS = 16
+CACHE_DTYPE = torch.float16  # the cache's dtype where this kernel reads it (auto --kv-dtype)
+
+
+class CacheAttention(nn.Module):
+    """softmax(q k^T / sqrt(head_dim)) v of a step's tokens over the cached positions (under
+    past_bias) and over themselves (causally): what Attention.step computes, in one call."""
+
+    most_tokens = MOST_TOKENS
+
+    def __init__(self, variant: int) -> None:
+        super().__init__()
+        self.variant = variant
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        # Unpickled in another process (the decode step's compiler): it calls the operator.
+        native.load_built()
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        new_keys: torch.Tensor,
+        new_values: torch.Tensor,
+        past_keys: torch.Tensor,
+        past_values: torch.Tensor,
+        past_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """q [time, heads, head_dim], new_keys and new_values [time, kv_heads, head_dim],
+        past_keys and past_values [kv_heads, capacity, head_dim] holding len(past_bias)
+        positions; the attended values [time, heads, head_dim]."""
+        out = torch.ops.llama_chat.cache_attention(
+            q.float(), new_keys.float(), new_values.float(), past_keys, past_values, past_bias.float(),
+            q.shape[-1] ** -0.5, self.variant,
+        )
+        return out.to(q.dtype)
+
+    def extra_repr(self) -> str:
+        return f"variant {native.VARIANTS[self.variant]}, steps of up to {MOST_TOKENS} tokens"
+
+
+def use_cache_attention(transformer: nn.Module, variant: int) -> None:
+    """Let every layer of `transformer` attend over its cache with the kernel in `variant`."""
+    for layer in transformer.layers:
+        layer.attention.cache_attention = CacheAttention(variant)

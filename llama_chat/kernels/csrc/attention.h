@@ -1,0 +1,53 @@
+// Attention of a step's few new tokens over the KV cache, as each instruction-set variant
+// provides it (plain functions over raw memory, as kernels.h; attention_ops.cpp splits the
+// work over threads and merges the pieces).
+//
+// The query heads that share a key/value head (n_rep of them, for each of the T new
+// tokens) are one group of rows: every key and value of that head is read once for all of
+// them. A span of positions gives each row a partial softmax, (running maximum, sum of
+// exponentials, weighted sum of values), which spans of the same rows merge exactly.
+#pragma once
+
+#include <cstdint>
+
+namespace llama_chat_kernels {
+
+enum CacheType : int { CACHE_FLOAT32 = 0, CACHE_FLOAT16 = 1, CACHE_BFLOAT16 = 2 };
+
+// One key/value head's positions to attend over.
+struct KeyValueSpan {
+    const void* keys;     // the first position's key, of `type`
+    const void* values;   // alike
+    int type;             // CacheType
+    int64_t key_stride;   // elements from one position's key to the next
+    int64_t value_stride; // alike
+    int64_t count;        // positions
+    const float* bias;    // added to each position's score, or null
+    bool causal;          // the new tokens themselves: row (t, r) sees positions 0..t only
+};
+
+// The query rows of one key/value head: row t * n_rep + r is token t's query head
+// head * n_rep + r, at q + t * token_stride + r * head_dim.
+struct QueryRows {
+    const float* q;
+    int64_t token_stride;
+    int64_t tokens;
+    int64_t n_rep;
+    int64_t head_dim;
+    float scale;          // applied to every dot product (1 / sqrt(head_dim))
+};
+
+// A row's partial softmax in `state`: [maximum, sum, head_dim weighted values], one after
+// another for each row.
+inline int64_t state_floats(int64_t head_dim) { return head_dim + 2; }
+
+struct AttentionKernels {
+    // The partial softmax of every row in `rows` over `span`, into state (rows * state_floats).
+    void (*attend_span)(const QueryRows& rows, const KeyValueSpan& span, float* state);
+};
+
+const AttentionKernels& attention_portable();
+const AttentionKernels& attention_avx2();
+const AttentionKernels& attention_avx512_vnni();
+
+}  // namespace llama_chat_kernels

@@ -1,0 +1,179 @@
+"""llama-chat's attention over the KV cache (kernels/cache_attention.py, csrc/attention_*)
+against PyTorch's float32 attention, in every variant this CPU runs; its place in the model
+step, eager and compiled; and the float16 cache it brings by default."""
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+
+import llama_chat
+from llama_chat import Llama
+from llama_chat.engine import compiled_step
+from llama_chat.kernels import native
+from llama_chat.kernels.cache_attention import MOST_TOKENS, CacheAttention, use_cache_attention
+
+from .conftest import tiny_args
+from .test_gguf import tiny_hf_model, write_gguf
+
+pytestmark = pytest.mark.needs_kernels
+
+CACHE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (new tokens, query heads, key/value heads, head_dim, cached positions)
+SHAPES = [
+    (1, 4, 4, 64, 0),      # an empty cache, a head of its own for each query
+    (1, 8, 2, 64, 1),
+    (1, 9, 3, 128, 37),    # an odd length, three queries to a key/value head
+    (1, 32, 8, 64, 1000),  # long: several blocks and chunks
+    (7, 6, 2, 128, 301),
+    (MOST_TOKENS, 8, 2, 64, 1000),
+    (3, 4, 4, 80, 129),    # a head_dim that is no whole number of vectors
+]
+
+
+def reference(q, new_keys, new_values, past_keys, past_values, past_bias):
+    """PyTorch's float32 attention as Attention.step computes it: the cache read back into
+    float32, cached positions under past_bias, the new ones causal, one softmax."""
+    time, heads, head_dim = q.shape
+    kv_heads, position = new_keys.shape[1], past_bias.shape[0]
+    n_rep = heads // kv_heads
+    grouped = q.view(time, kv_heads, n_rep, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, n_rep * time, head_dim)
+    keys = torch.cat([past_keys[:, :position].float(), new_keys.transpose(0, 1)], dim=1)
+    values = torch.cat([past_values[:, :position].float(), new_values.transpose(0, 1)], dim=1)
+    future = torch.arange(time)[None, :] > torch.arange(time).repeat(n_rep)[:, None]
+    bias = torch.cat([past_bias.expand(n_rep * time, -1), torch.zeros(future.shape).masked_fill(future, -torch.inf)], 1)
+    weights = torch.softmax(grouped @ keys.transpose(1, 2) * head_dim**-0.5 + bias, dim=-1)
+    return (weights @ values).view(kv_heads, n_rep, time, head_dim).permute(2, 0, 1, 3).reshape(time, heads, head_dim)
+
+
+def random_inputs(tokens, heads, kv_heads, head_dim, position, cache_dtype, with_bias, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    capacity = position + 5  # the cache is longer than what it holds: the rest is never read
+    # Views as the model passes them: q and k from the rotated heads, v from the projection.
+    rotated = torch.randn(tokens, heads + kv_heads, head_dim, generator=generator) * 2
+    projected = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=generator)
+    q, new_keys, new_values = rotated[:, :heads], rotated[:, heads:], projected[:, heads + kv_heads :]
+    past_keys, past_values = (
+        torch.randn(kv_heads, capacity, head_dim, generator=generator).to(cache_dtype) for _ in range(2)
+    )
+    past_bias = torch.zeros(position)
+    if with_bias and position:
+        past_bias = torch.randn(position, generator=generator)
+        past_bias[:: 3] = -torch.inf  # hidden positions
+    return q, new_keys, new_values, past_keys, past_values, past_bias
+
+
+def attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias):
+    return torch.ops.llama_chat.cache_attention(
+        q, new_keys, new_values, past_keys, past_values, past_bias, q.shape[-1] ** -0.5, native.variant_number(variant)
+    )
+
+
+@pytest.mark.parametrize("variant", native.VARIANTS)
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_kernel_attends_as_pytorch_does_in_float32(variant, cache_dtype, shape, with_bias):
+    if variant not in native.runnable_variants():
+        pytest.skip(f"this CPU cannot run {variant}")
+    inputs = random_inputs(*shape, cache_dtype, with_bias)
+    out = attend(variant, *inputs)
+    assert out.shape == inputs[0].shape and out.dtype == torch.float32
+    assert torch.allclose(out, reference(*inputs), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_of_a_long_cache_merge_to_the_same_softmax(threads):
+    """One key/value head over 1000 positions is cut into as many chunks as threads; the
+    chunks' partial softmaxes merge to what one pass gives."""
+    inputs = random_inputs(2, 4, 1, 64, 1000, torch.float16, with_bias=True)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = attend(native.runnable_variants()[-1], *inputs)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.allclose(out, reference(*inputs), atol=2e-5, rtol=1e-4)
+
+
+def test_the_kernel_refuses_what_it_cannot_read():
+    q, new_keys, new_values, past_keys, past_values, past_bias = random_inputs(1, 4, 2, 64, 10, torch.float16, False)
+    variant = native.runnable_variants()[-1]
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16, not Int"):
+        attend(variant, q, new_keys, new_values, past_keys.int(), past_values.int(), past_bias)
+    short_keys, short_values = past_keys[:, :8].contiguous(), past_values[:, :8].contiguous()
+    with pytest.raises(RuntimeError, match="11 positions past a cache of 8"):
+        attend(variant, q, new_keys, new_values, short_keys, short_values, torch.zeros(11))
+    with pytest.raises(RuntimeError, match="4 query heads do not share 3 key/value heads evenly"):
+        attend(variant, q, torch.zeros(1, 3, 64), torch.zeros(1, 3, 64), past_keys, past_values, past_bias)
+    with pytest.raises(RuntimeError, match="past_bias must be contiguous float32"):
+        attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias.half())
+
+
+@pytest.mark.parametrize("n_kv_heads", [6, 2])
+def test_a_model_step_with_the_kernel_gives_pytorchs_logits(n_kv_heads):
+    """Decode steps and a verify-sized step on the kernel (float16 cache) against the same
+    model on PyTorch's attention (float32 cache); a step longer than the kernel takes
+    falls back to PyTorch's."""
+    plain = Llama.random(tiny_args(n_kv_heads=n_kv_heads), seed=1)
+    kernel = Llama.random(tiny_args(n_kv_heads=n_kv_heads), seed=1)
+    use_cache_attention(kernel.transformer, native.variant_number(native.runnable_variants()[-1]))
+    kernel = Llama(kernel.transformer, kernel.tokenizer, cache_dtype=torch.float16)
+    ids = [(37 * i) % 250 + 3 for i in range(60)]
+    logits = {}
+    for name, model in (("plain", plain), ("kernel", kernel)):
+        cache = model.new_cache(64)
+        steps = [model.step(cache, ids[:MOST_TOKENS + 4], every_logits=True)]  # longer than the kernel takes
+        steps += [model.step(cache, [token], every_logits=True) for token in ids[MOST_TOKENS + 4 : 40]]
+        steps.append(model.step(cache, ids[40:47], every_logits=True))
+        logits[name] = torch.cat(steps)
+        assert cache.tokens == ids[:47]
+    assert kernel.new_cache(8).keys.dtype == torch.float16
+    assert torch.allclose(logits["kernel"], logits["plain"], atol=2e-3)
+    assert torch.equal(logits["kernel"].argmax(-1), logits["plain"].argmax(-1))
+
+
+def dispatched_operators(package: Path) -> list[str]:
+    """The operators a compiled package calls through PyTorch's dispatcher (its own kernels
+    are compiled in; these are listed in its wrapper's JSON)."""
+    with zipfile.ZipFile(package) as archive:
+        name = next(name for name in archive.namelist() if name.endswith(".wrapper.json"))
+        return [node["node"]["target"] for node in json.loads(archive.read(name))["nodes"]]
+
+
+@pytest.mark.needs_compiler
+def test_the_compiled_step_calls_the_kernel_and_agrees_with_the_eager_one(tmp_path):
+    model = Llama.random(tiny_args(), seed=2)
+    use_cache_attention(model.transformer, native.variant_number(native.runnable_variants()[-1]))
+    model = Llama(model.transformer, model.tokenizer, cache_dtype=torch.float16)
+    destination = tmp_path / "decode.pt2"
+    background = compiled_step.BackgroundCompile(model.transformer, torch.float16, destination)
+    background.wait()
+    assert background.error == "" and background.step is not None
+    for package in (destination, compiled_step.verify_path(destination)):  # once a layer, in both packages
+        assert dispatched_operators(package).count("llama_chat::cache_attention") == model.args.n_layers
+    ids = [(37 * i) % 250 + 3 for i in range(40)]
+    results = {}
+    for name, compiled in (("eager", None), ("compiled", background.step)):
+        model.step.compiled = compiled
+        cache = model.new_cache(64)
+        model.feed(cache, ids[:20])
+        results[name] = torch.stack([model.feed(cache, [token]) for token in ids[20:30]] +
+                                    [model.step(cache, ids[30:40], every_logits=True)[-1]])
+    assert torch.allclose(results["compiled"], results["eager"], atol=1e-4, rtol=1e-4)
+
+
+def test_a_model_on_llama_chats_kernels_attends_with_them_over_a_float16_cache(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "q8.gguf", tiny_hf_model(seed=3), qtype=QType.Q8_0)
+    model = llama_chat.load(path, device="cpu")
+    attention = [layer.attention.cache_attention for layer in model.transformer.layers]
+    assert all(isinstance(kernel, CacheAttention) for kernel in attention)
+    assert model.cache_dtype == torch.float16 and model.new_cache(8).keys.dtype == torch.float16
+    assert llama_chat.load(path, device="cpu", kv_dtype="float32").cache_dtype == torch.float32
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # PyTorch's kernels: its attention, the model's dtype
+    aten = llama_chat.load(path, device="cpu")
+    assert aten.cache_dtype == torch.float32
+    assert all(layer.attention.cache_attention is None for layer in aten.transformer.layers)
