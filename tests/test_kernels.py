@@ -481,15 +481,3 @@ def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
     alone = subprocess.run([sys.executable, "-c", f"{imports}; print(native.load_built())"], env=environment,
                            capture_output=True, text=True, check=True)
     assert alone.stdout.split() == ["False"]
-
-
-@pytest.mark.needs_kernels
-def test_the_bandwidth_read_folds_every_word_of_the_buffer():
-    assert native.status(wait=True).loaded
-    words = torch.randint(0, 2**62, (3 * 2**14 + 16,), dtype=torch.int64, generator=torch.Generator().manual_seed(1))
-    expected = int(np.bitwise_xor.reduce(words.numpy()))
-    assert torch.ops.llama_chat.read_bytes(words.view(torch.uint8)) == expected
-    words[-1] ^= 1 << 40  # a word in the last, partial chunk changes the result
-    assert torch.ops.llama_chat.read_bytes(words.view(torch.uint8)) == expected ^ (1 << 40)
-    with pytest.raises(RuntimeError, match="multiple of 128 bytes"):
-        torch.ops.llama_chat.read_bytes(torch.zeros(100, dtype=torch.uint8))

@@ -24,24 +24,10 @@ def _fastest(call, repeats: int = 3) -> float:
 
 
 def read_bandwidth_gb_per_second() -> float:
-    """GB/s of a streaming read of READ_BYTES (written first, so every page is real): by
-    llama-chat's own read (many loads in flight a thread, as its decode kernels keep) where
-    its kernels are loaded, else a float32 sum, which keeps fewer and so reads slower."""
-    if native_read_available():
-        values = torch.ones(READ_BYTES, dtype=torch.uint8)
-        seconds = _fastest(lambda: torch.ops.llama_chat.read_bytes(values))
-    else:
-        values = torch.ones(READ_BYTES // 4)
-        seconds = _fastest(values.sum)
+    """GB/s of a float32 sum over READ_BYTES (written first, so every page is real)."""
+    values = torch.ones(READ_BYTES // 4)
+    seconds = _fastest(values.sum)
     return READ_BYTES / seconds / 1e9
-
-
-def native_read_available() -> bool:
-    try:
-        torch.ops.llama_chat.read_bytes
-    except (AttributeError, RuntimeError):
-        return False
-    return True
 
 
 def int8_matrix_gops() -> float:
