@@ -9,6 +9,7 @@ over a float32 cache (agreement, largest logit difference, mean KL divergence). 
 single-token decode after `--context` cached positions, where the cache is read most.
 
     .venv/bin/python benchmarks/kv_dtype.py [--model F] [--context 1024] [--repeats 3] [--positions 256]
+        [--cases float16 ...]
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from fidelity import TEXT  # noqa: E402 (a sibling script)
 
 # name: (--kv-dtype, whether llama-chat's kernel attends); the first is the reference.
 CASES = {
-    "float32, PyTorch's attention": ("float32", False),
-    "float16, PyTorch's attention": ("float16", False),
+    "float32-pytorch": ("float32", False),
+    "float16-pytorch": ("float16", False),
     "float32": ("float32", True),
     "bfloat16": ("bfloat16", True),
     "float16": ("float16", True),
@@ -66,13 +67,16 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--positions", type=int, default=256, help="positions of text fed for fidelity")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES)[1:], default=list(CASES)[1:],
+                        help=f"caches measured beside the reference, {next(iter(CASES))} (default: all)")
     parser.add_argument("--threads", type=int, default=2)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     flush_denormals()
     path = options.model or str(download_default_model())
     models = {}
-    for name, (kv_dtype, kernel) in CASES.items():
+    cases = {name: CASES[name] for name in [next(iter(CASES)), *options.cases]}
+    for name, (kv_dtype, kernel) in cases.items():
         model = llama_chat.load(path, kv_dtype=kv_dtype)
         if not kernel:
             for layer in model.transformer.layers:
@@ -81,10 +85,10 @@ def main() -> None:
         models[name] = model
     for model in models.values():
         model.step.compile(wait=True)
-    reference_name = next(iter(CASES))
+    reference_name = next(iter(cases))
     ids = models[reference_name].tokenizer.encode(TEXT)[: options.positions]
     reference = teacher_forced_logits(models[reference_name], ids)
-    seconds = {name: [] for name in CASES}
+    seconds = {name: [] for name in cases}
     caches = {name: filled_cache(model, options.context) for name, model in models.items()}
     for _ in range(options.repeats):  # in turn, so that the machine's drift falls on all alike
         for name, model in models.items():
@@ -103,7 +107,7 @@ def main() -> None:
         bytes_a_token = 2 * model.args.n_layers * model.args.n_kv_heads * model.args.head_dim * model.cache_dtype.itemsize
         attention = "kernel" if model.transformer.layers[0].attention.cache_attention is not None else "PyTorch"
         step = statistics.median(seconds[name])
-        print(f"{name:29} cache ({attention} attends): agreement {agreement:.3f} over {len(ids)} positions, "
+        print(f"{name:15} cache ({attention} attends): agreement {agreement:.3f} over {len(ids)} positions, "
               f"logits within {difference:.3f}, KL {divergence:.2e}; {bytes_a_token / 1024:.1f} KB a token; "
               f"decode after {options.context}: {step * 1000:.2f} ms ({1 / step:.1f} tok/s)")
 
