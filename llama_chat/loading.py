@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Protocol
@@ -27,7 +27,7 @@ from llama_chat.engine.device import DTYPES, resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import DeviceError, LlamaChatError, first_line
 from llama_chat.kernels import packed_cache
-from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockLinear, StackedBlockLinear
+from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockEmbedding, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.cache_attention import CACHE_DTYPE, use_cache_attention
 from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
 from llama_chat.kernels.packed import (
@@ -119,9 +119,9 @@ def build_packed_transformer(
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
     pool = ThreadPoolExecutor(max_workers=torch.get_num_threads() if read else 1)
     try:
-        packing = {"tok_embeddings.weight": pool.submit(Int8Table, embedding, scratch, read=read)}
+        packing = {"tok_embeddings.weight": pack_table(pool, embedding, paths, scratch, read)}
         if head is not embedding:
-            head_type = head_block_type(head) if paths.variant is not None else None
+            head_type = table_block_type(head) if paths.variant is not None else None
             if head_type is None:
                 packing["output.weight"] = pool.submit(Int8Table, head, scratch, read=read)
             else:  # read by our kernels as the file stores it: 1.06 bytes a weight at most
@@ -175,7 +175,7 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
         filling = {}
         for name, weight in tensors.items():
             module = transformer.get_submodule(name.rpartition(".")[0])
-            if isinstance(module, (PackedEmbedding, PackedHead)):
+            if isinstance(module, (PackedEmbedding, PackedHead, BlockEmbedding)):
                 filling[name] = pool.submit(module.table.fill, weight)
             elif isinstance(module, (BlockLinear, StackedBlockLinear)):
                 filling[name] = pool.submit(module.fill, weight)
@@ -265,19 +265,34 @@ def mapped_entries(entries: Iterable[Path]) -> dict[str, torch.Tensor]:
     return {name: tensor for entry in entries for name, tensor in packed_cache.load(entry).items()}
 
 
-def head_block_type(head: StoredMatrix) -> str | None:
-    """The block type an untied head keeps for our kernels: the file's own where they read
-    it, else Q8_0 (as exact as the int8 table, at 1.06 bytes a weight); None where the width
-    is not whole blocks."""
-    if head.block_type in BLOCK_TYPES:
-        return head.block_type
-    return "Q8_0" if head.shape[1] % GROUP == 0 else None
+def table_block_type(table: StoredMatrix) -> str | None:
+    """The block type an embedding or output head keeps for our kernels: the file's own
+    where they read it, else Q8_0 (1.06 bytes a weight); None where the width is not whole
+    blocks."""
+    if table.block_type in BLOCK_TYPES:
+        return table.block_type
+    return "Q8_0" if table.shape[1] % GROUP == 0 else None
+
+
+def pack_table(
+    pool: ThreadPoolExecutor, embedding: StoredMatrix, paths: CpuPaths, scratch: Scratch, read: bool
+) -> Future:
+    """The embedding table, packing in the pool: held as the file's blocks where our kernels
+    run (it is the head too when tied: read by the kernels, no wider than the file), else as
+    int8 groups for PyTorch's."""
+    block_type = table_block_type(embedding) if paths.variant is not None else None
+    if block_type is None:
+        return pool.submit(Int8Table, embedding, scratch, read=read)
+    return pool.submit(BlockLinear, embedding, block_type, paths.variant_number, 16, read=read)
 
 
 def place_packed(transformer: Transformer, module_name: str, packed: nn.Module) -> None:
     if module_name == "tok_embeddings":
-        transformer.tok_embeddings = PackedEmbedding(packed, torch.float32)
-        transformer.output = PackedHead(packed)  # replaced when the head has a table of its own
+        # The head too, replaced when it has a table of its own.
+        if isinstance(packed, BlockLinear):
+            transformer.tok_embeddings, transformer.output = BlockEmbedding(packed), packed
+        else:
+            transformer.tok_embeddings, transformer.output = PackedEmbedding(packed, torch.float32), PackedHead(packed)
     elif module_name == "output":
         transformer.output = packed if isinstance(packed, BlockLinear) else PackedHead(packed)
     else:

@@ -14,7 +14,7 @@ import llama_chat
 from llama_chat import Llama
 from llama_chat.engine import compiled_step
 from llama_chat.kernels import native
-from llama_chat.kernels.cache_attention import MOST_TOKENS, CacheAttention, use_cache_attention
+from llama_chat.kernels.cache_attention import CacheAttention, use_cache_attention
 
 from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
@@ -29,8 +29,10 @@ SHAPES = [
     (1, 9, 3, 128, 37),    # an odd length, three queries to a key/value head
     (1, 32, 8, 64, 1000),  # long: several blocks and chunks
     (7, 6, 2, 128, 301),
-    (MOST_TOKENS, 8, 2, 64, 1000),
+    (16, 8, 2, 64, 1000),
     (3, 4, 4, 80, 129),    # a head_dim that is no whole number of vectors
+    (40, 6, 2, 64, 0),     # a prompt's first chunk: runs of new tokens
+    (100, 9, 3, 64, 300),  # a later chunk: runs over the cache too
 ]
 
 
@@ -99,6 +101,19 @@ def test_chunks_of_a_long_cache_merge_to_the_same_softmax(threads):
     assert torch.allclose(out, reference(*inputs), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("position", [0, 300])
+def test_a_tokens_attention_does_not_depend_on_the_tokens_sharing_its_step(position):
+    """Token t of a 70-token step (cut into runs) gets the same bits as in a step of tokens
+    0..t alone, so that speculation's verify steps keep greedy replies identical."""
+    inputs = random_inputs(70, 6, 2, 64, position, torch.float16, with_bias=True)
+    variant = native.runnable_variants()[-1]
+    whole = attend(variant, *inputs)
+    for t in (0, 15, 16, 33, 69):
+        q, new_keys, new_values = (x[: t + 1] for x in inputs[:3])
+        alone = attend(variant, q, new_keys, new_values, *inputs[3:])
+        assert torch.equal(whole[t], alone[t])
+
+
 def test_the_kernel_refuses_what_it_cannot_read():
     q, new_keys, new_values, past_keys, past_values, past_bias = random_inputs(1, 4, 2, 64, 10, torch.float16, False)
     variant = native.runnable_variants()[-1]
@@ -115,9 +130,8 @@ def test_the_kernel_refuses_what_it_cannot_read():
 
 @pytest.mark.parametrize("n_kv_heads", [6, 2])
 def test_a_model_step_with_the_kernel_gives_pytorchs_logits(n_kv_heads):
-    """Decode steps and a verify-sized step on the kernel (float16 cache) against the same
-    model on PyTorch's attention (float32 cache); a step longer than the kernel takes
-    falls back to PyTorch's."""
+    """A prompt chunk, decode steps and a verify-sized step on the kernel (float16 cache)
+    against the same model on PyTorch's attention (float32 cache)."""
     plain = Llama.random(tiny_args(n_kv_heads=n_kv_heads), seed=1)
     kernel = Llama.random(tiny_args(n_kv_heads=n_kv_heads), seed=1)
     use_cache_attention(kernel.transformer, native.variant_number(native.runnable_variants()[-1]))
@@ -126,8 +140,8 @@ def test_a_model_step_with_the_kernel_gives_pytorchs_logits(n_kv_heads):
     logits = {}
     for name, model in (("plain", plain), ("kernel", kernel)):
         cache = model.new_cache(64)
-        steps = [model.step(cache, ids[:MOST_TOKENS + 4], every_logits=True)]  # longer than the kernel takes
-        steps += [model.step(cache, [token], every_logits=True) for token in ids[MOST_TOKENS + 4 : 40]]
+        steps = [model.step(cache, ids[:20], every_logits=True)]  # a prompt chunk
+        steps += [model.step(cache, [token], every_logits=True) for token in ids[20:40]]
         steps.append(model.step(cache, ids[40:47], every_logits=True))
         logits[name] = torch.cat(steps)
         assert cache.tokens == ids[:47]

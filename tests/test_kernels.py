@@ -23,6 +23,7 @@ from llama_chat.kernels.block_linear import (
     BLOCK_SIZES,
     BLOCK_TYPES,
     TILED_TYPES,
+    BlockEmbedding,
     BlockLinear,
     StackedBlockLinear,
     arranged_bytes,
@@ -329,6 +330,19 @@ def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     assert floats.blocks.shape == (4, 4 * 256 // 32 * 34)  # 15 rows and one of zeros
     x = torch.randn(1, 4, 256)
     assert layer(x).shape == (1, 4, 16)
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("block_type", TYPES)
+def test_an_embedding_looks_up_each_tokens_row_from_the_arranged_blocks(block_type):
+    """37 rows (a tile or row group padded), looked up in any order and repeated: each the
+    file's row as gguf dequantises it, through the tiles or row groups it was arranged into."""
+    stored = stored_blocks(block_type, 37, 512, seed=8)
+    table = BlockLinear(stored, block_type, native.variant_number("portable"))
+    ids = torch.tensor([36, 0, 17, 17, 5, 32, 15, 16])
+    got = BlockEmbedding(table)(ids.view(2, 4))
+    assert got.shape == (2, 4, 512) and got.dtype == torch.float32
+    assert torch.equal(got.view(8, 512), stored.dense()[ids].float())
 
 
 @pytest.mark.needs_kernels

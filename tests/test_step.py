@@ -98,9 +98,9 @@ def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compi
     cache = packed_model.new_cache(50)
     packed_model.feed(cache, (IDS * 4)[:40])
     step = compiled_step.CompiledStep(destination, packed_model.transformer)
-    tokens = torch.tensor([[IDS[0]]])
-    compiled = step(tokens, cache.past_bias(), cache.keys, cache.values)[0]
-    eager = packed_model.transformer.step(tokens, cache.past_bias(), cache.keys, cache.values)[0]
+    x = packed_model.transformer.tok_embeddings(torch.tensor([[IDS[0]]]))
+    compiled = step(x, cache.past_bias(), cache.keys, cache.values)[0]
+    eager = packed_model.transformer.step(x, cache.past_bias(), cache.keys, cache.values)[0]
     assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
 
 
@@ -111,7 +111,7 @@ def test_the_compiled_verify_step_agrees_with_the_eager_one(packed_model, compil
     each token and the keys and values written as the eager step writes them."""
     destination, _ = compiled_package
     drafts = (IDS * 4)[40 : 40 + count]
-    eager_cache, compiled_cache = packed_model.new_cache(64), packed_model.new_cache(64)
+    eager_cache, compiled_cache = packed_model.new_cache(80), packed_model.new_cache(80)
     for cache in (eager_cache, compiled_cache):
         packed_model.feed(cache, (IDS * 4)[:40])
     eager = packed_model.step(eager_cache, drafts, every_logits=True)

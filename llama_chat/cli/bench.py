@@ -204,7 +204,7 @@ def weight_bytes_a_token(model: Llama) -> int:
     total = model_memory_bytes(model)
     embedding, head = model.transformer.tok_embeddings, model.transformer.output
     table = getattr(embedding, "table", None)
-    if table is not None and getattr(head, "table", None) is not table:
+    if table is not None and table not in (head, getattr(head, "table", None)):
         total -= sum(t.numel() * t.element_size() for t in table.buffers())
     return total
 

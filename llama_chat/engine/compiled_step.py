@@ -36,14 +36,14 @@ from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import first_line
 from llama_chat.paths import cache_root
 
-VERIFY_TOKENS = 16  # the compiled verify step takes 2 to this many tokens (a token and its drafts)
+VERIFY_TOKENS = 32  # the compiled multi-token step takes 2 to this many: a token and its drafts, a chat turn
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor the decode step reads from the model, by name (a tied one once)."""
     return {**dict(transformer.named_parameters()), **dict(transformer.named_buffers())}
 
 
 class _Decode(nn.Module):
-    """Transformer.step for one token as a module's forward, with the weights passed in as a list."""
+    """Transformer.step as a module's forward (the tokens' embeddings in), with the weights passed in as a list."""
 
     def __init__(self, structure: nn.Module) -> None:
         super().__init__()
@@ -51,11 +51,11 @@ class _Decode(nn.Module):
         object.__setattr__(self, "structure", structure)
         self.names = list(step_weights(structure))
 
-    def forward(self, token, past_bias, keys, values, weights):
+    def forward(self, x, past_bias, keys, values, weights):
         state = dict(zip(self.names, weights))
         # tie_weights: a tied head is one tensor, named once among the inputs.
         with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
-            return self.structure.step(token, past_bias, keys, values)
+            return self.structure.step(x, past_bias, keys, values)
 
 
 def traced_sources(transformer: nn.Module) -> list[Path]:
@@ -133,7 +133,7 @@ def build_package(
     args = structure.args
     cache_shape = (args.n_layers, 1, args.n_kv_heads, 16, args.head_dim)
     example = (
-        torch.zeros(1, min(most_tokens, 4), dtype=torch.long),
+        torch.zeros(1, min(most_tokens, 4), args.dim),  # the tokens' embeddings
         torch.zeros(8, dtype=cache_dtype),
         torch.zeros(cache_shape, dtype=cache_dtype),
         torch.zeros(cache_shape, dtype=cache_dtype),
@@ -176,9 +176,9 @@ class CompiledStep:
         self.verify = torch._C._aoti.AOTIModelPackageLoader(str(verify_path(path)), "model", False, 1, -1)
         self.weights = list(step_weights(transformer).values())
 
-    def __call__(self, tokens, past_bias, keys, values):
-        runner = self.single if tokens.shape[1] == 1 else self.verify
-        logits, new_keys, new_values = runner.boxed_run([tokens, past_bias, keys, values, *self.weights])
+    def __call__(self, x, past_bias, keys, values):
+        runner = self.single if x.shape[1] == 1 else self.verify
+        logits, new_keys, new_values = runner.boxed_run([x, past_bias, keys, values, *self.weights])
         return logits, new_keys, new_values
 
 

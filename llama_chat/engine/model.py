@@ -96,7 +96,7 @@ class Attention(nn.Module):
         time = x.shape[1]
         position = past_bias.shape[0]
         q, k, v = self._project(x, cos, sin)
-        if self.cache_attention is not None and time <= self.cache_attention.most_tokens:
+        if self.cache_attention is not None:
             # new_bias is the causal mask among the new tokens, which the kernel applies itself.
             out = self.cache_attention(q[0], k[0], v[0], past_keys[0], past_values[0], past_bias)
             return self.wo(out.reshape(1, time, -1)), k[0].transpose(0, 1), v[0].transpose(0, 1)
@@ -192,14 +192,16 @@ class Transformer(nn.Module):
 
     def step(
         self,
-        tokens: torch.Tensor,
+        x: torch.Tensor,
         past_bias: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The model on a cache: float32 logits [time, vocab] for tokens [1, time] standing at
-        positions len(past_bias).., and their keys and values for every layer
+        """The model on a cache: float32 logits [time, vocab] for the tokens whose embeddings
+        are x [1, time, dim] (`tok_embeddings(tokens)`, looked up by the caller: a lookup is
+        not a step's arithmetic, and stays out of the compiled step), standing at positions
+        len(past_bias).., and their keys and values for every layer
         [n_layers, kv_heads, time, head_dim]. With last_only, logits for the last token only
         [1, vocab] (a prompt chunk needs no more).
 
@@ -208,14 +210,13 @@ class Transformer(nn.Module):
         positions (zeros: all visible). Every shape is fixed but that length and the number
         of tokens, so one compiled graph serves every single-token step (see compiled_step).
         """
-        time = tokens.shape[1]
+        time = x.shape[1]
         position = past_bias.shape[0]
         if position + time > self.rope_cos.shape[0]:
             raise ValueError(f"position {position + time} is past the model's context of {self.rope_cos.shape[0]}")
-        x = self.tok_embeddings(tokens)
         cos = self.rope_cos[position : position + time].to(x.dtype)
         sin = self.rope_sin[position : position + time].to(x.dtype)
-        new_bias = causal_mask(time, self.args.n_rep, tokens.device, x.dtype)
+        new_bias = causal_mask(time, self.args.n_rep, x.device, x.dtype)
         new_keys, new_values = [], []
         for layer, past_keys, past_values in zip(self.layers, keys.unbind(0), values.unbind(0)):
             x, k, v = layer.step(x, cos, sin, past_bias, new_bias, past_keys, past_values)

@@ -52,7 +52,7 @@ class ModelStep:
         for start in range(0, len(ids), chunk_size):
             chunk = list(ids[start : start + chunk_size])
             tokens = torch.tensor([chunk], dtype=torch.long, device=cache.keys.device)
-            inputs = (tokens, cache.past_bias(), cache.keys, cache.values)
+            inputs = (self.transformer.tok_embeddings(tokens), cache.past_bias(), cache.keys, cache.values)
             # The compiled steps were traced for up to VERIFY_TOKENS tokens after at least one
             # cached position (they give logits for every token).
             if self.compiled is not None and len(cache) and len(chunk) <= compiled_step.VERIFY_TOKENS:

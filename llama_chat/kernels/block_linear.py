@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
 from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 from llama_chat.checkpoints.stored import GROUP, StackedRows, StoredMatrix, as_float
@@ -188,12 +189,27 @@ class BlockLinear(nn.Module):
 
     def file_blocks(self) -> torch.Tensor:
         """The blocks in the file's order, [out_features, bytes a row]."""
+        return self._units_in_file_order(self.blocks)[: self.out_features]
+
+    def _units_in_file_order(self, units: torch.Tensor) -> torch.Tensor:
+        """Arranged units (tiles or row groups) [n, bytes a unit] as their rows' blocks in the
+        file's order [n * rows a unit, bytes a row]."""
         if self.tiled:
-            return untile_rows(self.blocks, self.block_type, self.out_features)
-        groups, width = self.blocks.shape
+            return untile_rows(units, self.block_type, len(units) * TILE_ROWS)
+        groups, width = units.shape
         size = BLOCK_SIZES[self.block_type][1]
-        rows = self.blocks.view(groups, width // (ROW_GROUP * size), ROW_GROUP, size).transpose(1, 2)
-        return rows.reshape(groups * ROW_GROUP, width // ROW_GROUP)[: self.out_features]
+        rows = units.view(groups, width // (ROW_GROUP * size), ROW_GROUP, size).transpose(1, 2)
+        return rows.reshape(groups * ROW_GROUP, width // ROW_GROUP)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [n] of the matrix in float32 [n, in_features]: an embedding's lookup,
+        dequantised by gguf's own reference code from the file's blocks (a few rows a step,
+        so its speed does not matter and its exactness is gguf's)."""
+        units, inverse = torch.unique(ids // self.unit, return_inverse=True)
+        blocks = self._units_in_file_order(self.blocks[units]).view(len(units), self.unit, -1)
+        picked = blocks[inverse, ids % self.unit]
+        values = gguf_dequantize(picked.numpy(), GGMLQuantizationType[self.block_type])
+        return torch.from_numpy(values).float().view(len(ids), self.in_features)
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -215,6 +231,18 @@ class BlockLinear(nn.Module):
         layout = "tiles of 16 rows" if self.tiled else "groups of 4 rows"
         return (f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, "
                 f"{self.activation_bits}-bit steps")
+
+
+class BlockEmbedding(nn.Module):
+    """The token embedding read from a BlockLinear `table`: the model's output head too when
+    the two are tied, so the table is held once, as the file's blocks."""
+
+    def __init__(self, table: BlockLinear) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.table.rows(tokens.reshape(-1)).view(*tokens.shape, self.table.in_features)
 
 
 class StackedBlockLinear(nn.Module):

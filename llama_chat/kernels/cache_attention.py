@@ -1,6 +1,8 @@
-"""Attention over the KV cache by llama-chat's kernel (csrc/attention_*): a decode step's
-new tokens read the cache where it lies, in its own dtype, once for all the query heads
-that share a key/value head, under a float32 streaming softmax.
+"""Attention over the KV cache by llama-chat's kernel (csrc/attention_*): a step's new tokens
+(one, a verify step's, a prompt chunk's) read the cache where it lies, in its own dtype,
+once for all the query heads that share a key/value head, under a float32 streaming
+softmax, with no table of scores held (a prompt chunk of 512 tokens after 3000 held
+tens of MB of them, several times over, in PyTorch's operations).
 
 PyTorch's attention reads a float16 cache back into float32 first (a copy of the cache
 every step), so a half-width cache used to cost time; the kernel reads the half-width
@@ -16,17 +18,12 @@ from torch import nn
 
 from llama_chat.kernels import native
 
-# Steps of up to this many tokens (a single token, a verify step, a short chat turn) run the
-# kernel; longer prompt chunks are matrix products, which PyTorch's kernels do better.
-MOST_TOKENS = 16
 CACHE_DTYPE = torch.float16  # the cache's dtype where this kernel reads it (auto --kv-dtype)
 
 
 class CacheAttention(nn.Module):
     """softmax(q k^T / sqrt(head_dim)) v of a step's tokens over the cached positions (under
     past_bias) and over themselves (causally): what Attention.step computes, in one call."""
-
-    most_tokens = MOST_TOKENS
 
     def __init__(self, variant: int) -> None:
         super().__init__()
@@ -56,7 +53,7 @@ class CacheAttention(nn.Module):
         return out.to(q.dtype)
 
     def extra_repr(self) -> str:
-        return f"variant {native.VARIANTS[self.variant]}, steps of up to {MOST_TOKENS} tokens"
+        return f"variant {native.VARIANTS[self.variant]}"
 
 
 def use_cache_attention(transformer: nn.Module, variant: int) -> None:

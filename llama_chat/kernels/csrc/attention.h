@@ -1,4 +1,4 @@
-// Attention of a step's few new tokens over the KV cache, as each instruction-set variant
+// Attention of a step's new tokens over the KV cache, as each instruction-set variant
 // provides it (plain functions over raw memory, as kernels.h; attention_ops.cpp splits the
 // work over threads and merges the pieces).
 //
@@ -23,7 +23,7 @@ struct KeyValueSpan {
     int64_t value_stride; // alike
     int64_t count;        // positions
     const float* bias;    // added to each position's score, or null
-    bool causal;          // the new tokens themselves: row (t, r) sees positions 0..t only
+    bool causal;          // the new tokens themselves: row (t, r) sees positions 0..first_token + t only
 };
 
 // The query rows of one key/value head: row t * n_rep + r is token t's query head
@@ -32,6 +32,7 @@ struct QueryRows {
     const float* q;
     int64_t token_stride;
     int64_t tokens;
+    int64_t first_token;  // the rows' first token's place among the step's new tokens
     int64_t n_rep;
     int64_t head_dim;
     float scale;          // applied to every dot product (1 / sqrt(head_dim))

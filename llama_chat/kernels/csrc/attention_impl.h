@@ -243,7 +243,7 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
         }
         for (int64_t t = 0; t < rows.tokens; ++t) {
             // Among the new tokens, token t sees itself and those before it.
-            const int64_t visible = span.causal ? std::clamp<int64_t>(t + 1 - first, 0, count) : count;
+            const int64_t visible = span.causal ? std::clamp<int64_t>(rows.first_token + t + 1 - first, 0, count) : count;
             for (int64_t r = 0; r < rows.n_rep; ++r) {
                 float* row_scores = scores + (t * rows.n_rep + r) * BLOCK;
                 score(rows.q + t * rows.token_stride + r * head_dim, keys, key_stride, visible, head_dim, rows.scale,

@@ -1,8 +1,9 @@
 // The operator llama_chat::cache_attention: a step's new tokens attending over the KV cache
 // and over themselves (causally), under one softmax, reading the cache where it lies in its
-// own dtype. The cached positions of each key/value head are cut into chunks so that every
-// thread has as many as the others (a model with 3 key/value heads on 2 threads would
-// otherwise leave one idle a third of the time); the chunks' partial softmaxes merge exactly.
+// own dtype. A few tokens (decode) cut the cached positions of each key/value head into
+// chunks so that every thread has as many as the others (a model with 3 key/value heads on
+// 2 threads would otherwise leave one idle a third of the time); the chunks' partial
+// softmaxes merge exactly. A prompt chunk's many tokens are cut into runs instead.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -22,6 +23,10 @@ int64_t supported_variants();  // ops.cpp
 
 // Cached positions a chunk holds at least: fewer cost more to merge than they save.
 constexpr int64_t MIN_CHUNK = 128;
+// New tokens a run holds at least, and runs a thread gets at most (several, so that the
+// pairing of early and late runs evens out the threads' work).
+constexpr int64_t MIN_RUN = 16;
+constexpr int64_t RUNS_A_THREAD = 4;
 
 static const AttentionKernels& attention_kernels(int64_t variant) {
     TORCH_CHECK(variant >= 0 && variant <= 2, "llama_chat: unknown kernel variant ", variant);
@@ -84,26 +89,38 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
     at::Tensor out = at::empty({tokens, heads, head_dim}, q.options());
     const int64_t n_rep = heads / kv_heads, rows = tokens * n_rep, state_size = state_floats(head_dim);
     if (tokens == 0 || head_dim == 0) return out;
-    // Chunks a head: the fewest that give every thread as many (kv_heads * chunks a multiple
-    // of the threads), none under MIN_CHUNK positions; at least one, which also takes the
-    // new tokens.
+    // A piece of the work is a key/value head's run of new tokens over a chunk of its cached
+    // positions. Chunks a head: the fewest that give every thread as many (kv_heads * chunks
+    // a multiple of the threads), none under MIN_CHUNK positions; at least one, which also
+    // takes the new tokens. They depend on the position alone, so that a token's sums run
+    // in the same order whatever the number of tokens in its step. Runs: one for a few
+    // tokens, more for a prompt chunk's many.
     const int64_t threads = at::get_num_threads();
     const int64_t even = threads / std::gcd(kv_heads, threads);
     const int64_t chunks = std::max<int64_t>(1, std::min(even, position / MIN_CHUNK));
     const int64_t chunk_length = (position + chunks - 1) / chunks;
+    const int64_t runs = std::clamp<int64_t>(tokens / MIN_RUN, 1, RUNS_A_THREAD * threads);
+    const int64_t run_length = (tokens + runs - 1) / runs;
+    // states: [head][chunk][row], a run filling its own rows.
     std::unique_ptr<float[]> states(new float[kv_heads * chunks * rows * state_size]);
     const int64_t element_bytes = past_keys.element_size();
     const char* keys = static_cast<const char*>(past_keys.const_data_ptr());
     const char* values = static_cast<const char*>(past_values.const_data_ptr());
     const float* bias = past_bias.const_data_ptr<float>();
 
-    at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, kv_heads * chunks * runs, 1, [&](int64_t begin, int64_t end) {
         for (int64_t piece = begin; piece < end; ++piece) {
-            const int64_t head = piece / chunks, chunk = piece % chunks;
-            const QueryRows query{q.const_data_ptr<float>() + head * n_rep * head_dim, q.stride(0), tokens, n_rep,
-                                  head_dim, float(scale)};
-            float* state = states.get() + piece * rows * state_size;
-            for (int64_t row = 0; row < rows; ++row) {
+            const int64_t head = piece / (chunks * runs), chunk = piece / runs % chunks;
+            // Runs in the order first, last, second, second last...: a later run sees more of
+            // the new tokens, so a thread's consecutive pieces pair cheap with dear.
+            const int64_t turn = piece % runs, run = turn % 2 ? runs - 1 - turn / 2 : turn / 2;
+            const int64_t first_token = std::min(tokens, run * run_length);
+            const int64_t run_tokens = std::min(tokens, first_token + run_length) - first_token;
+            if (run_tokens == 0) continue;
+            const QueryRows query{q.const_data_ptr<float>() + first_token * q.stride(0) + head * n_rep * head_dim,
+                                  q.stride(0), run_tokens, first_token, n_rep, head_dim, float(scale)};
+            float* state = states.get() + ((head * chunks + chunk) * rows + first_token * n_rep) * state_size;
+            for (int64_t row = 0; row < run_tokens * n_rep; ++row) {
                 state[row * state_size] = -INFINITY;
                 std::fill(state + row * state_size + 1, state + (row + 1) * state_size, 0.0f);
             }
@@ -112,10 +129,11 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
             const KeyValueSpan past{keys + offset, values + offset, type, head_dim, head_dim,
                                     std::min(position, first + chunk_length) - first, bias + first, false};
             kernels.attend_span(query, past, state);
-            if (chunk == chunks - 1) {
+            if (chunk == chunks - 1) {  // the new tokens up to the run's last
                 const KeyValueSpan fresh{new_keys.const_data_ptr<float>() + head * head_dim,
                                          new_values.const_data_ptr<float>() + head * head_dim, CACHE_FLOAT32,
-                                         new_keys.stride(0), new_values.stride(0), tokens, nullptr, true};
+                                         new_keys.stride(0), new_values.stride(0), first_token + run_tokens, nullptr,
+                                         true};
                 kernels.attend_span(query, fresh, state);
             }
         }
