@@ -36,12 +36,12 @@ from llama_chat.kernels.packed import (
     PackedHead,
     PackedLinear,
     Scratch,
-    return_freed_memory,
 )
 from llama_chat.kernels.packed_cache_entries import make_room
 from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
+from llama_chat.process_memory import return_freed_memory
 from llama_chat.text.format_choice import get_chat_format
 
 

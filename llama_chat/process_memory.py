@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import resource
+from collections.abc import Callable
 
 
 def peak_memory_mb() -> float:
@@ -29,3 +32,24 @@ def memory_report() -> list[float]:
     """[peak resident MB, own MB now (0 where unknown)]: what a rank reports to rank 0."""
     now = memory_now_mb()
     return [peak_memory_mb(), 0.0 if now is None else now[1]]
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+
+
+def return_freed_memory() -> None:
+    """Give memory freed by a large piece of work (packing a model, a prompt chunk) back to
+    the system.
+
+    glibc's malloc keeps freed blocks of up to 32 MB for reuse, so the temporaries of
+    packing one matrix after another, or of a prompt chunk's layers, would stay resident,
+    used by nothing.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -13,10 +13,8 @@ checks it, so that prompt steps can unpack the levels with plain tensor operatio
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -361,22 +359,3 @@ class PackedHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.table.logits(x)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        return None
-
-
-def return_freed_memory() -> None:
-    """Give the memory freed by packing back to the system.
-
-    glibc's malloc keeps freed blocks of up to 32 MB for reuse, so the temporaries of
-    packing one matrix after another would stay resident, used by nothing.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
