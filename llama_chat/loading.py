@@ -105,7 +105,7 @@ def build_packed_transformer(
     checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: Progress, *, read: bool = True
 ) -> Transformer:
     """The Transformer with every matrix packed as it is read (the layers' as `modes` says,
-    the embedding and output head as int8 tables, or the head in blocks for our kernels);
+    the embedding and output head as `pack_table` holds them);
     with read=False, the modules are laid out on the meta device (a state read from the
     packed cache fills them, or fill_packed_transformer), and only matrices for PyTorch's
     kernels are packed."""
@@ -121,13 +121,7 @@ def build_packed_transformer(
     try:
         packing = {"tok_embeddings.weight": pack_table(pool, embedding, paths, scratch, read)}
         if head is not embedding:
-            head_type = table_block_type(head) if paths.variant is not None else None
-            if head_type is None:
-                packing["output.weight"] = pool.submit(Int8Table, head, scratch, read=read)
-            else:  # read by our kernels as the file stores it: 1.06 bytes a weight at most
-                packing["output.weight"] = pool.submit(
-                    BlockLinear, head, head_type, paths.variant_number, 16, read=read
-                )
+            packing["output.weight"] = pack_table(pool, head, paths, scratch, read)
         for name, mode in modes.items():
             bits = paths.activation_bits
             if MIXED in mode:
@@ -274,16 +268,14 @@ def table_block_type(table: StoredMatrix) -> str | None:
     return "Q8_0" if table.shape[1] % GROUP == 0 else None
 
 
-def pack_table(
-    pool: ThreadPoolExecutor, embedding: StoredMatrix, paths: CpuPaths, scratch: Scratch, read: bool
-) -> Future:
-    """The embedding table, packing in the pool: held as the file's blocks where our kernels
-    run (it is the head too when tied: read by the kernels, no wider than the file), else as
+def pack_table(pool: ThreadPoolExecutor, table: StoredMatrix, paths: CpuPaths, scratch: Scratch, read: bool) -> Future:
+    """The embedding or output head, packing in the pool: held as the file's blocks where
+    our kernels run (read by them, no wider than the file; a tied table is both), else as
     int8 groups for PyTorch's."""
-    block_type = table_block_type(embedding) if paths.variant is not None else None
+    block_type = table_block_type(table) if paths.variant is not None else None
     if block_type is None:
-        return pool.submit(Int8Table, embedding, scratch, read=read)
-    return pool.submit(BlockLinear, embedding, block_type, paths.variant_number, 16, read=read)
+        return pool.submit(Int8Table, table, scratch, read=read)
+    return pool.submit(BlockLinear, table, block_type, paths.variant_number, 16, read=read)
 
 
 def place_packed(transformer: Transformer, module_name: str, packed: nn.Module) -> None:

@@ -37,6 +37,8 @@ from llama_chat.errors import first_line
 from llama_chat.paths import cache_root
 
 VERIFY_TOKENS = 32  # the compiled multi-token step takes 2 to this many: a token and its drafts, a chat turn
+
+
 def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor the decode step reads from the model, by name (a tied one once)."""
     return {**dict(transformer.named_parameters()), **dict(transformer.named_buffers())}

@@ -99,9 +99,10 @@ class Attention(nn.Module):
         if self.cache_attention is not None:
             # new_bias is the causal mask among the new tokens, which the kernel applies itself.
             out = self.cache_attention(q[0], k[0], v[0], past_keys[0], past_values[0], past_bias)
-            # Copies, not views of the projection: a prompt chunk holds every layer's until the cache
-            # takes them, and the projections whole would be 2.5 times the bytes.
-            return self.wo(out.reshape(1, time, -1)), k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
+            # Copies, not views of the projection: a prompt chunk holds every layer's until the
+            # cache takes them, and the projections whole would be 2.5 times the bytes.
+            k, v = k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
+            return self.wo(out.reshape(1, time, -1)), k, v
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
         q = q[0].view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.head_dim**-0.5

@@ -205,9 +205,8 @@ class BlockLinear(nn.Module):
         """Rows `ids` [n] of the matrix in float32 [n, in_features]: an embedding's lookup,
         dequantised by gguf's own reference code from the file's blocks (a few rows a step,
         so its speed does not matter and its exactness is gguf's)."""
-        units, inverse = torch.unique(ids // self.unit, return_inverse=True)
-        blocks = self._units_in_file_order(self.blocks[units]).view(len(units), self.unit, -1)
-        picked = blocks[inverse, ids % self.unit]
+        blocks = self._units_in_file_order(self.blocks[ids // self.unit]).view(len(ids), self.unit, -1)
+        picked = blocks[torch.arange(len(ids)), ids % self.unit]
         values = gguf_dequantize(picked.numpy(), GGMLQuantizationType[self.block_type])
         return torch.from_numpy(values).float().view(len(ids), self.in_features)
 

@@ -1,9 +1,9 @@
 // The operator llama_chat::cache_attention: a step's new tokens attending over the KV cache
 // and over themselves (causally), under one softmax, reading the cache where it lies in its
-// own dtype. A few tokens (decode) cut the cached positions of each key/value head into
-// chunks so that every thread has as many as the others (a model with 3 key/value heads on
-// 2 threads would otherwise leave one idle a third of the time); the chunks' partial
-// softmaxes merge exactly. A prompt chunk's many tokens are cut into runs instead.
+// own dtype. The cached positions of each key/value head are cut into chunks so that every
+// thread has as many as the others (a model with 3 key/value heads on 2 threads would
+// otherwise leave one idle a third of the time); the chunks' partial softmaxes merge
+// exactly. A prompt chunk's many tokens are also cut into runs.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
