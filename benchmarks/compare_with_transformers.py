@@ -54,7 +54,7 @@ def transformers_row(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tok
 
 def llama_chat_row(path: Path, prompt_tokens: int, new_tokens: int, repeats: int, **options) -> dict:
     model = llama_chat.load(path, device="cpu", **options)
-    model.step.compile(wait=True)  # as `llama-chat bench` does: built once, then kept
+    model.runner.compile(wait=True)  # as `llama-chat bench` does: built once, then kept
     result = run_llama_chat(model, prompt_tokens, new_tokens, repeats)
     return {
         "name": f"llama-chat {model.describe_weights()}; decode step {result['decode_step']}",

@@ -44,7 +44,7 @@ TEXT = (
 
 def step_logits(model: llama_chat.Llama, ids: list[int], step: int) -> torch.Tensor:
     """Logits at every position, the text fed `step` tokens at a time through the cache."""
-    return model.step(model.new_cache(len(ids) + 8), ids, every_logits=True, chunk_size=step)
+    return model.runner(model.new_cache(len(ids) + 8), ids, every_logits=True, chunk_size=step)
 
 
 VERIFY_STEP = 9  # a token and 8 drafts (speculation's most by default)

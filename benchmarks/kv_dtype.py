@@ -40,23 +40,23 @@ CASES = {
 
 def teacher_forced_logits(model: llama_chat.Llama, ids: list[int]) -> torch.Tensor:
     cache = model.new_cache(len(ids) + 1)
-    return torch.stack([model.feed(cache, [token]) for token in ids])
+    return torch.stack([model.runner(cache, [token]) for token in ids])
 
 
 def filled_cache(model: llama_chat.Llama, context: int, steps: int = 32) -> KVCache:
     """A cache holding `context` positions, with room for `steps` more."""
     cache = model.new_cache(context + steps + 1)
-    model.feed(cache, [(31 * i) % 1000 + 10 for i in range(context)])
+    model.runner(cache, [(31 * i) % 1000 + 10 for i in range(context)])
     return cache
 
 
 def decode_seconds(model: llama_chat.Llama, cache: KVCache, context: int, steps: int = 32) -> float:
     """Median seconds of a single-token step after `context` cached positions."""
-    cache.truncate(context)
+    cache.trim(context)
     times = []
     for index in range(steps):
         started = time.perf_counter()
-        model.feed(cache, [(17 * index) % 1000 + 10])
+        model.runner(cache, [(17 * index) % 1000 + 10])
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -81,10 +81,10 @@ def main() -> None:
         if not kernel:
             for layer in model.transformer.layers:
                 layer.attention.cache_attention = None
-        model.step.compile()  # all built at once, in the background
+        model.runner.compile()  # all built at once, in the background
         models[name] = model
     for model in models.values():
-        model.step.compile(wait=True)
+        model.runner.compile(wait=True)
     reference_name = next(iter(cases))
     ids = models[reference_name].tokenizer.encode(TEXT)[: options.positions]
     reference = teacher_forced_logits(models[reference_name], ids)
@@ -96,7 +96,7 @@ def main() -> None:
     first = models[reference_name]
     print(f"{cpu_model_name()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
           f"read bandwidth {read_bandwidth_gb_per_second():.1f} GB/s; {first.name}: "
-          f"{first.describe_weights()}; decode step {first.step.describe()}")
+          f"{first.describe_weights()}; decode step {first.runner.status.describe()}")
     reference_log = torch.log_softmax(reference, dim=-1)
     for name, model in models.items():
         logits = reference if name == reference_name else teacher_forced_logits(model, ids)

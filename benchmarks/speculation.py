@@ -40,11 +40,11 @@ def main() -> None:
     flush_denormals()
     path = options.model or str(download_default_model())
     model = llama_chat.load(path, quantize=options.quantize, dtype=options.dtype)
-    model.step.compile(wait=True)
+    model.runner.compile(wait=True)
     draft = None
     if options.draft:
         draft = llama_chat.load(options.draft)
-        draft.step.compile(wait=True)
+        draft.runner.compile(wait=True)
     results = {
         f"repeat a {len(PARAGRAPH)}-character paragraph": measure_speculation(
             model, ECHO_REQUEST, options.new_tokens, options.repeats, draft
@@ -56,7 +56,7 @@ def main() -> None:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "read_bandwidth_gb_per_second": read_bandwidth_gb_per_second(),
-        "model": f"{model.name}: {model.describe_weights()}; decode step {model.step.describe()}",
+        "model": f"{model.name}: {model.describe_weights()}; decode step {model.runner.status.describe()}",
         "draft": None if draft is None else f"{draft.name}: {draft.describe_weights()}",
     }
     if options.json:

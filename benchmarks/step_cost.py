@@ -21,13 +21,13 @@ def step_seconds(model: llama_chat.Llama, tokens: int, repeats: int) -> float:
     """Median seconds of feeding `tokens` tokens after 200 (logits for each, as a verify step
     needs), the cache trimmed back each time."""
     cache = model.new_cache(512)
-    model.feed(cache, [(17 * i) % 1000 + 10 for i in range(200)])
+    model.runner(cache, [(17 * i) % 1000 + 10 for i in range(200)])
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        model.step(cache, [(31 * i) % 1000 + 10 for i in range(tokens)], every_logits=True)  # as a verify step
+        model.runner(cache, [(31 * i) % 1000 + 10 for i in range(tokens)], every_logits=True)  # as a verify step
         times.append(time.perf_counter() - started)
-        cache.truncate(200)
+        cache.trim(200)
     return statistics.median(times)
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     torch.set_num_threads(options.threads)
     flush_denormals()
     model = llama_chat.load(options.model or str(download_default_model()))
-    model.step.compile(wait=True)
+    model.runner.compile(wait=True)
     single = step_seconds(model, 1, options.repeats)
     several = step_seconds(model, options.tokens, options.repeats)
     print(f"{model.name}: {model.quantization} weights, {model.weights_note}")

@@ -12,7 +12,7 @@ from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.generation import Generation
 from llama_chat.engine.model import Transformer
-from llama_chat.engine.step import PREFILL_CHUNK, ModelStep
+from llama_chat.engine.runners import model_runner
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
 from llama_chat.text.builtin_formats import PlainFormat
@@ -23,8 +23,8 @@ DEFAULT_CONTEXT = 4096
 
 
 class Llama:
-    """A loaded model: `tokenizer`, `step` (the model on a cache), `logits(ids)`, `new_cache()`, `feed()`
-    and `generate()`."""
+    """A loaded model: `tokenizer`, `runner` (how the model runs on a cache: `runner(cache, ids)`),
+    `logits(ids)`, `new_cache()` and `generate()`."""
 
     def __init__(
         self,
@@ -55,7 +55,7 @@ class Llama:
         # The sampling settings the model's files recommend (SamplingSettings' names).
         self.sampling_defaults = dict(sampling_defaults or {})
         # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
-        self.step = ModelStep(self.transformer, self.cache_dtype)
+        self.runner = model_runner(self.transformer, self.cache_dtype)
 
     @classmethod
     def random(
@@ -91,11 +91,7 @@ class Llama:
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Float32 logits [len(ids), vocab] from one full forward pass, no cache involved."""
-        return self.step.logits(ids)
-
-    def feed(self, cache: KVCache, ids: Sequence[int], chunk_size: int = PREFILL_CHUNK) -> torch.Tensor:
-        """Append ids to the cache (in chunks); return the float32 logits after the last one."""
-        return self.step(cache, ids, chunk_size=chunk_size)
+        return self.runner.logits(ids)
 
     def generate(
         self,
@@ -116,7 +112,7 @@ class Llama:
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
-        return Generation(self.step, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation)
+        return Generation(self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation)
 
 
 def init_random_weights(transformer: Transformer, seed: int) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.parallel.group_step import ParallelLoader
+from llama_chat.parallel.group_runner import ParallelLoader
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load

@@ -9,9 +9,9 @@ PROMPT = [(i * 53 + 7) % 256 for i in range(23)]
 def test_prefill_then_decode_equals_one_full_forward(tiny_model):
     full = tiny_model.logits(PROMPT)
     cache = tiny_model.new_cache(64)
-    step_logits = [tiny_model.feed(cache, PROMPT[:9])]
+    step_logits = [tiny_model.runner(cache, PROMPT[:9])]
     for token in PROMPT[9:]:
-        step_logits.append(tiny_model.feed(cache, [token]))
+        step_logits.append(tiny_model.runner(cache, [token]))
     assert torch.allclose(torch.stack(step_logits), full[8:], atol=1e-5, rtol=0)
     assert cache.tokens == PROMPT
 
@@ -20,38 +20,38 @@ def test_prefill_then_decode_equals_one_full_forward(tiny_model):
 def test_chunked_prefill_equals_one_full_forward(tiny_model, chunk_size):
     full = tiny_model.logits(PROMPT)
     cache = tiny_model.new_cache(64)
-    last = tiny_model.feed(cache, PROMPT, chunk_size=chunk_size)
+    last = tiny_model.runner(cache, PROMPT, chunk_size=chunk_size)
     assert torch.allclose(last, full[-1], atol=1e-5, rtol=0)
     # Every position's keys and values are right too: continue and compare.
-    after = tiny_model.feed(cache, [42, 43])
+    after = tiny_model.runner(cache, [42, 43])
     assert torch.allclose(after, tiny_model.logits(PROMPT + [42, 43])[-1], atol=1e-5, rtol=0)
 
 
 def test_several_tokens_at_a_later_position(tiny_model):
     cache = tiny_model.new_cache(64)
-    tiny_model.feed(cache, PROMPT[:10])
-    last = tiny_model.feed(cache, PROMPT[10:], chunk_size=100)
+    tiny_model.runner(cache, PROMPT[:10])
+    last = tiny_model.runner(cache, PROMPT[10:], chunk_size=100)
     assert torch.allclose(last, tiny_model.logits(PROMPT)[-1], atol=1e-5, rtol=0)
 
 
 def test_truncate_and_refeed_equals_a_fresh_run(tiny_model):
     cache = tiny_model.new_cache(64)
-    tiny_model.feed(cache, PROMPT)
-    cache.truncate(11)
+    tiny_model.runner(cache, PROMPT)
+    cache.trim(11)
     assert len(cache) == 11
     other = [1, 2, 3, 4, 5]
-    refed = tiny_model.feed(cache, other)
+    refed = tiny_model.runner(cache, other)
     fresh_cache = tiny_model.new_cache(64)
-    fresh = tiny_model.feed(fresh_cache, PROMPT[:11] + other)
+    fresh = tiny_model.runner(fresh_cache, PROMPT[:11] + other)
     assert torch.allclose(refed, fresh, atol=1e-5, rtol=0)
     assert cache.tokens == fresh_cache.tokens
 
 
 def test_feeding_past_the_capacity_is_refused_and_changes_nothing(tiny_model):
     cache = tiny_model.new_cache(16)
-    tiny_model.feed(cache, PROMPT[:10])
+    tiny_model.runner(cache, PROMPT[:10])
     with pytest.raises(ContextOverflowError, match="do not fit"):
-        tiny_model.feed(cache, PROMPT[10:17])
+        tiny_model.runner(cache, PROMPT[10:17])
     assert cache.tokens == PROMPT[:10]
 
 

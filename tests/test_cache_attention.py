@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat import Llama
-from llama_chat.engine import compiled_step
+from llama_chat.engine import compiled
 from llama_chat.kernels import native
 from llama_chat.kernels.cache_attention import CacheAttention, use_cache_attention
 
@@ -37,7 +37,7 @@ SHAPES = [
 
 
 def reference(q, new_keys, new_values, past_keys, past_values, past_bias):
-    """PyTorch's float32 attention as Attention.step computes it: the cache read back into
+    """PyTorch's float32 attention as Attention computes it over a cache: the cache read back into
     float32, cached positions under past_bias, the new ones causal, one softmax."""
     time, heads, head_dim = q.shape
     kv_heads, position = new_keys.shape[1], past_bias.shape[0]
@@ -140,12 +140,12 @@ def test_a_model_step_with_the_kernel_gives_pytorchs_logits(n_kv_heads):
     logits = {}
     for name, model in (("plain", plain), ("kernel", kernel)):
         cache = model.new_cache(64)
-        steps = [model.step(cache, ids[:20], every_logits=True)]  # a prompt chunk
-        steps += [model.step(cache, [token], every_logits=True) for token in ids[20:40]]
-        steps.append(model.step(cache, ids[40:47], every_logits=True))
+        steps = [model.runner(cache, ids[:20], every_logits=True)]  # a prompt chunk
+        steps += [model.runner(cache, [token], every_logits=True) for token in ids[20:40]]
+        steps.append(model.runner(cache, ids[40:47], every_logits=True))
         logits[name] = torch.cat(steps)
         assert cache.tokens == ids[:47]
-    assert kernel.new_cache(8).keys.dtype == torch.float16
+    assert kernel.new_cache(8).dtype == torch.float16
     assert torch.allclose(logits["kernel"], logits["plain"], atol=2e-3)
     assert torch.equal(logits["kernel"].argmax(-1), logits["plain"].argmax(-1))
 
@@ -164,19 +164,19 @@ def test_the_compiled_step_calls_the_kernel_and_agrees_with_the_eager_one(tmp_pa
     use_cache_attention(model.transformer, native.variant_number(native.runnable_variants()[-1]))
     model = Llama(model.transformer, model.tokenizer, cache_dtype=torch.float16)
     destination = tmp_path / "decode.pt2"
-    background = compiled_step.BackgroundCompile(model.transformer, torch.float16, destination)
+    background = compiled.BackgroundBuild(model.transformer, torch.float16, destination)
     background.wait()
-    assert background.error == "" and background.step is not None
-    for package in (destination, compiled_step.verify_path(destination)):  # once a layer, in both packages
+    assert background.error == "" and background.packages is not None
+    for package in (destination, compiled.verify_path(destination)):  # once a layer, in both packages
         assert dispatched_operators(package).count("llama_chat::cache_attention") == model.args.n_layers
     ids = [(37 * i) % 250 + 3 for i in range(40)]
     results = {}
-    for name, compiled in (("eager", None), ("compiled", background.step)):
-        model.step.compiled = compiled
+    for name, packages in (("eager", None), ("compiled", background.packages)):
+        model.runner.inner.packages = packages
         cache = model.new_cache(64)
-        model.feed(cache, ids[:20])
-        results[name] = torch.stack([model.feed(cache, [token]) for token in ids[20:30]] +
-                                    [model.step(cache, ids[30:40], every_logits=True)[-1]])
+        model.runner(cache, ids[:20])
+        results[name] = torch.stack([model.runner(cache, [token]) for token in ids[20:30]] +
+                                    [model.runner(cache, ids[30:40], every_logits=True)[-1]])
     assert torch.allclose(results["compiled"], results["eager"], atol=1e-4, rtol=1e-4)
 
 
@@ -185,7 +185,7 @@ def test_a_model_on_llama_chats_kernels_attends_with_them_over_a_float16_cache(t
     model = llama_chat.load(path, device="cpu")
     attention = [layer.attention.cache_attention for layer in model.transformer.layers]
     assert all(isinstance(kernel, CacheAttention) for kernel in attention)
-    assert model.cache_dtype == torch.float16 and model.new_cache(8).keys.dtype == torch.float16
+    assert model.cache_dtype == torch.float16 and model.new_cache(8).dtype == torch.float16
     assert llama_chat.load(path, device="cpu", kv_dtype="float32").cache_dtype == torch.float32
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # PyTorch's kernels: its attention, the model's dtype
     aten = llama_chat.load(path, device="cpu")

@@ -374,8 +374,8 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
         assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
         assert isinstance(fast.transformer.output, BlockLinear)  # the untied head, as the file holds it
         cache = fast.new_cache(64)
-        first = fast.feed(cache, ids[:12])
-        singles = [fast.feed(cache, [token]) for token in ids[12:]]
+        first = fast.runner(cache, ids[:12])
+        singles = [fast.runner(cache, [token]) for token in ids[12:]]
         got = torch.stack([first, *singles])
         assert torch.allclose(got, expected[11:], atol=0.05 * float(expected.abs().max())), variant
 

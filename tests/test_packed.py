@@ -191,8 +191,8 @@ def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, mat
     assert model.transformer.layers[0].feed_forward.w13.matmul_dtype == getattr(torch, matmul)
     reference = dense_reference(model).logits(IDS)
     cache = model.new_cache(64)
-    prompt = model.feed(cache, IDS[:12])  # a prompt step: dequantised matrices or the kernels
-    steps = [model.feed(cache, [token]) for token in IDS[12:]]  # single tokens: packed kernels
+    prompt = model.runner(cache, IDS[:12])  # a prompt step: dequantised matrices or the kernels
+    steps = [model.runner(cache, [token]) for token in IDS[12:]]  # single tokens: packed kernels
     logits = torch.stack([prompt, *steps])
     assert logits.dtype == torch.float32
     # float32 throughout agrees to float32 rounding; bfloat16 products to their own.

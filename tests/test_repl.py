@@ -18,6 +18,7 @@ from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.generation import GenerationStats, Piece
+from llama_chat.engine.runners import Wrapper
 from llama_chat.errors import LlamaChatError
 from llama_chat.repl.app import ChatCompleter, history_path, run_repl, toolbar
 from llama_chat.repl.render import Renderer
@@ -183,20 +184,19 @@ def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     session = Session(model, SamplingSettings(temperature=0, max_tokens=10))
     session.speculation.lookup = 0  # a step per token
 
-    class StepUntilCtrlC:
-        """Ctrl-C lands while the model computes: here, in the fourth step (the prefill, then
+    class UntilCtrlC(Wrapper):
+        """Ctrl-C lands while the model computes: here, in the fourth call (the prefill, then
         one per generated token), so three tokens have been shown."""
 
-        def __init__(self, step):
-            self.step, self.calls, self.seconds, self.describe = step, 0, step.seconds, step.describe
+        calls = 0
 
         def __call__(self, cache, ids, **options):
             self.calls += 1
             if self.calls == 4:
                 raise KeyboardInterrupt
-            return self.step(cache, ids, **options)
+            return self.inner(cache, ids, **options)
 
-    monkeypatch.setattr(model, "step", StepUntilCtrlC(model.step))
+    monkeypatch.setattr(model, "runner", UntilCtrlC(model.runner))
     code, output = chat(session, "hello", "go on", "/quit")
     assert code == 0
     first, second = session.exchanges

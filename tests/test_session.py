@@ -5,6 +5,7 @@ import torch
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
 from llama_chat.chat.session import Session
+from llama_chat.engine.cache import KVCache
 from llama_chat.errors import ContextOverflowError, LlamaChatError
 from llama_chat.text.format_choice import get_chat_format
 from llama_chat.text.tokenizer import ByteTokenizer
@@ -305,7 +306,7 @@ def test_a_saved_cache_is_restored_and_continues_as_reading_the_conversation_aga
     assert cached == len(session.cache) > 10 and (tmp_path / "chat.kv.safetensors").exists()
     opened, note = restored_session(model, path, tmp_path / "model.gguf")
     assert note is None and opened.cache.tokens == session.cache.tokens
-    assert torch.equal(opened.cache.keys[:, :, :, :cached], session.cache.keys[:, :, :, :cached])
+    assert torch.equal(opened.cache.state(cached)["keys"], session.cache.state(cached)["keys"])
     turn = say(opened, "three")
     assert turn.stats.reused_tokens == cached  # nothing read again
     reread = replay(model, ["one", "two", "three"], system="Be brief.")
@@ -332,7 +333,9 @@ def test_a_cache_file_that_holds_the_same_positions_is_not_written_again(tmp_pat
     session.save(tmp_path / "chat.json")
     assert cache_file.stat().st_ino != written
     written = cache_file.stat().st_ino
-    session.cache.keys, session.cache.values = session.cache.keys.half(), session.cache.values.half()
+    state = session.cache.state()
+    session.cache = KVCache(session.model.args, session.cache.capacity, dtype=torch.float16)
+    session.cache.load_state(state["tokens"].tolist(), state["keys"], state["values"])
     session.save(tmp_path / "chat.json")
     assert cache_file.stat().st_ino != written
     _, note = restored_session(chat_model(), tmp_path / "chat.json", tmp_path / "model.gguf")
@@ -390,11 +393,11 @@ def test_a_narrower_cache_dtype_is_kept_and_saved_in_it(tmp_path):
     narrow = Llama(wide.transformer, wide.tokenizer, name="tiny", chat_format=wide.chat_format,
                    cache_dtype=torch.bfloat16)
     session = Session(narrow, GREEDY, model_path=tmp_path / "model.gguf")
-    assert session.cache.keys.dtype == torch.bfloat16
+    assert session.cache.dtype == torch.bfloat16
     prompt = session.model.chat_format.encode([{"role": "user", "content": "hello there"}])
     cache = narrow.new_cache(64)
-    narrow.feed(cache, prompt[:-1])  # every earlier position read back from bfloat16
-    narrow_logits = narrow.feed(cache, prompt[-1:])
+    narrow.runner(cache, prompt[:-1])  # every earlier position read back from bfloat16
+    narrow_logits = narrow.runner(cache, prompt[-1:])
     assert torch.allclose(narrow_logits, wide.logits(prompt)[-1], atol=0.05)
     say(session, "one")
     path, cached = session.save(tmp_path / "chat.json")
@@ -417,7 +420,8 @@ def test_a_float32_cache_file_restores_into_a_float16_cache_rounded_as_a_step_wr
                    cache_dtype=torch.float16)
     opened, note = restored_session(narrow, path, tmp_path / "model.gguf")
     assert note is None and len(opened.cache) == cached > 0
-    assert opened.cache.keys.dtype == torch.float16
-    assert torch.equal(opened.cache.keys[:, :, :, :cached], session.cache.keys[:, :, :, :cached].half())
-    assert torch.equal(opened.cache.values[:, :, :, :cached], session.cache.values[:, :, :, :cached].half())
+    assert opened.cache.dtype == torch.float16
+    restored, saved = opened.cache.state(cached), session.cache.state(cached)
+    assert torch.equal(restored["keys"], saved["keys"].half())
+    assert torch.equal(restored["values"], saved["values"].half())
     assert say(opened, "two").stats.reused_tokens == cached

@@ -96,7 +96,7 @@ def test_the_cache_after_refused_drafts_is_the_one_without_speculation(echo_mode
     # The rolled-back positions were written again: the next step agrees with a fresh pass.
     following = [plain.tokens[-1], 7]
     expected = echo_model.logits(PROMPT + plain.tokens + [7])[-1]
-    assert torch.allclose(echo_model.feed(drafted_cache, following), expected, atol=1e-4, rtol=0)
+    assert torch.allclose(echo_model.runner(drafted_cache, following), expected, atol=1e-4, rtol=0)
 
 
 def test_drafts_stop_at_the_context_and_max_tokens(echo_model):
@@ -143,7 +143,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
 
 
 class Timings:
-    """A model step's timings, as ModelStep.seconds gives them."""
+    """A model step's timings, as TimedRunner.seconds gives them."""
 
     def __init__(self, seconds):
         self.seconds = seconds

@@ -67,17 +67,12 @@ def save_cache(
     how many there were (0: nothing written, and any older cache file removed, also when
     they would take more than limit_bytes)."""
     held = cache.common_prefix(ids)
-    position_bytes = 2 * cache.keys[:, 0, :, 0].numel() * cache.keys.element_size()
-    if held == 0 or (limit_bytes is not None and held * position_bytes > limit_bytes):
+    if held == 0 or (limit_bytes is not None and held * cache.position_bytes() > limit_bytes):
         path.unlink(missing_ok=True)
         return 0
     if _holds(path, cache, held, depends_on):
         return held  # written before (the chat keeps its conversation after every input, commands too)
-    tensors = {
-        "keys": cache.keys[:, 0, :, :held].contiguous(),
-        "values": cache.values[:, 0, :, :held].contiguous(),
-        "tokens": torch.tensor(cache.tokens[:held], dtype=torch.int64),
-    }
+    tensors = cache.state(held)
     metadata = {"kind": KIND, "version": VERSION, "depends on": json.dumps(depends_on, sort_keys=True)}
     with staged(path) as staging:
         save_file(tensors, str(staging), metadata=metadata)
@@ -93,7 +88,7 @@ def _holds(path: Path, cache: KVCache, held: int, depends_on: dict) -> bool:
             return (
                 metadata.get("kind") == KIND and metadata.get("version") == VERSION
                 and metadata.get("depends on") == json.dumps(depends_on, sort_keys=True)
-                and saved.get_slice("keys").get_dtype() == _SAFETENSORS_DTYPES.get(cache.keys.dtype)
+                and saved.get_slice("keys").get_dtype() == _SAFETENSORS_DTYPES.get(cache.dtype)
                 and saved.get_tensor("tokens").tolist() == cache.tokens[:held]
             )
     except Exception:  # noqa: BLE001 (missing or damaged: written anew)
@@ -105,7 +100,7 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
     CacheNotUsed (the cache left empty) when the file is not this conversation's cache.
     Every shape is checked before a tensor is read, so that a file cannot make it read
     more than this conversation's positions."""
-    cache.truncate(0)
+    cache.trim(0)
     try:
         with safe_open(str(path), framework="pt") as saved:
             metadata = saved.metadata() or {}
@@ -123,7 +118,7 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
             count = token_slice.get_shape()[0]
             if count > len(ids) or saved.get_tensor("tokens").tolist() != list(ids[:count]):
                 raise CacheNotUsed(f"{path.name} holds other tokens than the conversation")
-            expected = [cache.keys.shape[0], cache.keys.shape[2], count, cache.keys.shape[4]]
+            expected = cache.state_shape(count)
             for name in ("keys", "values"):
                 stored = saved.get_slice(name)
                 if stored.get_shape() != expected:
@@ -131,9 +126,9 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
                 # A float32 file is rounded into a narrower cache as every step's keys are (a
                 # cache saved before the cache's default dtype changed); a narrower one cannot
                 # stand for a wider cache.
-                if stored.get_dtype() not in ("F32", _SAFETENSORS_DTYPES.get(cache.keys.dtype)):
+                if stored.get_dtype() not in ("F32", _SAFETENSORS_DTYPES.get(cache.dtype)):
                     dtype = _TORCH_DTYPES.get(stored.get_dtype(), stored.get_dtype())
-                    raise CacheNotUsed(f"{path.name} holds a {dtype} cache, this model's is {cache.keys.dtype}")
+                    raise CacheNotUsed(f"{path.name} holds a {dtype} cache, this model's is {cache.dtype}")
             if count >= cache.capacity:
                 raise CacheNotUsed(
                     f"{path.name} holds {count} positions, too many for a context of {cache.capacity} tokens"
@@ -143,5 +138,5 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
         raise
     except Exception as error:  # noqa: BLE001 (a damaged file can fail in many ways)
         raise CacheNotUsed(f"{path.name} does not read back ({first_line(error)[:120]})") from None
-    cache.write(list(ids[:count]), keys, values)
+    cache.load_state(list(ids[:count]), keys, values)
     return count

@@ -24,7 +24,7 @@ from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_g
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load, model_memory_bytes
-from llama_chat.parallel.group_step import run_in_group
+from llama_chat.parallel.group_runner import GroupRunner, run_in_group
 from llama_chat.parallel.sharding import Shard
 from llama_chat.process_memory import memory_now_mb, memory_report, peak_memory_mb
 
@@ -66,7 +66,7 @@ def chat_turn_first_token(model: Llama, cached_tokens: int = 200, turn_tokens: i
     cached_tokens = min(cached_tokens, model.args.max_seq_len - turn_tokens - 2)
     prompt = random_prompt(model.args.vocab_size, cached_tokens + turn_tokens)
     cache = model.new_cache(len(prompt) + 2)
-    model.feed(cache, prompt[:cached_tokens])
+    model.runner(cache, prompt[:cached_tokens])
     generation = model.generate(prompt, SamplingSettings(temperature=0, max_tokens=1), cache=cache, stop_ids=())
     for _ in generation:
         pass
@@ -137,9 +137,9 @@ def operator_calls_per_token(model: Llama) -> int:
     """PyTorch operators one decode step calls (top level only; what runs inside a fused
     compiled kernel calls none): the fixed cost per token that compiling removes."""
     cache = model.new_cache(16)
-    model.feed(cache, random_prompt(model.args.vocab_size, 8))
+    model.runner(cache, random_prompt(model.args.vocab_size, 8))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        model.feed(cache, [1])
+        model.runner(cache, [1])
     return sum(1 for event in profile.events() if event.cpu_parent is None and event.name.startswith("aten::"))
 
 
@@ -154,7 +154,7 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
         device=str(model.device),
         dtype=str(model.dtype).removeprefix("torch."),
         weights=model.describe_weights(),
-        decode_step=model.step.describe(),
+        decode_step=model.runner.status.describe(),
         operator_calls_per_token=operator_calls_per_token(model),
         cpu=cpu_model_name(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
@@ -247,9 +247,9 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
     load_seconds = time.perf_counter() - started
     memory_after_load = peak_memory_mb()
     started = time.perf_counter()
-    peers = model.step.peers  # the other ranks, under --tp
+    peers = model.runner.peers if isinstance(model.runner, GroupRunner) else None  # the other ranks, under --tp
     if options.compile == "wait":
-        model.step.compile(wait=True)
+        model.runner.compile(wait=True)
     compile_seconds = time.perf_counter() - started
     result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
     draft = None
@@ -257,7 +257,7 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         draft = load(options.draft, device=options.device, progress=LoadProgress)
         check_same_vocabulary(model, draft)
         if options.compile == "wait":
-            draft.step.compile(wait=True)
+            draft.runner.compile(wait=True)
     echo_prompt = model.chat_format.encode([{"role": "user", "content": ECHO_REQUEST}])
     if len(echo_prompt) + SPECULATION_TOKENS < model.args.max_seq_len:
         result["speculation"] = measure_speculation(model, ECHO_REQUEST, SPECULATION_TOKENS, options.repeats, draft)

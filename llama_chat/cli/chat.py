@@ -23,7 +23,7 @@ from llama_chat.kernels import native
 from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
 from llama_chat.loading import load
-from llama_chat.parallel.group_step import run_in_group
+from llama_chat.parallel.group_runner import run_in_group
 from llama_chat.paths import kept_conversation_path
 from llama_chat.parallel.ranks import shard_from_environment
 from llama_chat.parallel.sharding import Shard

@@ -1,4 +1,4 @@
-"""The loader the front ends hand to a session: it sets each model's step compiling as
+"""The loader the front ends hand to a session: it sets each model's runner compiling as
 --compile says."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from llama_chat.llama import Llama
 
 
 class CompilingLoader:
-    """Loads models and sets each one's decode step compiling as --compile says; `stop()`
+    """Loads models and sets each one's runner compiling as --compile says; `stop()`
     ends compiles still running (at exit: the next run starts them again)."""
 
     def __init__(self, load_model: Callable[[str], Llama], mode: str, background: bool) -> None:
@@ -22,11 +22,11 @@ class CompilingLoader:
         model = self.load_model(path)
         if self.mode != "off":
             for earlier in self.loaded:
-                earlier.step.cancel()
+                earlier.runner.cancel()
             self.loaded.append(model)
-            model.step.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")
+            model.runner.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")
         return model
 
     def stop(self) -> None:
         for model in self.loaded:
-            model.step.cancel()
+            model.runner.cancel()

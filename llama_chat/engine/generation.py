@@ -12,7 +12,6 @@ import torch
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import Sampler, SamplingSettings
 from llama_chat.engine.speculation import Draft, PromptLookup, Speculation, accept
-from llama_chat.engine.step import ModelStep
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
 from llama_chat.text.tokenizer import Tokenizer
@@ -95,7 +94,7 @@ class Generation:
 
     def __init__(
         self,
-        step: ModelStep,
+        runner,
         tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         settings: SamplingSettings,
@@ -111,7 +110,7 @@ class Generation:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {cache.capacity}: "
                 "shorten it or raise --ctx-size"
             )
-        self.step = step  # the model on the cache (a ModelStep, or its tensor-parallel wrapper)
+        self.runner = runner  # how the model runs on the cache (see engine/runners)
         self.tokenizer = tokenizer
         self.prompt_ids = list(prompt_ids)
         self.settings = settings
@@ -173,7 +172,7 @@ class Generation:
         drafts after it are fed in one verify step, and the drafts the model keeps follow
         without a step of their own."""
         history = list(self.prompt_ids)
-        planner = self.speculation.planner(self.step) if self.speculation is not None else None
+        planner = self.speculation.planner(self.runner) if self.speculation is not None else None
         lookup = PromptLookup()
         token = sampler(logits, history)
         while True:
@@ -188,14 +187,14 @@ class Generation:
                 count = min(planner.length(self._draft_seconds()), still_wanted - 1, self.cache.room() - 1)
             drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
             if not drafted.tokens:
-                token = sampler(self.step(self.cache, [token]), history)
+                token = sampler(self.runner(self.cache, [token]), history)
                 if planner is not None:
                     planner.record_round(False, time.perf_counter() - started, 1)
                 continue
             start = len(self.cache)
-            verified = self.step(self.cache, [token, *drafted.tokens], every_logits=True)
+            verified = self.runner(self.cache, [token, *drafted.tokens], every_logits=True)
             kept, token = accept(drafted, verified, sampler, history)
-            self.cache.truncate(start + 1 + kept)  # the refused drafts' keys and values go
+            self.cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
             planner.record(len(drafted.tokens), kept)
             planner.record_round(True, time.perf_counter() - started, kept + 1)
             self.stats.drafted_tokens += len(drafted.tokens)
@@ -219,4 +218,4 @@ class Generation:
         # The last prompt token must be fed to get logits for what follows it.
         reused = self.cache.keep_common_prefix(self.prompt_ids, at_most=len(self.prompt_ids) - 1)
         self.stats.reused_tokens = reused
-        return self.step(self.cache, self.prompt_ids[reused:])
+        return self.runner(self.cache, self.prompt_ids[reused:])

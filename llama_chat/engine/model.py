@@ -48,10 +48,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped key/value heads, reading and writing a KV cache."""
+    """Causal self-attention with grouped key/value heads, over a KV cache when one is given."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer: int) -> None:
         super().__init__()
+        self.layer = layer  # its index: where the cache keeps its keys and values
         self.n_heads = args.n_heads
         self.n_kv_heads = args.n_kv_heads
         self.head_dim = args.head_dim
@@ -62,62 +63,57 @@ class Attention(nn.Module):
         # None: PyTorch's operations below.
         self.cache_attention: nn.Module | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Causal attention within x [batch, time, dim] alone (no cache): the whole-sequence pass."""
-        batch, time, _ = x.shape
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache=None) -> torch.Tensor:
+        """x [batch, time, dim] attends causally to itself and, with a cache (batch 1), to the
+        positions the cache holds; its keys and values go to the cache."""
         q, k, v = self._project(x, cos, sin)
+        if cache is None:
+            out = self._attend_within(q, k, v, mask)
+        else:
+            past_keys, past_values, past_bias = cache.update_and_fetch(self.layer, k[0], v[0])
+            if self.cache_attention is not None:  # mask: the causal one, which the kernel applies itself
+                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias)
+            else:
+                out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_bias)
+        return self.wo(out.reshape(x.shape[0], x.shape[1], -1))
+
+    def _attend_within(self, q, k, v, mask):
+        """Attention among the tokens of x alone [batch, time, heads, head_dim] (no cache)."""
+        batch, time = q.shape[:2]
         # Put the n_rep query heads that share a key/value head next to each other
         # along the time axis, so attention broadcasts over K/V without repeating them.
         q = q.view(batch, time, self.n_kv_heads, self.n_rep, self.head_dim)
         q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.n_kv_heads, self.n_rep * time, self.head_dim)
         out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        out = out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim)
-        return self.wo(out.permute(0, 3, 1, 2, 4).reshape(batch, time, -1))
+        return out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim).permute(0, 3, 1, 2, 4)
 
-    def step(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        past_bias: torch.Tensor,
-        new_bias: torch.Tensor | None,
-        past_keys: torch.Tensor,
-        past_values: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """New tokens x [1, time, dim] after the len(past_bias) positions held in past_keys and
-        past_values [1, kv_heads, capacity, head_dim]; returns the output and the new tokens'
-        keys and values [kv_heads, time, head_dim], which the caller writes to the cache.
+    def _attend_after(self, q, k, v, mask, past_keys, past_values, past_bias):
+        """Attention of new tokens (q [time, heads, head_dim], k and v [time, kv_heads,
+        head_dim]) over the len(past_bias) positions held in past_keys and past_values
+        [kv_heads, capacity, head_dim] and over themselves under mask.
 
-        The cached positions and the new ones are scored apart (the new ones under new_bias,
-        the causal mask among them; None for a single token) and weighed by one softmax, so
-        nothing is written here: the step is free of mutation, its shapes depend on the
-        position only through past_bias's length, and it compiles once.
+        The cached positions and the new ones are scored apart and weighed by one softmax,
+        so the new tokens are attended in the model's precision whatever the cache's, and
+        shapes depend on the position only through past_bias's length (a compiled call
+        traces it once).
         """
-        time = x.shape[1]
+        time = q.shape[0]
         position = past_bias.shape[0]
-        q, k, v = self._project(x, cos, sin)
-        if self.cache_attention is not None:
-            # new_bias is the causal mask among the new tokens, which the kernel applies itself.
-            out = self.cache_attention(q[0], k[0], v[0], past_keys[0], past_values[0], past_bias)
-            # Copies, not views of the projection: a prompt chunk holds every layer's until the
-            # cache takes them, and the projections whole would be 2.5 times the bytes.
-            k, v = k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
-            return self.wo(out.reshape(1, time, -1)), k, v
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
-        q = q[0].view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
+        q = q.view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.head_dim**-0.5
-        k, v = k[0].transpose(0, 1), v[0].transpose(0, 1)
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
         # A cache kept in a narrower dtype (--kv-dtype) is read in the model's.
-        past_keys, past_values = past_keys[0, :, :position].to(q.dtype), past_values[0, :, :position].to(q.dtype)
+        past_keys, past_values = past_keys[:, :position].to(q.dtype), past_values[:, :position].to(q.dtype)
         past_scores = torch.matmul(q, past_keys.transpose(1, 2)) + past_bias.to(q.dtype)
         new_scores = torch.matmul(q, k.transpose(1, 2))
-        if new_bias is not None:
-            new_scores = new_scores + new_bias
+        if mask is not None:
+            new_scores = new_scores + mask
         weights = torch.softmax(torch.cat([past_scores, new_scores], dim=-1), dim=-1)
         out = torch.matmul(weights[..., :position], past_values)
         out = out + torch.matmul(weights[..., position:], v)
-        out = out.view(self.n_kv_heads, self.n_rep, time, self.head_dim).permute(2, 0, 1, 3)
-        return self.wo(out.reshape(1, time, -1)), k, v
+        return out.view(self.n_kv_heads, self.n_rep, time, self.head_dim).permute(2, 0, 1, 3)
 
     def _project(self, x, cos, sin):
         """Rotated queries and keys and the values of x [batch, time, dim], each [batch, time, heads, head_dim]."""
@@ -145,22 +141,16 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """One pre-norm Transformer layer: attention then feed-forward, each with a residual."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer: int) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = Attention(args, layer)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask, cache=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
         return x + self.feed_forward(self.ffn_norm(x))
-
-    def step(self, x, cos, sin, past_bias, new_bias, past_keys, past_values):
-        attended, k, v = self.attention.step(self.attention_norm(x), cos, sin, past_bias, new_bias, past_keys,
-                                             past_values)
-        x = x + attended
-        return x + self.feed_forward(self.ffn_norm(x)), k, v
 
 
 class Transformer(nn.Module):
@@ -171,7 +161,7 @@ class Transformer(nn.Module):
         self.args = args
         # Given a table, Embedding skips its random init (see UninitializedLinear).
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, _weight=torch.empty(args.vocab_size, args.dim))
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, layer) for layer in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = UninitializedLinear(args.dim, args.vocab_size)
         if args.tie_embeddings:
@@ -180,55 +170,32 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [batch, time, vocab] for whole sequences tokens [batch, time] from
-        position 0, no cache involved (training, and checks against references)."""
-        time = tokens.shape[1]
-        if time > self.rope_cos.shape[0]:
-            raise ValueError(f"position {time} is past the model's context of {self.rope_cos.shape[0]}")
-        x = self.tok_embeddings(tokens)
-        cos, sin = self.rope_cos[:time].to(x.dtype), self.rope_sin[:time].to(x.dtype)
-        mask = causal_mask(time, self.args.n_rep, tokens.device, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        return self.output(self.norm(x)).float()
+    def forward(self, tokens: torch.Tensor, cache=None, *, last_only: bool = False) -> torch.Tensor:
+        """Float32 logits [batch, time, vocab] for tokens [batch, time]: from position 0 with no
+        cache (training, checks against references), or (batch 1) after the positions a
+        KVCache holds, which then holds these tokens too. With last_only, the last token's
+        logits only [batch, 1, vocab] (a prompt chunk needs no more)."""
+        logits = self.forward_embeddings(self.tok_embeddings(tokens), cache, last_only=last_only)
+        if cache is not None:
+            cache.advance(tokens[0].tolist())
+        return logits
 
-    def step(
-        self,
-        x: torch.Tensor,
-        past_bias: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        last_only: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The model on a cache: float32 logits [time, vocab] for the tokens whose embeddings
-        are x [1, time, dim] (`tok_embeddings(tokens)`, looked up by the caller: a lookup is
-        not a step's arithmetic, and stays out of the compiled step), standing at positions
-        len(past_bias).., and their keys and values for every layer
-        [n_layers, kv_heads, time, head_dim]. With last_only, logits for the last token only
-        [1, vocab] (a prompt chunk needs no more).
-
-        keys and values are a KVCache's whole buffers, read up to that position and not
-        written; past_bias [position] is added to the attention scores of the cached
-        positions (zeros: all visible). Every shape is fixed but that length and the number
-        of tokens, so one compiled graph serves every single-token step (see compiled_step).
-        """
+    def forward_embeddings(self, x: torch.Tensor, cache=None, *, last_only: bool = False) -> torch.Tensor:
+        """forward from the tokens' embeddings x [batch, time, dim] on: the model's arithmetic
+        (a lookup is not, and a compiled call takes embeddings: see engine/compiled). The
+        cache is anything with a `position` and `update_and_fetch` (KVCache's)."""
         time = x.shape[1]
-        position = past_bias.shape[0]
+        position = 0 if cache is None else cache.position
         if position + time > self.rope_cos.shape[0]:
             raise ValueError(f"position {position + time} is past the model's context of {self.rope_cos.shape[0]}")
         cos = self.rope_cos[position : position + time].to(x.dtype)
         sin = self.rope_sin[position : position + time].to(x.dtype)
-        new_bias = causal_mask(time, self.args.n_rep, x.device, x.dtype)
-        new_keys, new_values = [], []
-        for layer, past_keys, past_values in zip(self.layers, keys.unbind(0), values.unbind(0)):
-            x, k, v = layer.step(x, cos, sin, past_bias, new_bias, past_keys, past_values)
-            new_keys.append(k)
-            new_values.append(v)
+        mask = causal_mask(time, self.args.n_rep, x.device, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache)
         if last_only:
             x = x[:, -1:]
-        logits = self.output(self.norm(x)).float()
-        return logits[0], torch.stack(new_keys), torch.stack(new_values)
+        return self.output(self.norm(x)).float()
 
 
 def causal_mask(time: int, n_rep: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:

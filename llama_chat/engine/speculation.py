@@ -104,7 +104,7 @@ class DraftModel:
         if self.cache is None or self.cache.capacity != capacity:
             self.cache = self.model.new_cache(capacity)
         kept = self.cache.keep_common_prefix(history, at_most=len(history) - 1)
-        logits = self.model.step(self.cache, history[kept:])
+        logits = self.model.runner(self.cache, history[kept:])
         greedy = sampler.settings.temperature == 0
         tokens, distributions = [], []
         started = time.perf_counter()
@@ -115,7 +115,7 @@ class DraftModel:
                 distributions.append(sampler.probabilities(logits, [*history, *tokens]))
                 tokens.append(sampler.draw(distributions[-1]))
             if index + 1 < limit and self.cache.room() > 0:
-                logits = self.model.step(self.cache, tokens[-1:])
+                logits = self.model.runner(self.cache, tokens[-1:])
         if limit > 1:
             self.seconds_a_token = (time.perf_counter() - started) / limit
         return Draft(tokens, None if greedy else distributions)
@@ -204,13 +204,13 @@ class Acceptance:
 
 class DraftPlanner:
     """Chooses how many tokens to draft from the acceptance seen so far in the conversation
-    and the measured cost of the model's steps by size (`step.seconds`, kept by the model
-    step)."""
+    and the measured cost of the model's calls by size (`runner.seconds`, kept by its
+    TimedRunner)."""
 
-    def __init__(self, limit: int, automatic: bool, step, acceptance: Acceptance | None = None) -> None:
+    def __init__(self, limit: int, automatic: bool, runner, acceptance: Acceptance | None = None) -> None:
         self.limit = limit
         self.automatic = automatic
-        self.step = step
+        self.runner = runner
         self.acceptance = acceptance or Acceptance()
         self.declined = 0  # decisions in a row to draft nothing
 
@@ -225,7 +225,7 @@ class DraftPlanner:
         tokens a second (0 where none beats single steps by the margin)."""
         if not self.automatic:
             return self.limit
-        seconds = self.step.seconds  # as measured so far, this reply's steps included
+        seconds = self.runner.seconds  # as measured so far, this reply's calls included
         single = seconds.get(1)
         if single is None:
             return 0
@@ -260,10 +260,10 @@ class Speculation:
     draft_length: str | int = LOOKUP_AUTO
     acceptance: Acceptance = field(default_factory=Acceptance)  # over the conversation's replies
 
-    def planner(self, step) -> DraftPlanner | None:
+    def planner(self, runner) -> DraftPlanner | None:
         """A planner for one reply, None when nothing is drafted."""
         length = self.lookup if self.draft is None else self.draft_length
         if length == 0:
             return None
         automatic = length == LOOKUP_AUTO
-        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, step, self.acceptance)
+        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, runner, self.acceptance)

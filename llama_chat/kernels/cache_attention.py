@@ -23,7 +23,7 @@ CACHE_DTYPE = torch.float16  # the cache's dtype where this kernel reads it (aut
 
 class CacheAttention(nn.Module):
     """softmax(q k^T / sqrt(head_dim)) v of a step's tokens over the cached positions (under
-    past_bias) and over themselves (causally): what Attention.step computes, in one call."""
+    past_bias) and over themselves (causally): what Attention computes over a cache, in one call."""
 
     def __init__(self, variant: int) -> None:
         super().__init__()

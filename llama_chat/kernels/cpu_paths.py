@@ -38,7 +38,7 @@ import torch
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
-from llama_chat.engine.step import PREFILL_CHUNK
+from llama_chat.engine.runners import PREFILL_CHUNK
 from llama_chat.errors import DeviceError, first_line
 from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import BlockLinear

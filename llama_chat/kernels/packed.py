@@ -118,7 +118,7 @@ class Scratch:
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
     def __deepcopy__(self, memo: dict) -> Scratch:
-        return Scratch()  # a copy of a model (compiled_step's structure) needs none of these
+        return Scratch()  # a copy of a model (engine/compiled's structure) needs none of these
 
     def take(self, shape: tuple[int, int], dtype: torch.dtype, purpose: str = "weight") -> torch.Tensor:
         size = math.prod(shape)

@@ -2,7 +2,7 @@
 to compute.
 
 Rank 0 owns the terminal, the tokenizer, the session and sampling. Whenever it runs the
-model (`ParallelStep`) it first posts the same call to the other ranks
+model (`GroupRunner`) it first posts the same call to the other ranks
 through the process group's key-value store: which cache (by a number), where it starts,
 which token ids. Every rank then runs the same blocks on its own shard, and the blocks'
 all-reduces keep them in step. Caches are mirrored by position: a command says where the
@@ -214,8 +214,8 @@ def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
             cache = caches.get(command["cache"])
             if cache is None:
                 cache = caches[command["cache"]] = model.new_cache(command["capacity"])
-            cache.truncate(command["start"])
-            model.step(cache, command["ids"], chunk_size=command["chunk"])
+            cache.trim(command["start"])
+            model.runner(cache, command["ids"], chunk_size=command["chunk"])
         elif operation == "logits":
             model.logits(command["ids"])
         elif operation == "report":

@@ -282,13 +282,13 @@ def usage(command: Command) -> str:
 
 def describe_device(model: Llama) -> str:
     """Where and how the model runs, with the reasons (for /device)."""
-    return f"{model.device} ({model.describe_weights()}; decode step {model.step.describe()})"
+    return f"{model.device} ({model.describe_weights()}; decode step {model.runner.status.describe()})"
 
 
 def describe_briefly(model: Llama) -> str:
     """Where and how the model runs, in a few words (the reasons are in /device)."""
     weights = str(model.dtype).removeprefix("torch.") if model.quantization == "none" else model.quantization
-    return f"{model.device}, {weights} weights, decode step {model.step.describe().split(' (')[0]}"
+    return f"{model.device}, {weights} weights, decode step {model.runner.status.mode.value}"
 
 
 def describe_memory() -> str:

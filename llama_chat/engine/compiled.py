@@ -1,18 +1,21 @@
-"""The decode step compiled ahead of time, kept on disk and loaded in a moment.
+"""Model calls compiled ahead of time, kept on disk and loaded in a moment.
 
-`Transformer.step` for one token has the same shapes at every position (the position is the length
-of an input), so torch.export traces it once and AOTInductor compiles it to a package:
-fused C++ for the small operations between the matrix kernels, called from C++ rather
-than Python. Every weight is an input of the compiled step, not a constant inside it, so
-the package holds no weights (a few MB), depends only on the weights' shapes and dtypes,
-and uses the model's own tensors in place.
+`Transformer.forward_embeddings` for one token has the same shapes at every position
+when the cache is given as its buffers and the position as the length of an input, so
+torch.export traces it once and AOTInductor compiles it to a package: fused C++ for the
+small operations between the matrix kernels, called from C++ rather than Python. A
+second package takes 2 to VERIFY_TOKENS tokens (a token and its drafts, a chat turn).
+`_FunctionalCall` is the one adapter that gives the model that form: a cache that hands
+the new keys and values back instead of storing them (a compiled call mutates nothing),
+and the weights as inputs, not constants, so a package holds no weights (a few MB),
+depends only on the weights' shapes and dtypes, and uses the model's own tensors.
 
 Compiling takes a minute or so, in a child process that works from a copy of the model
-with no data (`structure_copy`), so the chat runs on the eager step meanwhile and a
-failure there cannot take the chat down. Packages are kept per model shape, CPU, thread
-count and PyTorch version (`step_key`); later runs load theirs in milliseconds.
+with no data (`structure_copy`), so the chat runs eagerly meanwhile and a failure there
+cannot take the chat down. Packages are kept per model shape, CPU, thread count and
+PyTorch version (`package_key`); later runs load theirs in milliseconds.
 
-    python -m llama_chat.engine.compiled_step STRUCTURE_FILE CACHE_DTYPE PACKAGE_FILE THREADS
+    python -m llama_chat.engine.compiled STRUCTURE_FILE CACHE_DTYPE PACKAGE_FILE THREADS
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -36,28 +40,48 @@ from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import first_line
 from llama_chat.paths import cache_root
 
-VERIFY_TOKENS = 32  # the compiled multi-token step takes 2 to this many: a token and its drafts, a chat turn
+VERIFY_TOKENS = 32  # the multi-token package takes 2 to this many: a token and its drafts, a chat turn
 
 
-def step_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor the decode step reads from the model, by name (a tied one once)."""
+def traced_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor a model call reads from the model, by name (a tied one once)."""
     return {**dict(transformer.named_parameters()), **dict(transformer.named_buffers())}
 
 
-class _Decode(nn.Module):
-    """Transformer.step as a module's forward (the tokens' embeddings in), with the weights passed in as a list."""
+class _CacheInputs:
+    """A KV cache as a compiled call sees it: its buffers and past_bias (whose length is the
+    position) come in; each layer's new keys and values are gathered to go out, not stored."""
+
+    def __init__(self, past_bias: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.past_bias, self.keys, self.values = past_bias, keys, values
+        self.position = past_bias.shape[0]
+        self.new_keys: list[torch.Tensor] = []
+        self.new_values: list[torch.Tensor] = []
+
+    def update_and_fetch(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
+        self.new_keys.append(keys.transpose(0, 1))
+        self.new_values.append(values.transpose(0, 1))
+        return self.keys[layer], self.values[layer], self.past_bias
+
+
+class _FunctionalCall(nn.Module):
+    """The model's call on a cache in the form export traces: embeddings, past_bias, the
+    cache's buffers and the weights in; the logits of every token and their keys and
+    values [n_layers, kv_heads, time, head_dim] out."""
 
     def __init__(self, structure: nn.Module) -> None:
         super().__init__()
         # Kept outside the module tree: export would otherwise bake its tensors in.
         object.__setattr__(self, "structure", structure)
-        self.names = list(step_weights(structure))
+        self.names = list(traced_weights(structure))
 
     def forward(self, x, past_bias, keys, values, weights):
         state = dict(zip(self.names, weights))
+        cache = _CacheInputs(past_bias, keys, values)
         # tie_weights: a tied head is one tensor, named once among the inputs.
         with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
-            return self.structure.step(x, past_bias, keys, values)
+            logits = self.structure.forward_embeddings(x, cache)
+        return logits[0], torch.stack(cache.new_keys), torch.stack(cache.new_values)
 
 
 def traced_sources(transformer: nn.Module) -> list[Path]:
@@ -74,11 +98,11 @@ def traced_sources(transformer: nn.Module) -> list[Path]:
     return sorted(Path(sys.modules[name].__file__) for name in names)
 
 
-def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
+def package_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
     """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
     this CPU and the threads it runs on, PyTorch and the traced code."""
     spec = {
-        "weights": [[name, list(t.shape), str(t.dtype)] for name, t in step_weights(transformer).items()],
+        "weights": [[name, list(t.shape), str(t.dtype)] for name, t in traced_weights(transformer).items()],
         "cache": str(cache_dtype),
         "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
         "torch": torch.__version__,
@@ -88,9 +112,9 @@ def step_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
 
 
 def package_path(transformer: nn.Module, cache_dtype: torch.dtype) -> Path | None:
-    """Where this model's compiled step is kept (None when caching is off)."""
+    """Where this model's single-token package is kept (None when caching is off)."""
     root = cache_root()
-    return None if root is None else root / "compiled" / f"decode-{step_key(transformer, cache_dtype)}.pt2"
+    return None if root is None else root / "compiled" / f"decode-{package_key(transformer, cache_dtype)}.pt2"
 
 
 def available() -> bool:
@@ -100,24 +124,24 @@ def available() -> bool:
 
 
 def verify_path(path: Path) -> Path:
-    """Where the verify step of the package at `path` (the single-token step) is kept."""
+    """Where the multi-token package beside the single-token one at `path` is kept."""
     return path.with_name("verify" + path.name.removeprefix("decode"))
 
 
 def is_built(path: Path) -> bool:
-    """Whether both packages of a model's step are on disk."""
+    """Whether both packages of a model are on disk."""
     return path.exists() and verify_path(path).exists()
 
 
 def remove(path: Path) -> None:
-    """Remove both packages of a model's step (one that does not load is built again)."""
+    """Remove both packages of a model (one that does not load is built again)."""
     path.unlink(missing_ok=True)
     verify_path(path).unlink(missing_ok=True)
 
 
 def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
-    """Both packages of `structure`'s step: one token at destination, then the verify step
-    beside it (the single-token one first: a chat uses it most)."""
+    """Both packages of `structure`: one token at destination, then 2 to VERIFY_TOKENS
+    tokens beside it (the single-token one first: a chat uses it most)."""
     build_package(structure, cache_dtype, destination, threads, 1)
     build_package(structure, cache_dtype, verify_path(destination), threads, VERIFY_TOKENS)
 
@@ -125,15 +149,15 @@ def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: 
 def build_package(
     structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int, most_tokens: int
 ) -> None:
-    """Export and compile the step of `structure` (a model, or a copy without data) for one
+    """Export and compile the call of `structure` (a model, or a copy without data) for one
     token (most_tokens 1) or for 2 to most_tokens tokens, into a package at destination,
     written whole or not at all, for `threads` threads."""
     # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched.
     weights = [
-        torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in step_weights(structure).values()
+        torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in traced_weights(structure).values()
     ]
     args = structure.args
-    cache_shape = (args.n_layers, 1, args.n_kv_heads, 16, args.head_dim)
+    cache_shape = (args.n_layers, args.n_kv_heads, 16, args.head_dim)
     example = (
         torch.zeros(1, min(most_tokens, 4), args.dim),  # the tokens' embeddings
         torch.zeros(8, dtype=cache_dtype),
@@ -144,9 +168,9 @@ def build_package(
     position = torch.export.Dim("position", min=1, max=args.max_seq_len - most_tokens)
     capacity = torch.export.Dim("capacity", min=2, max=args.max_seq_len)
     tokens = {} if most_tokens == 1 else {1: torch.export.Dim("tokens", min=2, max=most_tokens)}
-    dynamic = (tokens, {0: position}, {3: capacity}, {3: capacity}, [{}] * len(weights))
+    dynamic = (tokens, {0: position}, {2: capacity}, {2: capacity}, [{}] * len(weights))
     with torch.no_grad():
-        program = torch.export.export(_Decode(structure), example, dynamic_shapes=dynamic, strict=False)
+        program = torch.export.export(_FunctionalCall(structure), example, dynamic_shapes=dynamic, strict=False)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=destination.parent) as staging:
         staged = Path(staging) / destination.name
@@ -164,56 +188,62 @@ def build_package(
         os.replace(staged, destination)
 
 
-class CompiledStep:
-    """A model's two loaded packages (one token; a verify step of 2 to VERIFY_TOKENS),
-    called like Transformer.step with the model's own weights.
+class CompiledPackages:
+    """A model's two loaded packages (one token; 2 to VERIFY_TOKENS), run on a KVCache with
+    the model's own weights.
 
-    It is opened with PyTorch's C++ loader itself: `torch._inductor.aoti_load_package`
+    They are opened with PyTorch's C++ loader itself: `torch._inductor.aoti_load_package`
     would first import the compiler's Python modules, over a second, for nothing a
     package needs to run. The inputs go in flat, as export flattened them.
     """
 
     def __init__(self, path: Path, transformer: nn.Module) -> None:
         self.single = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-        self.verify = torch._C._aoti.AOTIModelPackageLoader(str(verify_path(path)), "model", False, 1, -1)
-        self.weights = list(step_weights(transformer).values())
+        self.multiple = torch._C._aoti.AOTIModelPackageLoader(str(verify_path(path)), "model", False, 1, -1)
+        self.embeddings = transformer.tok_embeddings
+        self.weights = list(traced_weights(transformer).values())
 
-    def __call__(self, x, past_bias, keys, values):
-        runner = self.single if x.shape[1] == 1 else self.verify
-        logits, new_keys, new_values = runner.boxed_run([x, past_bias, keys, values, *self.weights])
-        return logits, new_keys, new_values
+    def __call__(self, cache, ids: Sequence[int]) -> torch.Tensor:
+        """Feed ids (1 to VERIFY_TOKENS, after at least one held position) to cache; the
+        float32 logits after each [len(ids), vocab]."""
+        tokens = torch.tensor([list(ids)], dtype=torch.long)
+        keys, values = cache.buffers()
+        inputs = [self.embeddings(tokens), cache.past_bias(), keys, values, *self.weights]
+        logits, new_keys, new_values = (self.single if len(ids) == 1 else self.multiple).boxed_run(inputs)
+        cache.write(ids, new_keys, new_values)
+        return logits
 
 
 def structure_copy(transformer: nn.Module) -> nn.Module:
     """The model with every tensor on the meta device: its code and shapes, none of its data."""
     memo: dict[int, torch.Tensor] = {}
-    for tensor in step_weights(transformer).values():
+    for tensor in traced_weights(transformer).values():
         meta = tensor.to("meta")
         memo[id(tensor)] = nn.Parameter(meta, requires_grad=False) if isinstance(tensor, nn.Parameter) else meta
     return copy.deepcopy(transformer, memo)
 
 
-class BackgroundCompile:
-    """Builds a model's compiled step in a child process without holding up the chat, then
-    loads it. `step` is the CompiledStep once ready, `error` one line if it failed,
+class BackgroundBuild:
+    """Builds a model's packages in a child process without holding up the chat, then loads
+    them. `packages` is the CompiledPackages once ready, `error` one line if it failed,
     `seconds` how long it all took."""
 
     def __init__(self, transformer: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
         self.transformer = transformer
         self.destination = destination
-        self.step: CompiledStep | None = None
+        self.packages: CompiledPackages | None = None
         self.error = ""
         self.seconds = 0.0
         self.process: subprocess.Popen | None = None
         self._started = time.perf_counter()
-        self.thread = threading.Thread(target=self._finish, args=(cache_dtype,), name="decode step", daemon=True)
+        self.thread = threading.Thread(target=self._finish, args=(cache_dtype,), name="compile", daemon=True)
         self.thread.start()
 
     def _finish(self, cache_dtype: torch.dtype) -> None:
         try:
             self._build(cache_dtype)
             if not self.error:
-                self.step = CompiledStep(self.destination, self.transformer)
+                self.packages = CompiledPackages(self.destination, self.transformer)
         except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
             remove(self.destination)
             self.error = f"the compiled step just built did not load ({first_line(error)[:160]}); removed"
@@ -225,7 +255,7 @@ class BackgroundCompile:
             structure = Path(workdir) / "structure.pt"
             torch.save(structure_copy(self.transformer), structure)
             dtype_name = str(cache_dtype).removeprefix("torch.")
-            command = [sys.executable, "-m", "llama_chat.engine.compiled_step", str(structure), dtype_name,
+            command = [sys.executable, "-m", "llama_chat.engine.compiled", str(structure), dtype_name,
                        str(self.destination), str(torch.get_num_threads())]
             # One thread: the chat keeps the other cores while this compiles.
             environment = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -1,8 +1,8 @@
-"""Rank 0's model step in a tensor-parallel group, and the start-up every front end shares.
+"""Rank 0's runner in a tensor-parallel group, and the start-up every front end shares.
 
-`ParallelStep` wraps a model's step: before each call it posts the same call to the other
+`GroupRunner` wraps a model's runner: before each call it posts the same call to the other
 ranks, it holds Ctrl-C until every rank has finished the call, and it stays eager (a
-compiled step has no all-reduce between ranks). `run_in_group` starts or joins the group
+compiled call has no all-reduce between ranks). `run_in_group` starts or joins the group
 and runs a front end on rank 0 while the other ranks follow it.
 """
 
@@ -16,16 +16,13 @@ from contextlib import contextmanager
 import torch
 
 from llama_chat.engine.cache import KVCache
-from llama_chat.engine.step import PREFILL_CHUNK, ModelStep
+from llama_chat.engine.runners import PREFILL_CHUNK, Mode, RunnerStatus, Wrapper
 from llama_chat.parallel.ranks import Peers, follow, join, lead, shard_from_environment
 from llama_chat.parallel.sharding import Shard
 
-NOT_COMPILED = "eager (a compiled step cannot all-reduce between ranks)"
-
-
 @contextmanager
 def uninterrupted() -> Iterator[None]:
-    """Hold Ctrl-C until a step is done on every rank: stopping rank 0 between two
+    """Hold Ctrl-C until a call is done on every rank: stopping rank 0 between two
     all-reduces would leave the others waiting on the second."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -40,13 +37,14 @@ def uninterrupted() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class ParallelStep:
-    """A ModelStep whose every call the other ranks of the group run too."""
+class GroupRunner(Wrapper):
+    """A runner whose every call the other ranks of the group run too."""
 
-    def __init__(self, inner: ModelStep, peers: Peers) -> None:
-        self.inner = inner
+    status = RunnerStatus(Mode.EAGER, "a compiled step cannot all-reduce between ranks")
+
+    def __init__(self, inner, peers: Peers) -> None:
+        super().__init__(inner)
         self.peers = peers
-        self.note = NOT_COMPILED
 
     def __call__(
         self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, chunk_size: int = PREFILL_CHUNK
@@ -61,18 +59,8 @@ class ParallelStep:
             self.peers.logits(ids)
             return self.inner.logits(ids)
 
-    @property
-    def seconds(self) -> dict[int, float]:
-        return self.inner.seconds
-
-    def compile(self, **_) -> str:
-        return self.note
-
-    def describe(self) -> str:
-        return self.note
-
-    def cancel(self) -> None:
-        self.inner.cancel()
+    def compile(self, **_) -> RunnerStatus:
+        return self.status
 
 
 class ParallelLoader:
@@ -84,7 +72,7 @@ class ParallelLoader:
 
     def __call__(self, path: str):
         model = self.peers.load(self.load_shard, path)
-        model.step = ParallelStep(model.step, self.peers)
+        model.runner = GroupRunner(model.runner, self.peers)
         return model
 
 

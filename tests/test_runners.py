@@ -7,7 +7,8 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat import Llama
-from llama_chat.engine import compiled_step
+from llama_chat.engine import compiled
+from llama_chat.engine.runners import CompiledRunner, EagerRunner
 from llama_chat.engine.sampling import SamplingSettings
 
 from .conftest import tiny_args
@@ -15,15 +16,26 @@ from .test_gguf import IDS, tiny_hf_model, write_gguf
 
 
 def greedy(model: Llama, prompt: list[int], tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy ids and the logits they were chosen from, through Llama.feed's decode step."""
+    """Greedy ids and the logits they were chosen from, through the model's runner."""
     cache = model.new_cache(64)
-    logits = model.feed(cache, prompt)
+    logits = model.runner(cache, prompt)
     ids, steps = [], []
     for _ in range(tokens):
         ids.append(int(logits.argmax()))
-        logits = model.feed(cache, [ids[-1]])
+        logits = model.runner(cache, [ids[-1]])
         steps.append(logits)
     return ids, steps
+
+
+def compiled_runner(model: Llama) -> CompiledRunner:
+    """The compiled runner inside the model's timed one."""
+    runner = model.runner.inner
+    assert isinstance(runner, CompiledRunner)
+    return runner
+
+
+def new_compiled_runner(model: Llama) -> CompiledRunner:
+    return CompiledRunner(EagerRunner(model.transformer), model.cache_dtype)
 
 
 @pytest.mark.parametrize("n_kv_heads", [6, 2, 1])
@@ -32,24 +44,25 @@ def test_a_decode_step_matches_the_forward_pass_and_writes_the_same_keys_and_val
     ids = [(37 * i) % 250 + 3 for i in range(20)]
     reference = model.logits(ids)
     cache = model.new_cache(32)
-    model.feed(cache, ids[:5])
-    steps = [model.feed(cache, [token]) for token in ids[5:]]
-    assert model.step.compiled is None
+    model.runner(cache, ids[:5])
+    steps = [model.runner(cache, [token]) for token in ids[5:]]
+    assert compiled_runner(model).packages is None
     assert cache.tokens == ids
     assert torch.allclose(torch.stack(steps), reference[5:], atol=1e-5, rtol=1e-5)
     # The keys and values the step wrote are those a prompt pass writes.
     other = model.new_cache(32)
-    model.feed(other, ids)
-    assert torch.allclose(cache.keys[:, :, :, :20], other.keys[:, :, :, :20], atol=1e-5)
-    assert torch.allclose(cache.values[:, :, :, :20], other.values[:, :, :, :20], atol=1e-5)
+    model.runner(other, ids)
+    stepped, whole = cache.state(20), other.state(20)
+    assert torch.allclose(stepped["keys"], whole["keys"], atol=1e-5)
+    assert torch.allclose(stepped["values"], whole["values"], atol=1e-5)
 
 
 def test_a_full_cache_refuses_another_token():
     model = Llama.random(tiny_args(), seed=1)
     cache = model.new_cache(4)
-    model.feed(cache, [5, 6, 7, 8])
+    model.runner(cache, [5, 6, 7, 8])
     with pytest.raises(llama_chat.errors.ContextOverflowError):
-        model.step(cache, [5])
+        model.runner(cache, [5])
     assert len(cache) == 4
 
 
@@ -63,7 +76,7 @@ def packed_model(tmp_path_factory):
 def compiled_package(packed_model, tmp_path_factory):
     """The packed tiny model's decode step, compiled in a child process as the chat does it."""
     destination = tmp_path_factory.mktemp("compiled") / "decode.pt2"
-    background = compiled_step.BackgroundCompile(packed_model.transformer, packed_model.cache_dtype, destination)
+    background = compiled.BackgroundBuild(packed_model.transformer, packed_model.cache_dtype, destination)
     background.wait()
     assert background.error == ""
     return destination, background
@@ -72,12 +85,12 @@ def compiled_package(packed_model, tmp_path_factory):
 @pytest.mark.needs_compiler
 def test_the_compiled_step_is_built_in_the_background_and_picked_up(packed_model, compiled_package):
     destination, background = compiled_package
-    assert compiled_step.is_built(destination) and background.step is not None
+    assert compiled.is_built(destination) and background.packages is not None
     # The package holds code, not the weights: those stay the model's own.
-    weights = compiled_step.step_weights(packed_model.transformer).values()
+    weights = compiled.traced_weights(packed_model.transformer).values()
     weight_bytes = sum(t.numel() * t.element_size() for t in weights)
-    assert destination.stat().st_size < 50 * 2**20 and background.step.weights[0] is next(
-        iter(compiled_step.step_weights(packed_model.transformer).values())
+    assert destination.stat().st_size < 50 * 2**20 and background.packages.weights[0] is next(
+        iter(compiled.traced_weights(packed_model.transformer).values())
     )
     assert weight_bytes > 0
 
@@ -86,26 +99,27 @@ def test_the_compiled_step_is_built_in_the_background_and_picked_up(packed_model
 def test_compiled_and_eager_steps_give_the_same_greedy_reply(packed_model, compiled_package):
     destination, _ = compiled_package
     eager_ids, eager_logits = greedy(packed_model, IDS[:10], 30)
-    packed_model.step.compiled = compiled_step.CompiledStep(destination, packed_model.transformer)
+    compiled_runner(packed_model).packages = compiled.CompiledPackages(destination, packed_model.transformer)
     try:
         compiled_ids, compiled_logits = greedy(packed_model, IDS[:10], 30)
     finally:
-        packed_model.step.compiled = None
+        compiled_runner(packed_model).packages = None
     assert compiled_ids == eager_ids
     difference = (torch.stack(compiled_logits) - torch.stack(eager_logits)).abs().max()
     assert difference <= 5e-3 * torch.stack(eager_logits).abs().max()
     # Different cache sizes and positions run through the same package.
     cache = packed_model.new_cache(50)
-    packed_model.feed(cache, (IDS * 4)[:40])
-    step = compiled_step.CompiledStep(destination, packed_model.transformer)
-    x = packed_model.transformer.tok_embeddings(torch.tensor([[IDS[0]]]))
-    compiled = step(x, cache.past_bias(), cache.keys, cache.values)[0]
-    eager = packed_model.transformer.step(x, cache.past_bias(), cache.keys, cache.values)[0]
-    assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
+    packed_model.runner(cache, (IDS * 4)[:40])
+    packages = compiled.CompiledPackages(destination, packed_model.transformer)
+    with torch.inference_mode():
+        eager = packed_model.transformer(torch.tensor([[IDS[0]]]), cache)[0, 0]
+        cache.trim(40)
+        from_package = packages(cache, [IDS[0]])[0]
+    assert torch.allclose(from_package, eager, atol=5e-3 * eager.abs().max().item())
 
 
 @pytest.mark.needs_compiler
-@pytest.mark.parametrize("count", [2, 5, compiled_step.VERIFY_TOKENS])
+@pytest.mark.parametrize("count", [2, 5, compiled.VERIFY_TOKENS])
 def test_the_compiled_verify_step_agrees_with_the_eager_one(packed_model, compiled_package, count):
     """Verify steps of any size up to VERIFY_TOKENS run through the second package: logits for
     each token and the keys and values written as the eager step writes them."""
@@ -113,18 +127,19 @@ def test_the_compiled_verify_step_agrees_with_the_eager_one(packed_model, compil
     drafts = (IDS * 4)[40 : 40 + count]
     eager_cache, compiled_cache = packed_model.new_cache(80), packed_model.new_cache(80)
     for cache in (eager_cache, compiled_cache):
-        packed_model.feed(cache, (IDS * 4)[:40])
-    eager = packed_model.step(eager_cache, drafts, every_logits=True)
-    packed_model.step.compiled = compiled_step.CompiledStep(destination, packed_model.transformer)
+        packed_model.runner(cache, (IDS * 4)[:40])
+    eager = packed_model.runner(eager_cache, drafts, every_logits=True)
+    compiled_runner(packed_model).packages = compiled.CompiledPackages(destination, packed_model.transformer)
     try:
-        compiled = packed_model.step(compiled_cache, drafts, every_logits=True)
+        from_package = packed_model.runner(compiled_cache, drafts, every_logits=True)
     finally:
-        packed_model.step.compiled = None
-    assert compiled.shape == eager.shape == (count, packed_model.args.vocab_size)
-    assert torch.allclose(compiled, eager, atol=5e-3 * eager.abs().max().item())
+        compiled_runner(packed_model).packages = None
+    assert from_package.shape == eager.shape == (count, packed_model.args.vocab_size)
+    assert torch.allclose(from_package, eager, atol=5e-3 * eager.abs().max().item())
     assert compiled_cache.tokens == eager_cache.tokens
     written = slice(40, 40 + count)
-    assert torch.allclose(compiled_cache.keys[:, :, :, written], eager_cache.keys[:, :, :, written], atol=1e-3)
+    assert torch.allclose(compiled_cache.state()["keys"][:, :, written], eager_cache.state()["keys"][:, :, written],
+                          atol=1e-3)
 
 
 @pytest.mark.needs_compiler
@@ -133,12 +148,12 @@ def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
     model = Llama.random(tiny_args(tie_embeddings=True), seed=4)
     assert model.transformer.output.weight is model.transformer.tok_embeddings.weight
     destination = tmp_path / "dense.pt2"
-    background = compiled_step.BackgroundCompile(model.transformer, torch.float32, destination)
+    background = compiled.BackgroundBuild(model.transformer, torch.float32, destination)
     background.wait()
-    assert background.error == "" and background.step is not None
+    assert background.error == "" and background.packages is not None
     prompt = [(37 * i) % 250 + 3 for i in range(10)]
     eager_ids, eager_logits = greedy(model, prompt, 12)
-    model.step.compiled = background.step
+    compiled_runner(model).packages = background.packages
     compiled_ids, compiled_logits = greedy(model, prompt, 12)
     assert compiled_ids == eager_ids
     assert torch.allclose(torch.stack(compiled_logits), torch.stack(eager_logits), atol=1e-4, rtol=1e-4)
@@ -148,50 +163,50 @@ def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
 def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, monkeypatch, tmp_path):
     destination, _ = compiled_package
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
-    path = compiled_step.package_path(packed_model.transformer, packed_model.cache_dtype)
+    path = compiled.package_path(packed_model.transformer, packed_model.cache_dtype)
     path.parent.mkdir(parents=True)
     path.write_bytes(destination.read_bytes())
-    compiled_step.verify_path(path).write_bytes(compiled_step.verify_path(destination).read_bytes())
-    written = (path.stat().st_mtime_ns, compiled_step.verify_path(path).stat().st_mtime_ns)
+    compiled.verify_path(path).write_bytes(compiled.verify_path(destination).read_bytes())
+    written = (path.stat().st_mtime_ns, compiled.verify_path(path).stat().st_mtime_ns)
 
     def no_build(*_):
         raise AssertionError("a package on disk was built again")
 
     # Without waiting, and in one-shot mode (no background work) too: it is opened, not built.
     with monkeypatch.context() as patched:
-        patched.setattr(compiled_step, "BackgroundCompile", no_build)
-        patched.setattr(compiled_step, "build_packages", no_build)
+        patched.setattr(compiled, "BackgroundBuild", no_build)
+        patched.setattr(compiled, "build_packages", no_build)
         for background in (True, False):
-            step = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
-            assert step.compile(background=background) == "compiled"
-            assert step.compiled is not None and step.pending is None
-    assert (path.stat().st_mtime_ns, compiled_step.verify_path(path).stat().st_mtime_ns) == written
+            runner = new_compiled_runner(packed_model)
+            assert runner.compile(background=background).describe() == "compiled"
+            assert runner.packages is not None and runner.pending is None
+    assert (path.stat().st_mtime_ns, compiled.verify_path(path).stat().st_mtime_ns) == written
     # A truncated package is one line: removed, the eager step goes on (one-shot mode), and
     # the next chat builds it again in the background and uses it.
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    broken = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
-    note = broken.compile(background=False)
+    broken = new_compiled_runner(packed_model)
+    note = broken.compile(background=False).describe()
     assert note.startswith("eager (the compiled step on disk did not load (") and "\n" not in note
-    assert "removed; the next chat builds it" in note and not path.exists() and broken.compiled is None
-    healed = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
-    assert healed.compile(wait=True).startswith("compiled (built in") and healed.compiled is not None
-    assert compiled_step.is_built(path)
+    assert "removed; the next chat builds it" in note and not path.exists() and broken.packages is None
+    healed = new_compiled_runner(packed_model)
+    assert healed.compile(wait=True).describe().startswith("compiled (built in") and healed.packages is not None
+    assert compiled.is_built(path)
 
 
 def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monkeypatch, tmp_path):
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
 
     # The child process cannot be patched, so it is handed a structure file it cannot read.
-    monkeypatch.setattr(compiled_step, "structure_copy", lambda transformer: "not a model")
-    step = llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype)
-    step.compile(wait=True)
-    assert step.compiled is None
-    assert step.note.startswith("eager (compiling the decode step failed")
-    assert "\n" not in step.note
+    monkeypatch.setattr(compiled, "structure_copy", lambda transformer: "not a model")
+    runner = new_compiled_runner(packed_model)
+    runner.compile(wait=True)
+    assert runner.packages is None
+    assert runner.status.describe().startswith("eager (compiling the decode step failed")
+    assert "\n" not in runner.status.describe()
     reply = packed_model.generate(IDS[:5], SamplingSettings(temperature=0, max_tokens=5), stop_ids=())
     assert len(list(reply)) == 5  # the eager step still runs
-    monkeypatch.setattr(compiled_step, "available", lambda: False)
-    assert llama_chat.engine.step.ModelStep(packed_model.transformer, packed_model.cache_dtype).compile() == (
+    monkeypatch.setattr(compiled, "available", lambda: False)
+    assert new_compiled_runner(packed_model).compile().describe() == (
         "eager (this PyTorch cannot run a step compiled ahead of time)"
     )
 
@@ -200,24 +215,24 @@ def test_the_chat_compiles_in_the_background_but_a_one_shot_reply_does_not(packe
     from llama_chat.cli.loaders import CompilingLoader
 
     started = []
-    packed_model.step.compile = lambda wait=False, background=True: started.append((wait, background))
+    packed_model.runner.compile = lambda wait=False, background=True: started.append((wait, background))
     try:
         CompilingLoader(lambda path: packed_model, "auto", background=True)("m")
         CompilingLoader(lambda path: packed_model, "auto", background=False)("m")
         CompilingLoader(lambda path: packed_model, "wait", background=False)("m")
         CompilingLoader(lambda path: packed_model, "off", background=True)("m")
     finally:
-        del packed_model.step.compile
+        del packed_model.runner.compile
     assert started == [(False, True), (False, False), (True, True)]
 
 
 def test_a_package_is_keyed_by_the_code_it_is_traced_from(packed_model):
     """Found from the model itself: its modules' files and what they import from the package
     (a change to any makes a new package), and not the code around the step."""
-    sources = compiled_step.traced_sources(packed_model.transformer)
+    sources = compiled.traced_sources(packed_model.transformer)
     names = {path.relative_to(path.parents[1]).as_posix() for path in sources}
     # The packed matrices' module: llama-chat's kernels' (block_linear.py) or PyTorch's (packed.py).
     matrix = Path(inspect.getfile(type(packed_model.transformer.layers[0].feed_forward.w2)))
     assert matrix.parent.name == "kernels"
-    assert {"engine/model.py", "engine/rope.py", f"kernels/{matrix.name}", "engine/compiled_step.py"} <= names
-    assert not names & {"engine/generation.py", "engine/speculation.py", "engine/step.py", "chat/session.py"}
+    assert {"engine/model.py", "engine/rope.py", f"kernels/{matrix.name}", "engine/compiled.py"} <= names
+    assert not names & {"engine/generation.py", "engine/speculation.py", "engine/runners.py", "chat/session.py"}
