@@ -23,6 +23,7 @@ from torch import nn
 from llama_chat.checkpoints.contents import Checkpoint, Weight, stored_bytes
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.stored import GROUP, StoredMatrix
+from llama_chat.disk_cache import read_checked
 from llama_chat.engine.device import DTYPES, resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import DeviceError, LlamaChatError, first_line
@@ -205,14 +206,14 @@ def packed_from_cache(
     note = ""
     transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
     if all(entry.exists() for entry in entries.values()):
-        try:
-            transformer.load_state_dict(mapped_entries(entries.values()), assign=True, strict=True)
+        _, damage = read_checked(
+            entries.values(), lambda: transformer.load_state_dict(mapped_entries(entries.values()), assign=True),
+            damage=(OSError, ValueError, RuntimeError, KeyError),
+        )
+        if not damage:
             return transformer, note
-        except (OSError, ValueError, RuntimeError, KeyError) as error:
-            for entry in entries.values():
-                entry.unlink(missing_ok=True)
-            note = f"packed cache rebuilt ({first_line(error)})"
-            transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
+        note = f"packed cache rebuilt ({damage})"
+        transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
     layout = transformer.state_dict(keep_vars=True)  # keep_vars: a tied table is one tensor under two names
     parts = {"own": layout}
     names = {"own": source.name}

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from llama_chat.errors import LlamaChatError
@@ -74,17 +71,3 @@ def expanded(path: str | Path) -> Path:
     except RuntimeError:
         raise LlamaChatError(f"cannot expand {path}: no such user") from None
 
-
-@contextmanager
-def staged(path: Path) -> Iterator[Path]:
-    """A temporary name beside `path` to write a new file under: renamed to `path` when the
-    block ends, removed when it fails. A reader sees the file whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.close(handle)
-    try:
-        yield Path(staging)
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise

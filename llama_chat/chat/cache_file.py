@@ -11,7 +11,6 @@ the reason in one line; the conversation's text never depends on it.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from llama_chat.checkpoints.json_file import parse_json
+from llama_chat.disk_cache import read_checked, staged
 from llama_chat.engine.cache import KVCache
-from llama_chat.errors import LlamaChatError, first_line
+from llama_chat.errors import CorruptFileError, LlamaChatError, first_line
 from llama_chat.kernels.packed_cache import source_identity
-from llama_chat.paths import staged
 
 KIND = "llama-chat kv cache"
 VERSION = "1"
@@ -97,10 +96,24 @@ def _holds(path: Path, cache: KVCache, held: int, depends_on: dict) -> bool:
 
 def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict) -> int:
     """Fill `cache` from the file at `path` and return how many positions it holds; raises
-    CacheNotUsed (the cache left empty) when the file is not this conversation's cache.
-    Every shape is checked before a tensor is read, so that a file cannot make it read
-    more than this conversation's positions."""
+    CacheNotUsed (the cache left empty) when the file is not this conversation's cache,
+    and removes it when it does not read back."""
     cache.trim(0)
+    read, damage = read_checked([path], lambda: _read_cache(path, cache, ids, depends_on))
+    if damage:
+        raise CacheNotUsed(f"{path.name} does not read back ({damage[:120]})")
+    count, keys, values = read
+    cache.load_state(list(ids[:count]), keys, values)
+    return count
+
+
+def _read_cache(
+    path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """How many positions the file at `path` holds, and their keys and values. Every shape
+    is checked before a tensor is read, so that a file cannot make it read more than this
+    conversation's positions. Raises CacheNotUsed when the file is another's cache,
+    CorruptFileError when it does not read back."""
     try:
         with safe_open(str(path), framework="pt") as saved:
             metadata = saved.metadata() or {}
@@ -133,10 +146,8 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
                 raise CacheNotUsed(
                     f"{path.name} holds {count} positions, too many for a context of {cache.capacity} tokens"
                 )
-            keys, values = saved.get_tensor("keys"), saved.get_tensor("values")
+            return count, saved.get_tensor("keys"), saved.get_tensor("values")
     except CacheNotUsed:
         raise
     except Exception as error:  # noqa: BLE001 (a damaged file can fail in many ways)
-        raise CacheNotUsed(f"{path.name} does not read back ({first_line(error)[:120]})") from None
-    cache.load_state(list(ids[:count]), keys, values)
-    return count
+        raise CorruptFileError(first_line(error)) from None

@@ -18,11 +18,11 @@ from llama_chat.chat.exchange import Exchange
 from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, parse_json
 from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.checkpoints.values import shown
+from llama_chat.disk_cache import staged
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
 from llama_chat.text.chat_format import THINKING_CLOSE
 from llama_chat.text.undecodable import has_undecodable
-from llama_chat.paths import staged
 
 FILE_KIND = "llama-chat conversation"
 FILE_VERSION = 1

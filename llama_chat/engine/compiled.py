@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from torch import nn
 
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import first_line
-from llama_chat.paths import cache_root
+from llama_chat.disk_cache import cache_key, entry_path, read_checked, remove, staged
 
 VERIFY_TOKENS = 32  # the multi-token package takes 2 to this many: a token and its drafts, a chat turn
 
@@ -108,13 +107,13 @@ def package_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
         "torch": torch.__version__,
         "code": [hashlib.sha256(path.read_bytes()).hexdigest() for path in traced_sources(transformer)],
     }
-    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
+    return cache_key(spec)
 
 
 def package_path(transformer: nn.Module, cache_dtype: torch.dtype) -> Path | None:
     """Where this model's single-token package is kept (None when caching is off)."""
-    root = cache_root()
-    return None if root is None else root / "compiled" / f"decode-{package_key(transformer, cache_dtype)}.pt2"
+    folder = entry_path("compiled")
+    return None if folder is None else folder / f"decode-{package_key(transformer, cache_dtype)}.pt2"
 
 
 def available() -> bool:
@@ -128,15 +127,20 @@ def verify_path(path: Path) -> Path:
     return path.with_name("verify" + path.name.removeprefix("decode"))
 
 
+def package_files(path: Path) -> list[Path]:
+    """Both packages of a model: the single-token one at `path` and the one beside it."""
+    return [path, verify_path(path)]
+
+
 def is_built(path: Path) -> bool:
     """Whether both packages of a model are on disk."""
-    return path.exists() and verify_path(path).exists()
+    return all(file.exists() for file in package_files(path))
 
 
-def remove(path: Path) -> None:
-    """Remove both packages of a model (one that does not load is built again)."""
-    path.unlink(missing_ok=True)
-    verify_path(path).unlink(missing_ok=True)
+def load_packages(path: Path, transformer: nn.Module) -> tuple[CompiledPackages | None, str]:
+    """A model's packages opened, and ""; or None and why not in one line, the packages
+    removed so that they are built again."""
+    return read_checked(package_files(path), lambda: CompiledPackages(path, transformer), damage=(Exception,))
 
 
 def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
@@ -171,21 +175,19 @@ def build_package(
     dynamic = (tokens, {0: position}, {2: capacity}, {2: capacity}, [{}] * len(weights))
     with torch.no_grad():
         program = torch.export.export(_FunctionalCall(structure), example, dynamic_shapes=dynamic, strict=False)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=destination.parent) as staging:
-        staged = Path(staging) / destination.name
-        settings = {
+    settings = {
             # Keep every rounding the code asks for (to bfloat16 before a kernel and back).
-            "emulate_precision_casts": True,
-            # The kernels' thread count is fixed when they are generated: the chat's, not the
-            # one thread this compiles on. (Thread counts read at run time were measured slower.)
-            "cpp.threads": threads,
-            # Keep small element-wise results (the final norm) in memory: inlined into the
-            # output head's loop, they were computed again for every row of the vocabulary.
-            "realize_cpu_opcount_threshold": 4,
-        }
-        torch._inductor.aoti_compile_and_package(program, package_path=str(staged), inductor_configs=settings)
-        os.replace(staged, destination)
+        "emulate_precision_casts": True,
+        # The kernels' thread count is fixed when they are generated: the chat's, not the
+        # one thread this compiles on. (Thread counts read at run time were measured slower.)
+        "cpp.threads": threads,
+        # Keep small element-wise results (the final norm) in memory: inlined into the
+        # output head's loop, they were computed again for every row of the vocabulary.
+        "realize_cpu_opcount_threshold": 4,
+    }
+    # An open file: the compiler wants a name ending in .pt2, which the staged one does not.
+    with staged(destination) as staging, open(staging, "wb") as package:
+        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=settings)
 
 
 class CompiledPackages:
@@ -243,10 +245,12 @@ class BackgroundBuild:
         try:
             self._build(cache_dtype)
             if not self.error:
-                self.packages = CompiledPackages(self.destination, self.transformer)
-        except Exception as error:  # noqa: BLE001 (any failure falls back to the eager step)
-            remove(self.destination)
-            self.error = f"the compiled step just built did not load ({first_line(error)[:160]}); removed"
+                self.packages, damage = load_packages(self.destination, self.transformer)
+                if damage:
+                    self.error = f"the compiled step just built did not load ({damage[:160]}); removed"
+        except Exception as error:  # noqa: BLE001 (any failure falls back to eager calls)
+            remove(package_files(self.destination))
+            self.error = f"building the compiled step failed ({first_line(error)[:160]})"
         finally:
             self.seconds = time.perf_counter() - self._started
 

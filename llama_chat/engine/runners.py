@@ -28,7 +28,6 @@ import torch
 from llama_chat.engine import compiled
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.model import Transformer
-from llama_chat.errors import first_line
 from llama_chat.process_memory import return_freed_memory
 
 PREFILL_CHUNK = 256  # tokens per model call at most: bounds a prompt's temporaries (256 read prompts as fast
@@ -157,13 +156,11 @@ class CompiledRunner(Wrapper):
         path = compiled.package_path(self.transformer, self.cache_dtype)
         damaged = ""
         if compiled.is_built(path):
-            try:
-                self.packages = compiled.CompiledPackages(path, self.transformer)
+            self.packages, damage = compiled.load_packages(path, self.transformer)
+            if self.packages is not None:
                 self._status = RunnerStatus(Mode.COMPILED)
                 return self._status
-            except Exception as error:  # noqa: BLE001 (a damaged package is removed and built again)
-                damaged = f"the compiled step on disk did not load ({first_line(error)[:160]}), so it was removed; "
-                compiled.remove(path)
+            damaged = f"the compiled step on disk did not load ({damage[:160]}), so it was removed; "
         if not background:
             if damaged:
                 self._status = RunnerStatus(Mode.EAGER, f"{damaged}the next chat builds it")

@@ -36,14 +36,14 @@ from pathlib import Path
 import torch
 
 from llama_chat.checkpoints.stored import TensorMatrix
+from llama_chat.disk_cache import entry_path, read_checked, staged
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import DTYPES, cpu_model_name
 from llama_chat.engine.runners import PREFILL_CHUNK
-from llama_chat.errors import DeviceError, first_line
+from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
-from llama_chat.paths import cache_root, staged
 
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
@@ -307,9 +307,11 @@ def forced_row_limit(value: str | None) -> int | None:
     return rows
 
 
-def _probe_file() -> Path | None:
-    root = cache_root()
-    return None if root is None else root / "cpu-paths.json"
+def _read_table(path: Path) -> dict:
+    known = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(known, dict):
+        raise ValueError("not a table of measurements")
+    return known
 
 
 def remembered(what: str, measure: Callable[[], dict[str, float]], names: frozenset[str]) -> dict[str, float]:
@@ -317,16 +319,13 @@ def remembered(what: str, measure: Callable[[], dict[str, float]], names: frozen
     capability, PyTorch version and `what`. A file that does not read back is replaced,
     with one line on stderr."""
     key = " | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, what])
-    path = _probe_file()
+    path = entry_path("cpu-paths.json")
     known: dict = {}
     if path is not None and path.exists():
-        try:
-            known = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(known, dict):
-                raise ValueError("not a table of measurements")
-        except (OSError, ValueError) as error:
-            print(f"llama-chat: {path} did not read back ({first_line(error)}); measuring again", file=sys.stderr)
-            known = {}
+        table, damage = read_checked([path], lambda: _read_table(path))
+        if damage:
+            print(f"llama-chat: {path} did not read back ({damage}); measuring again", file=sys.stderr)
+        known = table or {}
     entry = known.get(key)
     if isinstance(entry, dict) and set(entry) == names and all(isinstance(v, float) for v in entry.values()):
         return entry

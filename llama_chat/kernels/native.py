@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
+from llama_chat.disk_cache import cache_key, entry_path, read_checked, staged
 from llama_chat.engine.device import cpu_model_name
-from llama_chat.paths import cache_root
+from llama_chat.errors import CorruptFileError
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the library's numbering
@@ -57,19 +58,18 @@ class NativeStatus:
 @functools.cache  # the sources, the CPU and PyTorch stay what they are for a process
 def build_key() -> str:
     """What a build depends on: the sources and flags, this CPU and PyTorch."""
-    digest = hashlib.sha256(" ".join(COMPILE_FLAGS).encode())
-    for source in sorted(SOURCE_DIR.iterdir()):
-        digest.update(source.name.encode() + source.read_bytes())
-    digest.update(" | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__]).encode())
-    return digest.hexdigest()[:20]
+    return cache_key({
+        "flags": COMPILE_FLAGS,
+        "sources": [[source.name, _digest(source)] for source in sorted(SOURCE_DIR.iterdir())],
+        "machine": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__],
+    }, length=20)
 
 
 def build_directory() -> Path | None:
     configured = os.environ.get("LLAMA_CHAT_KERNELS_DIR")
     if configured:
         return Path(configured).expanduser() / build_key()
-    root = cache_root()
-    return None if root is None else root / "kernels" / build_key()
+    return entry_path("kernels", build_key())
 
 
 def library_file(directory: Path) -> Path:
@@ -84,11 +84,18 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _intact(library: Path) -> bool:
-    """Whether the library is the file its build wrote, as its record says. Checked before
+def _check_kept(library: Path) -> str:
+    """Why the library on disk is not the file its build wrote, as its record says ("" when
+    it is, or is not there); such a library is removed with its record. Checked before
     loading: loading a truncated library kills the process (a bus error), not an exception."""
-    record = _record_file(library)
-    return record.exists() and record.read_text(encoding="utf-8").strip() == _digest(library)
+    if not library.exists():
+        return ""
+
+    def check() -> None:
+        if _record_file(library).read_text(encoding="utf-8").strip() != _digest(library):
+            raise CorruptFileError(f"{library.name} is not the file its build wrote")
+
+    return read_checked([library, _record_file(library)], check)[1]
 
 
 def missing_tools() -> str | None:
@@ -107,18 +114,20 @@ def build(directory: Path) -> Path:
     """Compile the library into `directory` (whole or not at all); its path."""
     from torch.utils import cpp_extension  # heavy; only a build needs it
 
+    library = library_file(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory.parent) as staging:
+    with tempfile.TemporaryDirectory(dir=directory.parent) as workdir:
         sources = [str(p) for p in sorted(SOURCE_DIR.glob("*.cpp"))]
         built = cpp_extension.load(
-            name=LIBRARY_NAME, sources=sources, build_directory=staging,
+            name=LIBRARY_NAME, sources=sources, build_directory=workdir,
             extra_cflags=COMPILE_FLAGS, extra_ldflags=OPENMP, is_python_module=False, verbose=False,
         )
-        staged = Path(built if isinstance(built, str) else library_file(Path(staging)))
-        directory.mkdir(parents=True, exist_ok=True)
-        _record_file(library_file(directory)).write_text(_digest(staged) + "\n", encoding="utf-8")
-        os.replace(staged, library_file(directory))
-    return library_file(directory)
+        built = Path(built if isinstance(built, str) else library_file(Path(workdir)))
+        with staged(_record_file(library)) as record:
+            record.write_text(_digest(built) + "\n", encoding="utf-8")
+        with staged(library) as staging:
+            os.replace(built, staging)
+    return library
 
 
 def _first_line(text: str) -> str:
@@ -178,10 +187,8 @@ def status(wait: bool = False) -> NativeStatus:
     if directory is None:
         return NativeStatus(False, "not built: the cache is off (LLAMA_CHAT_CACHE=off)")
     library = library_file(directory)
-    damaged = ""
-    if library.exists() and not _intact(library):  # truncated or changed: built again below
-        library.unlink()
-        damaged = f"{library.name} was not the file its build wrote, and was removed; "
+    # Truncated or changed: built again below.
+    damaged = f"{library.name} was not the file its build wrote, and was removed; " if _check_kept(library) else ""
     if library.exists():
         try:
             _load_library(str(library))
@@ -239,7 +246,7 @@ def main(argv: list[str]) -> int:
     if directory is None:
         print("llama-chat kernels: the cache is off (LLAMA_CHAT_CACHE=off); nothing built", file=sys.stderr)
         return 1
-    if library_file(directory).exists() and _intact(library_file(directory)):
+    if not _check_kept(library_file(directory)) and library_file(directory).exists():
         return 0
     reason = missing_tools()
     if reason:
@@ -250,8 +257,8 @@ def main(argv: list[str]) -> int:
         build(directory)
     except Exception as error:  # any failure of the compiler: recorded in one line
         line = _first_line(str(error))
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "build-failed.txt").write_text(line + "\n", encoding="utf-8")
+        with staged(directory / "build-failed.txt") as record:
+            record.write_text(line + "\n", encoding="utf-8")
         print(f"llama-chat kernels: build failed: {line}", file=sys.stderr)
         return 1
     if not argv:

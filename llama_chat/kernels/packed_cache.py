@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
+from llama_chat import disk_cache
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import open_regular_file
 from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_safetensors_header
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.packed_cache_entries import record_use
-from llama_chat.paths import cache_root, staged
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
 # packs anew.
@@ -65,8 +65,8 @@ def source_identity(source: Path) -> list:
 def entry_path(source: Path, settings: dict) -> Path | None:
     """Where the packed weights of `source` (a file or a folder) packed as `settings` say
     are kept; None when the cache is off."""
-    root = cache_root()
-    if root is None:
+    folder = disk_cache.entry_path("packed")
+    if folder is None:
         return None
     package = Path(__file__).resolve().parent.parent
     spec = {
@@ -75,7 +75,7 @@ def entry_path(source: Path, settings: dict) -> Path | None:
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "settings": settings,
     }
-    return root / "packed" / f"{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:24]}.safetensors"
+    return folder / f"{disk_cache.cache_key(spec)}.safetensors"
 
 
 # The data starts at a multiple of this, so every tensor (largest items first) starts at a
@@ -113,7 +113,7 @@ def writing(path: Path, layout: dict[str, torch.Tensor], source: str) -> Iterato
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
     data_start, size = 8 + len(header), 8 + len(header) + offset
-    with staged(path) as staging:
+    with disk_cache.staged(path) as staging:
         with open(staging, "r+b") as handle:
             handle.write(struct.pack("<Q", len(header)) + header)
             if hasattr(os, "posix_fallocate"):

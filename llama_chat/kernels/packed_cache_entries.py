@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llama_chat.disk_cache import STAGING_SUFFIX
 from llama_chat.errors import LlamaChatError
 
 BOUND_VARIABLE = "LLAMA_CHAT_PACKED_CACHE_GB"
@@ -24,7 +25,6 @@ DISK_SHARE = 0.5  # of the space the cache could have
 # Left by a process that ended mid-write; younger ones may be another process's write now.
 UNFINISHED_KEPT_SECONDS = 24 * 3600
 ENTRY_SUFFIX = ".safetensors"
-UNFINISHED_SUFFIX = ".partial"  # paths.staged's temporary names
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def entries(folder: Path) -> list[Entry]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     for name in names:
-        unfinished = name.endswith(UNFINISHED_SUFFIX)
+        unfinished = name.endswith(STAGING_SUFFIX)
         if not (unfinished or name.endswith(ENTRY_SUFFIX)):
             continue
         try:

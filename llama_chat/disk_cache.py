@@ -1,0 +1,79 @@
+"""What llama-chat keeps on disk to save work, kept one way.
+
+An entry is found by a key made from everything it depends on, written whole or not at
+all (under a temporary name, renamed into place), and checked when read: one that does
+not read back (truncated, edited by hand, left by older code) is removed and the reason
+given in one line, and its cache makes it again. The caches: the built kernels
+(kernels/native.py), the packed weights (kernels/packed_cache.py), the probe's
+measurements (kernels/cpu_paths.py), the compiled packages (engine/compiled.py), and
+saved KV caches, which live beside their conversation files (chat/cache_file.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from llama_chat.errors import first_line
+from llama_chat.paths import cache_root
+
+STAGING_SUFFIX = ".partial"  # of the temporary names `staged` writes under
+T = TypeVar("T")
+
+
+def cache_key(description: object, length: int = 24) -> str:
+    """A hash of a JSON-able description of what an entry depends on: a change to any of
+    it gives another key, so an entry is never used for something it was not made from."""
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:length]
+
+
+def entry_path(*parts: str) -> Path | None:
+    """Where an entry is kept in the cache folder (folder, then file name); None when the
+    cache is off or cannot be written."""
+    root = cache_root()
+    return None if root is None else root.joinpath(*parts)
+
+
+@contextmanager
+def staged(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` to write a new file under: renamed to `path` when the
+    block ends, removed when it fails. A reader sees the file whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=STAGING_SUFFIX)
+    os.close(handle)
+    try:
+        yield Path(staging)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def read_checked(
+    files: Iterable[Path], read: Callable[[], T], damage: tuple[type[Exception], ...] = (OSError, ValueError)
+) -> tuple[T | None, str]:
+    """read() of the entry made of `files` (the caller's check raises when it is not as
+    written), and ""; or, when read raises one of `damage`, None and the reason in one
+    line, the files removed so that the caller makes the entry again."""
+    files = list(files)
+    try:
+        return read(), ""
+    except damage as error:
+        remove(files)
+        return None, first_line(error)
+
+
+def remove(files: Iterable[Path]) -> None:
+    """Remove an entry's files. One that cannot be removed (a folder in its place, a disk
+    that is read-only) is left: a new entry is written over it, or it fails its check again."""
+    for file in files:
+        try:
+            file.unlink(missing_ok=True)
+        except OSError:
+            pass
