@@ -1,26 +1,6 @@
-"""A conversation with a model: its messages, the exact token ids in the KV cache, context
-overflow, and saving and opening conversations (the file itself is conversation_file's).
-
-How a turn's prompt is built
-----------------------------
-Next to the messages, the session keeps the token ids of the conversation as they went
-through the model: each user turn as the chat format rendered it, each reply as the model
-generated it (never re-tokenised) followed by the format's end-of-turn ids. A new message
-adds only what rendering it adds: the difference between the ids of the conversation
-rendered with the new message (and the assistant's cue) and rendered closed. The prompt
-is the kept ids plus that difference, so it begins with everything the cache holds, and
-turn N prefills only its own message (and the end-of-turn ids of the previous reply).
-
-That relies on the chat format's prefix property (see chat_format): the closed
-conversation's ids are a prefix of its ids with one more message. It is checked on every
-turn. Where the closed render does not continue the prompt as generated (a template that
-drops the thinking of earlier replies, plain text whose words merge across messages), the
-exchange's ids are the format's render of it, which the cache shares up to where they
-part: the model sees what its template says. Where even that fails (a template that
-rewrites earlier turns) the whole conversation is rendered again, and the generation
-reuses whatever common prefix the cache holds. Ids that are not known (after /system,
-/open of another model's file, /load, dropped turns) are rebuilt by rendering the
-conversation message by message.
+"""A conversation with a model: its messages, the token ids in the KV cache (see
+conversation_ids), context overflow, and saving and opening conversations (the file itself
+is conversation_file's).
 
 Context
 -------
@@ -35,60 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
 from llama_chat.chat.cache_file import identity as cache_identity
 from llama_chat.chat.cache_file import model_source as cache_model_source
 from llama_chat.chat.conversation_file import SavedConversation, ids_hold_text, read_conversation, write_conversation
+from llama_chat.chat.conversation_ids import TurnPlan, exchange_ids, messages_of, plan_turn, rendered_ids, user_message
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.thinking import cue_opening
-from llama_chat.engine.cache import common_length
 from llama_chat.engine.generation import Generation, GenerationStats, Piece
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
 from llama_chat.errors import ContextOverflowError, LlamaChatError, UsageError, first_line
 from llama_chat.llama import Llama
 from llama_chat.paths import expanded
-from llama_chat.text.chat_format import ChatFormat, Message
-
-
-def _user(text: str) -> dict[str, str]:
-    return {"role": "user", "content": text}
-
-
-def _assistant(text: str) -> dict[str, str]:
-    return {"role": "assistant", "content": text}
-
-
-def _render(chat_format: ChatFormat, messages: Sequence[Message], cue: bool) -> list[int] | None:
-    """The format's ids for these messages, or None if it cannot render them (yet)."""
-    try:
-        return chat_format.encode(messages, add_generation_prompt=cue)
-    except LlamaChatError:
-        return None
-
-
-def _starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
-    return len(prefix) <= len(ids) and list(ids[: len(prefix)]) == list(prefix)
-
-
-@dataclass
-class _Plan:
-    """How a new user message goes to the model."""
-
-    prompt: list[int]
-    history: list[dict[str, str]]  # the messages before the new one
-    rendered: list[int]  # the format's own ids for history + new message + cue
-    user_ids: list[int] | None  # what the message adds to the kept ids; None: full re-render
 
 
 class Turn:
     """One reply being generated. `run()` streams it; however it ends (done, Ctrl-C, an
     error) it is then recorded in the session as an exchange."""
 
-    def __init__(self, session: Session, text: str, plan: _Plan, dropped: int) -> None:
+    def __init__(self, session: Session, text: str, plan: TurnPlan, dropped: int) -> None:
         self.session = session
         self.user = text
         self.plan = plan
@@ -129,7 +77,10 @@ class Turn:
         if self.exchange is None:
             generation = self.generation
             reply = self.thinking_cue + generation.text
-            user_ids, reply_ids = self.session._exchange_ids(self.plan, self.user, reply, generation.tokens)
+            model = self.session.model
+            user_ids, reply_ids = exchange_ids(
+                model.chat_format, model.stop_ids, self.plan, self.user, reply, generation.tokens
+            )
             self.exchange = Exchange(
                 user=self.user,
                 reply=reply,
@@ -173,7 +124,7 @@ class Session:
 
     def messages(self) -> list[dict[str, str]]:
         """System prompt (if any) and every exchange, as chat-format messages."""
-        return self._system_messages() + _messages_of(self.exchanges)
+        return self._system_messages() + messages_of(self.exchanges)
 
     def _system_messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}] if self.system else []
@@ -288,10 +239,10 @@ class Session:
         a message too long even alone raises ContextOverflowError."""
         system = self._system_messages()
         for count in range(1, len(self.exchanges) + 1):
-            history = system + _messages_of(self.exchanges[count:])
-            if self._fits(self.model.chat_format.encode(history + [_user(text)])):
+            history = system + messages_of(self.exchanges[count:])
+            if self._fits(self.model.chat_format.encode(history + [user_message(text)])):
                 return count
-        alone = len(self.model.chat_format.encode(system + [_user(text)]))
+        alone = len(self.model.chat_format.encode(system + [user_message(text)]))
         if alone >= self.capacity:
             with_system = " with the system prompt" if system else ""
             raise ContextOverflowError(
@@ -300,79 +251,23 @@ class Session:
             )
         return len(self.exchanges)
 
-    def _plan(self, text: str) -> _Plan:
-        chat_format = self.model.chat_format
+    def _plan(self, text: str) -> TurnPlan:
         history = self.messages()
-        rendered = chat_format.encode(history + [_user(text)])
-        ids = self.ids
-        if ids is None:
+        rendered = self.model.chat_format.encode(history + [user_message(text)])
+        if self.ids is None:
             self._rebuild_ids()
-            ids = self.ids
-        closed = self._closed(history)
-        if ids is not None and closed is not None and _starts_with(rendered, closed):
-            user_ids = rendered[len(closed):]
-            return _Plan(ids + user_ids, history, rendered, user_ids)
-        return _Plan(rendered, history, rendered, None)
-
-    def _closed(self, messages: list[dict[str, str]]) -> list[int] | None:
-        """Ids of a conversation without the assistant's cue. A format that cannot render a
-        system prompt on its own (llama2 folds it into the first user turn) gives []."""
-        ids = _render(self.model.chat_format, messages, cue=False)
-        if ids is None and all(message["role"] == "system" for message in messages):
-            return []
-        return ids
-
-    def _exchange_ids(self, plan: _Plan, text: str, reply: str, generated: Sequence[int]) -> tuple:
-        """The ids a finished exchange adds to the kept ones: (user ids, reply ids), or
-        (None, None) when they are not known (the next turn then renders everything).
-
-        Where the format's render of the closed conversation begins with the prompt it
-        rendered, the reply's ids are the ones generated, then the end-of-turn ids the
-        format closes it with (from the last end-of-turn id after the reply). Where it
-        does not (a template that drops the thinking of earlier replies writes the reply
-        otherwise than it was generated), or no end-of-turn id marks where the reply ends
-        (plain text), the exchange's ids are the format's own render of it: what the
-        model is to see of it from the next turn on. The cache keeps what it has in
-        common with them."""
-        if plan.user_ids is None:
-            return None, None
-        closed = _render(self.model.chat_format, plan.history + [_user(text), _assistant(reply)], False)
-        if closed is None:
-            return None, None
-        if _starts_with(closed, plan.rendered):
-            tail = closed[len(plan.rendered):]
-            ends = [index for index, token in enumerate(tail) if token in self.model.stop_ids]
-            if ends:
-                return plan.user_ids, list(generated) + tail[ends[-1]:]
-        history_length = len(plan.rendered) - len(plan.user_ids)
-        if not _starts_with(closed, plan.rendered[:history_length]):
-            return None, None
-        split = common_length(closed, plan.rendered)
-        return closed[history_length:split], closed[split:]
+        return plan_turn(self.model.chat_format, history, rendered, self.ids)
 
     def _rebuild_ids(self) -> None:
-        """Ids for every message from renders of the growing conversation (replies
-        re-tokenised); left unknown if the format lacks the prefix property."""
-        chat_format = self.model.chat_format
-        messages = self._system_messages()
-        head = self._closed(messages)
-        done = head
-        segments = []
-        for exchange in self.exchanges:
-            rendered = _render(chat_format, messages + [_user(exchange.user)], cue=True)
-            messages = messages + [_user(exchange.user), _assistant(exchange.reply)]
-            closed = _render(chat_format, messages, cue=False)
-            if rendered is None or closed is None or not (_starts_with(rendered, done) and _starts_with(closed, done)):
-                self.head_ids = None
-                return
-            # The user's ids end where the cue and the closed reply part (at the cue's end
-            # unless the template writes earlier replies otherwise than they were cued).
-            split = common_length(closed, rendered)
-            segments.append((closed[len(done):split], closed[split:]))
-            done = closed
+        """Ids for every message from renders of the conversation; left unknown if the
+        format lacks the prefix property."""
+        rendered = rendered_ids(self.model.chat_format, self._system_messages(), self.exchanges)
+        if rendered is None:
+            self.head_ids = None
+            return
+        self.head_ids, segments = rendered
         for exchange, (user_ids, reply_ids) in zip(self.exchanges, segments):
             exchange.user_ids, exchange.reply_ids = user_ids, reply_ids
-        self.head_ids = head
 
     def _trim_cache(self) -> None:
         """Forget cached positions past what the conversation still holds."""
@@ -454,13 +349,6 @@ class Session:
             and all(0 <= token < self.model.tokenizer.vocab_size for token in ids)
             and ids_hold_text(self.system, self.exchanges, self.head_ids, self.model.tokenizer.decode)
         )
-
-
-def _messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
-    messages = []
-    for exchange in exchanges:
-        messages += [_user(exchange.user), _assistant(exchange.reply)]
-    return messages
 
 
 def _absolute(path: str | Path | None) -> str | None:

@@ -1,0 +1,146 @@
+"""The token ids of a conversation as they went through the model, and the prompt of a turn.
+
+How a turn's prompt is built
+----------------------------
+Next to the messages, the session keeps the token ids of the conversation as they went
+through the model: each user turn as the chat format rendered it, each reply as the model
+generated it (never re-tokenised) followed by the format's end-of-turn ids. A new message
+adds only what rendering it adds: the difference between the ids of the conversation
+rendered with the new message (and the assistant's cue) and rendered closed. The prompt
+is the kept ids plus that difference, so it begins with everything the cache holds, and
+turn N prefills only its own message (and the end-of-turn ids of the previous reply).
+
+That relies on the chat format's prefix property (see chat_format): the closed
+conversation's ids are a prefix of its ids with one more message. It is checked on every
+turn. Where the closed render does not continue the prompt as generated (a template that
+drops the thinking of earlier replies, plain text whose words merge across messages), the
+exchange's ids are the format's render of it, which the cache shares up to where they
+part: the model sees what its template says. Where even that fails (a template that
+rewrites earlier turns) the whole conversation is rendered again, and the generation
+reuses whatever common prefix the cache holds. Ids that are not known (after /system,
+/open of another model's file, /load, dropped turns) are rebuilt by rendering the
+conversation message by message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from llama_chat.chat.exchange import Exchange
+from llama_chat.engine.cache import common_length
+from llama_chat.errors import LlamaChatError
+from llama_chat.text.chat_format import ChatFormat, Message
+
+
+def user_message(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def assistant_message(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
+    messages = []
+    for exchange in exchanges:
+        messages += [user_message(exchange.user), assistant_message(exchange.reply)]
+    return messages
+
+
+@dataclass
+class TurnPlan:
+    """How a new user message goes to the model."""
+
+    prompt: list[int]
+    history: list[dict[str, str]]  # the messages before the new one
+    rendered: list[int]  # the format's own ids for history + new message + cue
+    user_ids: list[int] | None  # what the message adds to the kept ids; None: full re-render
+
+
+def plan_turn(
+    chat_format: ChatFormat, history: list[dict[str, str]], rendered: list[int], ids: list[int] | None
+) -> TurnPlan:
+    """The prompt for a new message after `history` (`rendered`: the format's ids for both,
+    cued), whose kept ids are `ids` (None: not known): the kept ids and what the message
+    adds, or the whole conversation rendered."""
+    closed = closed_ids(chat_format, history)
+    if ids is not None and closed is not None and _starts_with(rendered, closed):
+        user_ids = rendered[len(closed):]
+        return TurnPlan(ids + user_ids, history, rendered, user_ids)
+    return TurnPlan(rendered, history, rendered, None)
+
+
+def closed_ids(chat_format: ChatFormat, messages: list[dict[str, str]]) -> list[int] | None:
+    """Ids of a conversation without the assistant's cue. A format that cannot render a
+    system prompt on its own (llama2 folds it into the first user turn) gives []."""
+    ids = _render(chat_format, messages, cue=False)
+    if ids is None and all(message["role"] == "system" for message in messages):
+        return []
+    return ids
+
+
+def exchange_ids(
+    chat_format: ChatFormat, stop_ids: Collection[int], plan: TurnPlan, text: str, reply: str, generated: Sequence[int]
+) -> tuple:
+    """The ids a finished exchange adds to the kept ones: (user ids, reply ids), or
+    (None, None) when they are not known (the next turn then renders everything).
+
+    Where the format's render of the closed conversation begins with the prompt it
+    rendered, the reply's ids are the ones generated, then the end-of-turn ids the
+    format closes it with (from the last end-of-turn id after the reply). Where it
+    does not (a template that drops the thinking of earlier replies writes the reply
+    otherwise than it was generated), or no end-of-turn id marks where the reply ends
+    (plain text), the exchange's ids are the format's own render of it: what the
+    model is to see of it from the next turn on. The cache keeps what it has in
+    common with them."""
+    if plan.user_ids is None:
+        return None, None
+    closed = _render(chat_format, plan.history + [user_message(text), assistant_message(reply)], cue=False)
+    if closed is None:
+        return None, None
+    if _starts_with(closed, plan.rendered):
+        tail = closed[len(plan.rendered):]
+        ends = [index for index, token in enumerate(tail) if token in stop_ids]
+        if ends:
+            return plan.user_ids, list(generated) + tail[ends[-1]:]
+    history_length = len(plan.rendered) - len(plan.user_ids)
+    if not _starts_with(closed, plan.rendered[:history_length]):
+        return None, None
+    split = common_length(closed, plan.rendered)
+    return closed[history_length:split], closed[split:]
+
+
+def rendered_ids(
+    chat_format: ChatFormat, system_messages: list[dict[str, str]], exchanges: Sequence[Exchange]
+) -> tuple[list[int], list[tuple[list[int], list[int]]]] | None:
+    """The head ids and each exchange's (user ids, reply ids) from renders of the growing
+    conversation (replies re-tokenised); None if the format lacks the prefix property."""
+    messages = system_messages
+    head = closed_ids(chat_format, messages)
+    done = head
+    segments = []
+    for exchange in exchanges:
+        rendered = _render(chat_format, messages + [user_message(exchange.user)], cue=True)
+        messages = messages + [user_message(exchange.user), assistant_message(exchange.reply)]
+        closed = _render(chat_format, messages, cue=False)
+        if rendered is None or closed is None or not (_starts_with(rendered, done) and _starts_with(closed, done)):
+            return None
+        # The user's ids end where the cue and the closed reply part (at the cue's end
+        # unless the template writes earlier replies otherwise than they were cued).
+        split = common_length(closed, rendered)
+        segments.append((closed[len(done):split], closed[split:]))
+        done = closed
+    return head, segments
+
+
+def _render(chat_format: ChatFormat, messages: Sequence[Message], cue: bool) -> list[int] | None:
+    """The format's ids for these messages, or None if it cannot render them (yet)."""
+    try:
+        return chat_format.encode(messages, add_generation_prompt=cue)
+    except LlamaChatError:
+        return None
+
+
+def _starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(prefix) <= len(ids) and list(ids[: len(prefix)]) == list(prefix)
