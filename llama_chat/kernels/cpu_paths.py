@@ -226,9 +226,6 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
         raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
     # Set, even empty, it forces: a name that is none is refused, not taken for auto.
     forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
-    if forced is not None and forced not in native.VARIANTS:
-        raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
-                          f"{', '.join(native.VARIANTS)}, or unset it")
     state = native.status()
     if not state.loaded:
         # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
@@ -236,6 +233,10 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
             asked = "LLAMA_CHAT_KERNELS=ours" if family == "ours" else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
             raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
+    # The names are the loaded library's: without it there are none to check against.
+    if forced is not None and forced not in native.variant_names():
+        raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
+                          f"{', '.join(native.variant_names())}, or unset it")
     variants = native.runnable_variants()
     if forced is not None:
         if forced not in variants:
