@@ -10,9 +10,8 @@ observer the caller may pass (the command line's shows a bar on a terminal).
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Protocol
@@ -22,24 +21,18 @@ from torch import nn
 
 from llama_chat.checkpoints.contents import Checkpoint, Weight, stored_bytes
 from llama_chat.checkpoints.detect import read_checkpoint
-from llama_chat.checkpoints.stored import GROUP, StoredMatrix
+from llama_chat.checkpoints.stored import StoredMatrix
 from llama_chat.disk_cache import read_checked
 from llama_chat.engine.device import DTYPES, resolve_device, resolve_dtype
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import DeviceError, LlamaChatError, first_line
 from llama_chat.kernels import packed_cache
-from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockEmbedding, BlockLinear, StackedBlockLinear
-from llama_chat.kernels.cache_attention import CACHE_DTYPE, use_cache_attention
-from llama_chat.kernels.cpu_paths import CpuPaths, choose_cpu_paths, choose_native, native_paths
-from llama_chat.kernels.packed import (
-    Int8Table,
-    PackedEmbedding,
-    PackedHead,
-    PackedLinear,
-    Scratch,
-)
+from llama_chat.kernels.backend import WeightBackend
+from llama_chat.kernels.block_linear import BlockEmbedding, BlockLinear, StackedBlockLinear
+from llama_chat.kernels.cpu_paths import choose_backend
+from llama_chat.kernels.packed import PackedEmbedding, PackedHead, Scratch
 from llama_chat.kernels.packed_cache_entries import make_room
-from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
+from llama_chat.kernels.quantize import packs
 from llama_chat.llama import Llama
 from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
 from llama_chat.process_memory import return_freed_memory
@@ -103,10 +96,10 @@ def build_transformer(
 
 
 def build_packed_transformer(
-    checkpoint: Checkpoint, paths: CpuPaths, modes: dict[str, str], progress: Progress, *, read: bool = True
+    checkpoint: Checkpoint, backend: WeightBackend, modes: dict[str, str], progress: Progress, *, read: bool = True
 ) -> Transformer:
-    """The Transformer with every matrix packed as it is read (the layers' as `modes` says,
-    the embedding and output head as `pack_table` holds them);
+    """The Transformer with every matrix packed by `backend` as it is read (the layers' as
+    `modes` says, the embedding and output head as its tables);
     with read=False, the modules are laid out on the meta device (a state read from the
     packed cache fills them, or fill_packed_transformer), and only matrices for PyTorch's
     kernels are packed."""
@@ -120,34 +113,25 @@ def build_packed_transformer(
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
     pool = ThreadPoolExecutor(max_workers=torch.get_num_threads() if read else 1)
     try:
-        packing = {"tok_embeddings.weight": pack_table(pool, embedding, paths, scratch, read)}
+        packing = {"tok_embeddings.weight": pool.submit(backend.pack_table, embedding, scratch, read=read)}
         if head is not embedding:
-            packing["output.weight"] = pack_table(pool, head, paths, scratch, read)
+            packing["output.weight"] = pool.submit(backend.pack_table, head, scratch, read=read)
         for name, mode in modes.items():
-            bits = paths.activation_bits
-            if MIXED in mode:
-                packing[name] = pool.submit(StackedBlockLinear, tensors[name], paths.variant_number, bits, read=read)
-            elif mode in BLOCK_TYPES:
-                packing[name] = pool.submit(BlockLinear, tensors[name], mode, paths.variant_number, bits, read=read)
-            else:
-                packing[name] = pool.submit(
-                    PackedLinear, tensors[name], mode, scratch, paths.kernel_dtype, paths.kernel_rows,
-                    paths.matmul_dtype,
-                )
+            packing[name] = pool.submit(backend.pack_matrix, tensors[name], mode, scratch, read=read)
         for name, weight in tensors.items():
             if name == "output.weight" and head is embedding:
                 continue  # the embedding's table, placed with it
             module_name, _, attribute = name.rpartition(".")
             if not read:
                 if name in packing:
-                    place_packed(transformer, module_name, packing.pop(name).result())
+                    place_packed(transformer, backend, module_name, packing.pop(name).result())
                 else:
                     vector = nn.Parameter(torch.empty(weight.shape, device="meta"), requires_grad=False)
                     setattr(transformer.get_submodule(module_name), attribute, vector)
                 continue
             with progress.item(module_name, weight):
                 if name in packing:
-                    place_packed(transformer, module_name, packing.pop(name).result())
+                    place_packed(transformer, backend, module_name, packing.pop(name).result())
                     return_freed_memory()
                 else:
                     vector = nn.Parameter(weight.float(), requires_grad=False)
@@ -187,7 +171,7 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
 
 
 def packed_from_cache(
-    checkpoint: Checkpoint, source: Path, paths: CpuPaths, modes: dict[str, str], shard: Shard | None,
+    checkpoint: Checkpoint, source: Path, backend: WeightBackend, modes: dict[str, str], shard: Shard | None,
     progress: Progress,
 ) -> tuple[Transformer, str]:
     """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
@@ -202,9 +186,9 @@ def packed_from_cache(
     if ranks:
         entries["replicated"] = packed_cache.entry_path(source, {"modes": modes, "replicated_of": shard.world})
     if entries["own"] is None:
-        return build_packed_transformer(checkpoint, paths, modes, progress), ""
+        return build_packed_transformer(checkpoint, backend, modes, progress), ""
     note = ""
-    transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
+    transformer = build_packed_transformer(checkpoint, backend, modes, progress, read=False)
     if all(entry.exists() for entry in entries.values()):
         _, damage = read_checked(
             entries.values(), lambda: transformer.load_state_dict(mapped_entries(entries.values()), assign=True),
@@ -213,7 +197,7 @@ def packed_from_cache(
         if not damage:
             return transformer, note
         note = f"packed cache rebuilt ({damage})"
-        transformer = build_packed_transformer(checkpoint, paths, modes, progress, read=False)
+        transformer = build_packed_transformer(checkpoint, backend, modes, progress, read=False)
     layout = transformer.state_dict(keep_vars=True)  # keep_vars: a tied table is one tensor under two names
     parts = {"own": layout}
     names = {"own": source.name}
@@ -239,7 +223,7 @@ def packed_from_cache(
         transformer.load_state_dict(_cache_step(mapped_entries, entries.values()), assign=True, strict=True)
         return_freed_memory()  # packing's temporaries
     except _CacheUnusable as error:
-        transformer = build_packed_transformer(checkpoint, paths, modes, progress)
+        transformer = build_packed_transformer(checkpoint, backend, modes, progress)
         note = f"packed cache not written ({first_line(error.__cause__)})"
     return transformer, note
 
@@ -260,34 +244,26 @@ def mapped_entries(entries: Iterable[Path]) -> dict[str, torch.Tensor]:
     return {name: tensor for entry in entries for name, tensor in packed_cache.load(entry).items()}
 
 
-def table_block_type(table: StoredMatrix) -> str | None:
-    """The block type an embedding or output head keeps for our kernels: the file's own
-    where they read it, else Q8_0 (1.06 bytes a weight); None where the width is not whole
-    blocks."""
-    if table.block_type in BLOCK_TYPES:
-        return table.block_type
-    return "Q8_0" if table.shape[1] % GROUP == 0 else None
+def packed_transformer(
+    checkpoint: Checkpoint, source: Path, backend: WeightBackend, modes: dict[str, str], shard: Shard | None,
+    progress: Progress,
+) -> tuple[Transformer, str]:
+    """The Transformer packed by `backend`: through the packed cache where the back-end keeps
+    its packing there, else in memory; and packed_from_cache's note."""
+    if backend.keeps_packed_cache:
+        transformer, note = packed_from_cache(checkpoint, source, backend, modes, shard, progress)
+    else:
+        transformer, note = build_packed_transformer(checkpoint, backend, modes, progress), ""
+    backend.prepare(transformer)
+    return transformer, note
 
 
-def pack_table(pool: ThreadPoolExecutor, table: StoredMatrix, paths: CpuPaths, scratch: Scratch, read: bool) -> Future:
-    """The embedding or output head, packing in the pool: held as the file's blocks where
-    our kernels run (read by them, no wider than the file; a tied table is both), else as
-    int8 groups for PyTorch's."""
-    block_type = table_block_type(table) if paths.variant is not None else None
-    if block_type is None:
-        return pool.submit(Int8Table, table, scratch, read=read)
-    return pool.submit(BlockLinear, table, block_type, paths.variant_number, 16, read=read)
-
-
-def place_packed(transformer: Transformer, module_name: str, packed: nn.Module) -> None:
+def place_packed(transformer: Transformer, backend: WeightBackend, module_name: str, packed: nn.Module) -> None:
     if module_name == "tok_embeddings":
         # The head too, replaced when it has a table of its own.
-        if isinstance(packed, BlockLinear):
-            transformer.tok_embeddings, transformer.output = BlockEmbedding(packed), packed
-        else:
-            transformer.tok_embeddings, transformer.output = PackedEmbedding(packed, torch.float32), PackedHead(packed)
+        transformer.tok_embeddings, transformer.output = backend.embedding(packed), backend.head(packed)
     elif module_name == "output":
-        transformer.output = packed if isinstance(packed, BlockLinear) else PackedHead(packed)
+        transformer.output = backend.head(packed)
     else:
         transformer.set_submodule(module_name, packed)
 
@@ -335,23 +311,11 @@ def load(
     try:
         with reading_errors(source):
             if packed:
-                variant, native_reason = choose_native(args)
-                modes = layer_matrix_modes(checkpoint, quantize, blocks=variant is not None)
-                if variant is not None:
-                    paths = native_paths(variant, native_reason)
-                else:
-                    most_used = Counter(modes.values()).most_common(1)[0][0]
-                    paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype)
-                    paths = dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}")
-                if variant is not None:
-                    transformer, cache_note = packed_from_cache(checkpoint, source, paths, modes, shard, reporter)
-                    # The kernels attend over the cache too, which they read at half width.
-                    use_cache_attention(transformer, paths.variant_number)
-                    cache_dtype = cache_dtype or CACHE_DTYPE
-                else:
-                    transformer, cache_note = build_packed_transformer(checkpoint, paths, modes, reporter), ""
-                weights_note, quantization, arithmetic = paths.describe(), describe_packing(modes), paths.arithmetic()
-                weights_note += f"; {cache_note}" if cache_note else ""
+                backend, modes = choose_backend(checkpoint, quantize, dtype, kernel_dtype)
+                transformer, cache_note = packed_transformer(checkpoint, source, backend, modes, shard, reporter)
+                weights_note = backend.describe() + (f"; {cache_note}" if cache_note else "")
+                quantization, arithmetic = backend.quantization(modes), backend.arithmetic()
+                cache_dtype = cache_dtype or backend.cache_dtype
             else:
                 resolved_dtype = resolve_dtype(dtype, resolved_device)
                 transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, reporter)

@@ -5,14 +5,18 @@ against byte for byte, and the way the tests lay out blocks without it."""
 from __future__ import annotations
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from llama_chat.kernels.block_linear import (
-    BLOCK_SIZES,
-    CRUMB_SHIFTS,
-    ROW_GROUP,
-    TILE_HALVES,
-    TILE_ROWS,
-)
+from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
+
+# The layout as kernels.h documents it, written out here so that the library is checked
+# against it rather than against what it reports of itself.
+ROW_GROUP = 4
+TILE_ROWS = 16
+TILED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K")
+TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q4_K": (2, 0), "Q6_K": (1, 208)}  # float16 fields: count, where
+BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}  # (weights, bytes)
+CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]  # Q6_K's 2-bit high parts in a byte
 
 
 def interleave_rows(rows: torch.Tensor, block_bytes: int) -> torch.Tensor:

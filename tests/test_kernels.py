@@ -18,11 +18,10 @@ from gguf import quants
 import llama_chat
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
 from llama_chat.kernels import native
+from llama_chat.kernels.library_layout import library_layout
 from llama_chat.kernels.quantize import block_mode, describe_packing
 from llama_chat.kernels.block_linear import (
-    BLOCK_SIZES,
     BLOCK_TYPES,
-    TILED_TYPES,
     BlockEmbedding,
     BlockLinear,
     StackedBlockLinear,
@@ -32,7 +31,15 @@ from llama_chat.kernels.block_linear import (
     untile_rows,
 )
 
-from .block_layout_reference import interleave_rows, tile_rows
+from .block_layout_reference import (
+    BLOCK_SIZES,
+    ROW_GROUP,
+    TILE_HALVES,
+    TILE_ROWS,
+    TILED_TYPES,
+    interleave_rows,
+    tile_rows,
+)
 from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
 
@@ -174,6 +181,7 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
         assert ((got - portable).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
+@pytest.mark.needs_kernels
 @pytest.mark.parametrize("block_type", TILED_TYPES)
 def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     """37 rows: two whole tiles and one padded with zero rows. Tiles are the blocks' bytes
@@ -184,6 +192,22 @@ def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     assert tiles.shape == (3, 16 * raw.shape[1] * growth) == (3, arranged_bytes(block_type, 512))
     assert torch.equal(untile_rows(tiles, block_type, 37), raw)
     assert not untile_rows(tiles, block_type, 48)[37:].any()
+
+
+@pytest.mark.needs_kernels
+def test_the_library_reports_the_layout_its_header_documents():
+    """What Python reads of the library instead of copying it: the layout the reference
+    writes out, gguf's block sizes, and the variants' names in their numbering."""
+    layout = library_layout()
+    assert (layout.tile_rows, layout.row_group) == (TILE_ROWS, ROW_GROUP)
+    assert native.variant_names() == ("portable", "avx2", "avx512-vnni")
+    assert sorted(layout.types) == sorted(BLOCK_TYPES.values())
+    for name, number in BLOCK_TYPES.items():
+        kind = layout.types[number]
+        assert (kind.block_weights, kind.block_bytes) == BLOCK_SIZES[name]
+        assert kind.tiled == (name in TILED_TYPES)
+        if kind.tiled:
+            assert (kind.halves, kind.halves_at) == TILE_HALVES[name]
 
 
 @pytest.mark.needs_kernels
@@ -257,13 +281,13 @@ def test_the_operator_runs_exactly_the_variants_it_reports():
     """Each variant number runs where supported_variants has its bit, and is refused by
     name of the cause where it does not (on a CPU without AVX-512, say)."""
     supported = torch.ops.llama_chat.supported_variants()
-    for number, name in enumerate(native.VARIANTS):
+    for number, name in enumerate(native.variant_names()):
         if supported >> number & 1:
             assert torch.equal(one_row(variant=number), torch.zeros(1, 4)), name
         else:
             with pytest.raises(RuntimeError, match=f"this CPU cannot run kernel variant {number}"):
                 one_row(variant=number)
-    runnable = [name for number, name in enumerate(native.VARIANTS) if supported >> number & 1]
+    runnable = [name for number, name in enumerate(native.variant_names()) if supported >> number & 1]
     assert native.runnable_variants() == runnable
 
 

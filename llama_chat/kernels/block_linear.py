@@ -15,7 +15,8 @@ A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's blo
   activations, several tokens as above.
 Float weights are quantised into blocks the same kernels read: Q8_0 (int8 with a scale per
 32 weights), or Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit
-blocks.
+blocks. Which types are tiled, and the sizes of tiles, row groups and their units, are the
+library's own, read from it (library_layout.py), never copied here.
 """
 
 from __future__ import annotations
@@ -25,26 +26,29 @@ import math
 import torch
 from torch import nn
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 from llama_chat.checkpoints.stored import GROUP, StackedRows, StoredMatrix, as_float
 from llama_chat.kernels import native
+from llama_chat.kernels.library_layout import TypeLayout, library_layout
 
-# The GGUF types the kernels read, with their ggml numbers and (weights, bytes) a block.
+# The GGUF types the kernels read, by their ggml numbers (how the library names them).
 BLOCK_TYPES = {name: GGMLQuantizationType[name].value for name in KERNEL_BLOCK_TYPES}
-BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}
 CHUNK_WEIGHTS = 1 << 21  # weights converted at a time: bounds a load's temporaries (1 << 18 packed the
 # 1.2 B Q4_0 file in 4.1-4.3 s, 1 << 21 in 2.9-3.2 s, 30 MB more at its peak)
-ROW_GROUP = 4  # rows interleaved block by block (kernels/csrc/kernels.h)
-TILE_ROWS = 16  # rows a tile of Q4_0, Q4_1 or Q4_K holds (kernels/csrc/kernels.h)
-TILED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
 
-def row_bytes(block_type: str, columns: int) -> int:
-    weights, size = BLOCK_SIZES[block_type]
-    return columns // weights * size
+def type_layout(block_type: str) -> TypeLayout:
+    """How the loaded library holds `block_type` (tiled or not, its block's and unit's sizes)."""
+    return library_layout().types[BLOCK_TYPES[block_type]]
+
+
+def rows_arranged_together(block_type: str) -> int:
+    """Rows a tile (tiled types) or a row group (the others) holds."""
+    layout = library_layout()
+    return layout.tile_rows if type_layout(block_type).tiled else layout.row_group
 
 
 def _halves(values: torch.Tensor) -> torch.Tensor:
@@ -86,23 +90,16 @@ def _k_scales_packed(scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tens
     ], dim=-1)
 
 
-# Per tiled type: its float16 fields (count, and where they start in a block), and a
-# tile's bytes for one block of each of its 16 rows (kernels/csrc/kernels.h).
-TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q4_K": (2, 0), "Q6_K": (1, 208)}
-TILE_UNIT_BYTES = {"Q4_0": 288, "Q4_1": 320, "Q4_K": 2368, "Q6_K": 3360}
-FACTOR_BYTES = {"Q4_K": 16, "Q6_K": 16}  # per row and block: Q4_K's 8 scales and 8 minimums, Q6_K's 16 scales
-
-
 # Q6_K's 2-bit high parts: four to a byte, at these shifts (a column against its 4 places).
 CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
 
 
 def arranged_bytes(block_type: str, columns: int) -> int:
     """Bytes of one tile (16 rows) or row group (4 rows) in the kernels' layout."""
-    weights, size = BLOCK_SIZES[block_type]
-    if block_type in TILED_TYPES:
-        return columns // weights * TILE_UNIT_BYTES[block_type]
-    return ROW_GROUP * columns // weights * size
+    kind = type_layout(block_type)
+    if kind.tiled:
+        return columns // kind.unit_columns * kind.unit_bytes
+    return rows_arranged_together(block_type) * columns // kind.block_weights * kind.block_bytes
 
 
 def _blocks_from_parts(
@@ -125,27 +122,32 @@ def _blocks_from_parts(
 
 
 def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tensor:
-    """The inverse of tile_rows: the first `count` rows' blocks [count, bytes a row]."""
-    fields, _ = TILE_HALVES[block_type]
-    groups_a_unit = BLOCK_SIZES[block_type][0] // GROUP
+    """The kernels' tiles [tiles, bytes a tile] (arranged as kernels/csrc/kernels.h says) as
+    the first `count` rows' blocks in the file's order [count, bytes a row]."""
+    kind, tile_rows = type_layout(block_type), library_layout().tile_rows
+    fields = kind.halves
+    groups_a_unit = kind.unit_columns // GROUP
     level_bytes = 256 * groups_a_unit
     high_bytes = 128 * groups_a_unit if block_type == "Q6_K" else 0
-    field_bytes = 32 * fields
-    units = tiles.view(len(tiles), -1, TILE_UNIT_BYTES[block_type])
-    count_units, rows = units.shape[1], len(tiles) * TILE_ROWS
-    packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    field_bytes = 2 * tile_rows * fields
+    # What a unit holds after the levels and fields, a byte a row each: Q4_K's 8 scales and
+    # 8 minimums, Q6_K's 16 scales; none for Q4_0 and Q4_1.
+    factor_bytes = (kind.unit_bytes - level_bytes - high_bytes - field_bytes) // tile_rows
+    units = tiles.view(len(tiles), -1, kind.unit_bytes)
+    count_units, rows = units.shape[1], len(tiles) * tile_rows
+    packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, tile_rows, 4).permute(0, 3, 1, 2, 4)
     levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
     if high_bytes:
-        bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, 2, TILE_ROWS, 4)
+        bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, 2, tile_rows, 4)
         bits = bits.permute(0, 3, 1, 2, 4)[..., None, :]  # [tile, row, group, chunk, 1, j]
         crumbs = (bits >> CRUMB_SHIFTS) & 3  # [.., chunk, v % 4, j]
         levels = levels | (crumbs.reshape(levels.shape) << 4)
     at = level_bytes + high_bytes
-    halves = units[..., at : at + field_bytes].reshape(len(tiles), count_units, fields, TILE_ROWS, 2)
+    halves = units[..., at : at + field_bytes].reshape(len(tiles), count_units, fields, tile_rows, 2)
     halves = halves.permute(0, 3, 1, 2, 4).reshape(rows, count_units, fields, 2)
     factors = None
-    if block_type in FACTOR_BYTES:
-        factors = units[..., at + field_bytes :].reshape(len(tiles), count_units, FACTOR_BYTES[block_type], TILE_ROWS)
+    if factor_bytes:
+        factors = units[..., at + field_bytes :].reshape(len(tiles), count_units, factor_bytes, tile_rows)
         factors = factors.permute(0, 3, 1, 2).reshape(rows, count_units, -1)
     return _blocks_from_parts(levels.reshape(rows, -1, 32), halves, factors, block_type).reshape(rows, -1)[:count]
 
@@ -164,8 +166,8 @@ class BlockLinear(nn.Module):
         self.type_number = BLOCK_TYPES[block_type]
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
-        self.tiled = block_type in TILED_TYPES
-        self.unit = TILE_ROWS if self.tiled else ROW_GROUP  # rows arranged together
+        self.tiled = type_layout(block_type).tiled
+        self.unit = rows_arranged_together(block_type)
         width = arranged_bytes(block_type, self.in_features)
         device = None if read else "meta"
         units = -(-self.out_features // self.unit)
@@ -195,11 +197,11 @@ class BlockLinear(nn.Module):
         """Arranged units (tiles or row groups) [n, bytes a unit] as their rows' blocks in the
         file's order [n * rows a unit, bytes a row]."""
         if self.tiled:
-            return untile_rows(units, self.block_type, len(units) * TILE_ROWS)
+            return untile_rows(units, self.block_type, len(units) * self.unit)
         groups, width = units.shape
-        size = BLOCK_SIZES[self.block_type][1]
-        rows = units.view(groups, width // (ROW_GROUP * size), ROW_GROUP, size).transpose(1, 2)
-        return rows.reshape(groups * ROW_GROUP, width // ROW_GROUP)
+        size = type_layout(self.block_type).block_bytes
+        rows = units.view(groups, width // (self.unit * size), self.unit, size).transpose(1, 2)
+        return rows.reshape(groups * self.unit, width // self.unit)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of the matrix in float32 [n, in_features]: an embedding's lookup,
@@ -227,7 +229,7 @@ class BlockLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        layout = "tiles of 16 rows" if self.tiled else "groups of 4 rows"
+        layout = f"tiles of {self.unit} rows" if self.tiled else f"groups of {self.unit} rows"
         return (f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, "
                 f"{self.activation_bits}-bit steps")
 

@@ -53,7 +53,7 @@ class CacheAttention(nn.Module):
         return out.to(q.dtype)
 
     def extra_repr(self) -> str:
-        return f"variant {native.VARIANTS[self.variant]}"
+        return f"variant {native.variant_names()[self.variant]}"
 
 
 def use_cache_attention(transformer: nn.Module, variant: int) -> None:

@@ -19,22 +19,24 @@ uses the family with the smaller sum. LLAMA_CHAT_KERNELS (ours or aten) and LLAM
 A short probe times the candidates at the model's own widths, on one thread, and the
 result is kept per CPU model, PyTorch version and shape in the cache folder.
 LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
-LLAMA_CHAT_KERNEL_ROWS force them.
+LLAMA_CHAT_KERNEL_ROWS force them. choose_backend is where the back-end is chosen.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.disk_cache import entry_path, read_checked, staged
 from llama_chat.engine.config import ModelArgs
@@ -42,8 +44,11 @@ from llama_chat.engine.device import DTYPES, cpu_model_name
 from llama_chat.engine.runners import PREFILL_CHUNK
 from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
+from llama_chat.kernels.backend import WeightBackend
+from llama_chat.kernels.block_backend import BlockKernels
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
+from llama_chat.kernels.pytorch_backend import PyTorchKernels, dtype_name
 
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
@@ -51,42 +56,9 @@ PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole lay
 STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 # The names measure_dtypes and measure_rows time under; a cached entry must have them all.
 DTYPE_TIMES = frozenset(f"{kind} {dtype_name(d)}" for kind in ("prompt steps", "kernels") for d in CANDIDATES)
 ROW_TIMES = frozenset(f"{kind} {rows}" for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
-
-
-@dataclass(frozen=True)
-class CpuPaths:
-    matmul_dtype: torch.dtype  # prompt steps' products of dequantised weights
-    kernel_dtype: torch.dtype
-    kernel_rows: int  # steps of up to this many tokens use the packed kernels
-    reason: str  # how each was chosen, for people
-    variant: str | None = None  # llama-chat's kernels in this variant, or None for PyTorch's
-    activation_bits: int = 16  # of several tokens' activations in llama-chat's kernels
-
-    @property
-    def variant_number(self) -> int:
-        return native.variant_number(self.variant)
-
-    def arithmetic(self) -> str:
-        """"bfloat16 products and kernels, kernels up to 32 tokens a step" and the like:
-        what the numbers computed depend on (a saved KV cache is only good for the same)."""
-        if self.variant is not None:
-            return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps"
-        if self.matmul_dtype == self.kernel_dtype:
-            dtypes = f"{dtype_name(self.matmul_dtype)} products and kernels"
-        else:
-            dtypes = f"{dtype_name(self.matmul_dtype)} products, {dtype_name(self.kernel_dtype)} kernels"
-        return f"{dtypes}, kernels up to {self.kernel_rows} tokens a step"
-
-    def describe(self) -> str:
-        """The arithmetic, then how it was chosen: "...; measured here: ..." and the like."""
-        return f"{self.arithmetic()}; {self.reason}"
 
 
 def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
@@ -226,9 +198,6 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
         raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
     # Set, even empty, it forces: a name that is none is refused, not taken for auto.
     forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
-    if forced is not None and forced not in native.VARIANTS:
-        raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
-                          f"{', '.join(native.VARIANTS)}, or unset it")
     state = native.status()
     if not state.loaded:
         # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
@@ -236,6 +205,10 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
             asked = "LLAMA_CHAT_KERNELS=ours" if family == "ours" else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
             raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
+    # The names are the loaded library's: without it there are none to check against.
+    if forced is not None and forced not in native.variant_names():
+        raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
+                          f"{', '.join(native.variant_names())}, or unset it")
     variants = native.runnable_variants()
     if forced is not None:
         if forced not in variants:
@@ -261,23 +234,25 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
     return None, f"PyTorch's kernels: llama-chat's {best} ran {speeds}"
 
 
-def native_paths(variant: str, reason: str) -> CpuPaths:
+def native_paths(variant: str, reason: str) -> BlockKernels:
     """llama-chat's kernels in `variant` (they take float32 in and out); LLAMA_CHAT_ACTIVATION_BITS
     (16 or 8) sets how several tokens' activations are quantised."""
     bits = os.environ.get("LLAMA_CHAT_ACTIVATION_BITS", "16")
     if bits not in ("8", "16"):
         raise DeviceError(f"LLAMA_CHAT_ACTIVATION_BITS={bits!r}: use 16 or 8")
-    return CpuPaths(torch.float32, torch.float32, 1, reason, variant, int(bits))
+    return BlockKernels(variant, int(bits), reason)
 
 
-def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None) -> CpuPaths:
-    """The matmul and kernel dtypes, and the kernel's row limit, for a model packed for
-    PyTorch's kernels with these shapes on this CPU."""
+def choose_cpu_paths(
+    args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None
+) -> PyTorchKernels:
+    """PyTorch's kernels with the matmul and kernel dtypes, and the kernel's row limit,
+    for a model packed for them with these shapes on this CPU."""
     forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
     forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
     forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
     if forced_matmul and forced_kernel and forced_rows:
-        return CpuPaths(forced_matmul, forced_kernel, forced_rows, "forced")
+        return PyTorchKernels(forced_matmul, forced_kernel, forced_rows, "forced")
     shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
     dtype_times = remembered(shape, lambda: measure_dtypes(args, mode), DTYPE_TIMES)
     matmul_dtype, matmul_reason = (
@@ -292,7 +267,23 @@ def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kern
         row_times = remembered(f"{shape} {dtype_name(matmul_dtype)} {dtype_name(kernel_dtype)}",
                                lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
         rows = kernel_rows(row_times)
-    return CpuPaths(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
+    return PyTorchKernels(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
+
+
+def choose_backend(
+    checkpoint: Checkpoint, quantize: str, matmul: str | None = None, kernel: str | None = None
+) -> tuple[WeightBackend, dict[str, str]]:
+    """The back-end a packed model runs on, and its plan for the layers' matrices:
+    llama-chat's kernels where choose_native picks a variant, else PyTorch's, measured for
+    the packing most of the matrices get."""
+    variant, native_reason = choose_native(checkpoint.args)
+    if variant is not None:
+        modes = BlockKernels.plan(checkpoint, quantize)
+        return native_paths(variant, native_reason), modes
+    modes = PyTorchKernels.plan(checkpoint, quantize)
+    most_used = Counter(modes.values()).most_common(1)[0][0]
+    paths = choose_cpu_paths(checkpoint.args, most_used, matmul, kernel)
+    return dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}"), modes
 
 
 def forced_row_limit(value: str | None) -> int | None:

@@ -10,8 +10,8 @@ compiler, or when a build fails, PyTorch's kernels run and `status()` says why i
 line. A kept build that is not the file its build wrote (truncated, changed: its digest
 is recorded beside it) is removed and built again the same way.
 
-Variants: portable C++, AVX2 (with FMA) and AVX-512 with VNNI; the library reports which
-this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT forces one.
+Variants: portable C++, AVX2 (with FMA) and AVX-512 with VNNI; the library reports their
+names and which this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT forces one.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import torch
 from llama_chat.disk_cache import cache_key, entry_path, read_checked, staged
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import CorruptFileError
+from llama_chat.kernels.library_layout import library_layout
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
-VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the library's numbering
 LIBRARY_NAME = "llama_chat_kernels"
 # at::parallel_for is inline OpenMP in PyTorch's Linux builds: without -fopenmp it runs on
 # one thread. The library then asks for libgomp.so.1, which the loader finds already
@@ -167,15 +167,12 @@ def _load_library(path: str) -> None:
     if _operators_registered():  # an equal build loaded from another folder (a second registration aborts)
         return
     torch.ops.load_library(path)
-    # Shapes for tracing (the compiled decode step calls the operator too).
+    # Shapes for tracing (the compiled decode step calls the operator too), from the
+    # arguments they depend on; the rest are the schema's (ops.cpp, attention_ops.cpp).
     torch.library.register_fake("llama_chat::block_linear")(
-        lambda x, weight, block_type, out_features, variant, activation_bits: x.new_empty(
-            (*x.shape[:-1], out_features)
-        )
+        lambda x, weight, block_type, out_features, *_: x.new_empty((*x.shape[:-1], out_features))
     )
-    torch.library.register_fake("llama_chat::cache_attention")(
-        lambda q, new_keys, new_values, past_keys, past_values, past_bias, scale, variant: q.new_empty(q.shape)
-    )
+    torch.library.register_fake("llama_chat::cache_attention")(lambda q, *_: q.new_empty(q.shape))
 
 
 def status(wait: bool = False) -> NativeStatus:
@@ -231,13 +228,18 @@ def load_built() -> bool:
     return True
 
 
+def variant_names() -> tuple[str, ...]:
+    """Every variant of the loaded library, in its numbering."""
+    return library_layout().variants
+
+
 def runnable_variants() -> list[str]:
     bits = torch.ops.llama_chat.supported_variants()
-    return [name for number, name in enumerate(VARIANTS) if bits >> number & 1]
+    return [name for number, name in enumerate(variant_names()) if bits >> number & 1]
 
 
 def variant_number(name: str) -> int:
-    return VARIANTS.index(name)
+    return variant_names().index(name)
 
 
 def main(argv: list[str]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from llama_chat.checkpoints.contents import Checkpoint
@@ -80,10 +82,11 @@ def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | N
     return "Q4_1" if source.float_storage and source_quantization in FOUR_BIT_SOURCES else "Q8_0"
 
 
-def layer_matrix_modes(checkpoint: Checkpoint, quantize: str, blocks: bool = False) -> dict[str, str]:
-    """How each of the layers' matrices will be packed, by name (nothing is read): for
-    PyTorch's kernels (int4, int8), or as blocks for llama-chat's (`blocks`)."""
-    choose = block_mode if blocks else matrix_mode
+def layer_matrix_modes(
+    checkpoint: Checkpoint, quantize: str, choose: Callable[[StoredMatrix, str, str | None, str], str]
+) -> dict[str, str]:
+    """How each of the layers' matrices will be packed, by name (nothing is read), as
+    `choose` says: matrix_mode for PyTorch's kernels (int4, int8), block_mode for llama-chat's."""
     return {
         name: choose(weight, quantize, checkpoint.source_quantization, name)
         for name, weight in checkpoint.tensors.items()

@@ -20,14 +20,6 @@ constexpr int MAX_BLOCK_WEIGHTS = 256;
 constexpr int MAX_BLOCK_BYTES = 210;  // Q6_K's
 const uint8_t ZERO_BLOCK[MAX_BLOCK_BYTES] = {};  // a padding row's block
 
-// Where a tiled type's float16 fields start in a file block, and how many it has.
-struct Halves {
-    int at;
-    int count;
-};
-constexpr Halves halves_of(int type) {
-    return type == Q6_K ? Halves{208, 1} : type == Q4_0 ? Halves{0, 1} : Halves{0, 2};
-}
 
 // One file block's levels in column order: 0..15, Q6_K's 0..63.
 template <int TYPE>

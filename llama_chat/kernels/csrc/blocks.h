@@ -31,8 +31,13 @@ struct TypeInfo {
     int max_level;      // largest |level| (AVX2's 16-bit pair sums hold levels up to 64)
 };
 
+// The types the kernels read, in the order the library reports them (ops.cpp's layout).
+constexpr int KNOWN_TYPES[] = {Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K};
+
 static inline bool known_type(int type) {
-    return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K || type == Q6_K;
+    for (int known : KNOWN_TYPES)
+        if (type == known) return true;
+    return false;
 }
 
 static constexpr TypeInfo type_info(int type) {

@@ -66,6 +66,16 @@ constexpr int64_t tile_unit_bytes(int type) {
 constexpr int64_t tile_bytes(int type, int64_t columns) { return columns / tile_unit_columns(type) * tile_unit_bytes(type); }
 constexpr int64_t tile_count(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
 
+// Where a tiled type's float16 fields (d, then Q4_1's m or the K types' dmin) start in a
+// file block, and how many it has; a unit holds each for its 16 rows after the levels.
+struct Halves {
+    int at;
+    int count;
+};
+constexpr Halves halves_of(int type) {
+    return type == Q6_K ? Halves{208, 1} : type == Q4_0 ? Halves{0, 1} : Halves{0, 2};
+}
+
 struct KernelSet {
     // y[m][n] = sum_k x[m][k] w[n][k] for n in [n0, n1) (n0 a multiple of 4), float activations;
     // sums [rows][columns / 32]: x summed over each group (for types with offsets, else null).

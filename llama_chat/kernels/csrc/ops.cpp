@@ -1,4 +1,5 @@
-// The operators PyTorch sees: llama_chat::block_linear and llama_chat::supported_variants.
+// The operators PyTorch sees: llama_chat::block_linear, llama_chat::supported_variants and
+// llama_chat::layout.
 // Work is split over PyTorch's own threads; each piece runs one instruction-set variant.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -9,6 +10,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
+#include <string>
 
 #include "blocks.h"
 #include "kernels.h"
@@ -16,6 +19,8 @@
 namespace llama_chat_kernels {
 
 enum Variant : int64_t { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };
+// Their names for people and for LLAMA_CHAT_KERNEL_VARIANT, in that numbering.
+constexpr const char* VARIANT_NAMES[] = {"portable", "avx2", "avx512-vnni"};
 
 int64_t panel_bytes(int type, int64_t columns) {
     const TypeInfo info = type_info(type);
@@ -40,6 +45,30 @@ static int64_t detect_variants() {
 int64_t supported_variants() {
     static const int64_t bits = detect_variants();  // asked once: every call checks its variant
     return bits;
+}
+
+// The weight layout and the variants, as JSON text, for Python to read rather than keep
+// copies of (native.py): rows a tile and a row group hold, and per block type (by its
+// ggml number) its block's weights and bytes and, tiled, a unit's columns and bytes and
+// where its float16 fields lie.
+std::string layout() {
+    std::ostringstream out;
+    out << "{\"variants\": [";
+    for (int v = PORTABLE; v <= AVX512_VNNI; ++v) out << (v ? ", " : "") << '"' << VARIANT_NAMES[v] << '"';
+    out << "], \"tile_rows\": " << TILE_ROWS << ", \"row_group\": " << ROW_GROUP << ", \"types\": {";
+    bool first = true;
+    for (int type : KNOWN_TYPES) {
+        const TypeInfo info = type_info(type);
+        out << (first ? "" : ", ") << '"' << type << "\": {\"block_weights\": " << info.block_weights
+            << ", \"block_bytes\": " << info.block_bytes << ", \"tiled\": " << (tiled_type(type) ? "true" : "false");
+        if (tiled_type(type))
+            out << ", \"unit_columns\": " << tile_unit_columns(type) << ", \"unit_bytes\": " << tile_unit_bytes(type)
+                << ", \"halves_at\": " << halves_of(type).at << ", \"halves\": " << halves_of(type).count;
+        out << "}";
+        first = false;
+    }
+    out << "}}";
+    return out.str();
 }
 
 // x summed over each group of 32 along its rows, [rows][columns / 32].
@@ -141,10 +170,12 @@ TORCH_LIBRARY(llama_chat, m) {
     m.def("block_linear(Tensor x, Tensor weight, int block_type, int out_features, int variant, "
           "int activation_bits) -> Tensor");
     m.def("supported_variants() -> int");
+    m.def("layout() -> str");
 }
 
 TORCH_LIBRARY_IMPL(llama_chat, CPU, m) { m.impl("block_linear", &llama_chat_kernels::block_linear); }
 
 TORCH_LIBRARY_IMPL(llama_chat, CompositeExplicitAutograd, m) {
     m.impl("supported_variants", &llama_chat_kernels::supported_variants);
+    m.impl("layout", &llama_chat_kernels::layout);
 }
