@@ -40,6 +40,7 @@ from llama_chat.kernels.packed import (
 from llama_chat.kernels.packed_cache_entries import make_room
 from llama_chat.kernels.quantize import MIXED, describe_packing, layer_matrix_modes, packs
 from llama_chat.llama import Llama
+from llama_chat.options import LoadOptions
 from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
 from llama_chat.process_memory import return_freed_memory
 from llama_chat.text.format_choice import get_chat_format
@@ -187,14 +188,15 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
 
 def packed_from_cache(
     checkpoint: Checkpoint, source: Path, paths: CpuPaths, modes: dict[str, str], shard: Shard | None,
-    progress: Progress,
+    progress: Progress, bound_gb: str | None = None,
 ) -> tuple[Transformer, str]:
     """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
     entries for this source and packing are there, else packed from the source straight
     into new entries, then mapped (so the process keeps no private copy either way); and a
     note when the cache could not be used. Under tensor parallelism each rank's share of
     the split matrices is an entry of its own, and the replicated tensors (embedding, head,
-    norms) one entry that every rank maps, so the ranks on a host hold them once."""
+    norms) one entry that every rank maps, so the ranks on a host hold them once. The cache
+    is pruned to `bound_gb` (LLAMA_CHAT_PACKED_CACHE_GB) first."""
     ranks = shard is not None and shard.world > 1
     own = {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None}
     entries = {"own": packed_cache.entry_path(source, own)}
@@ -223,7 +225,7 @@ def packed_from_cache(
                  "replicated": f"{source.name}, shared by {shard.world} ranks"}
     new_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in layout.values()}.values())
     try:
-        _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()))
+        _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()), bound_gb)
         with ExitStack() as stack:
             views = {}
             for kind, part in parts.items():
@@ -293,18 +295,16 @@ def place_packed(transformer: Transformer, module_name: str, packed: nn.Module) 
 
 def load(
     path: str | Path,
+    options: LoadOptions | None = None,
     *,
-    device: str | None = None,
-    dtype: str | None = None,
-    chat_format: str | None = None,
-    quantize: str = "auto",
-    kernel_dtype: str | None = None,
     shard: Shard | None = None,
     progress: Callable[[str, int], Progress] = NoProgress,
-    kv_dtype: str | None = None,
+    **settings: str | None,
 ) -> Llama:
-    """Load a model from local files onto `device` (auto: cuda, mps, else cpu).
+    """Load a model from local files onto `options.device` (auto: cuda, mps, else cpu).
 
+    `options` (LoadOptions: every default auto) are the command line's or a caller's;
+    `settings` change some of their fields, for a caller's convenience (device="cpu").
     On the cpu the weights are packed (`quantize`: auto, int8, int4; none keeps them
     dense in `dtype`); a packed model keeps float32 activations, and the dtypes its
     matrix products and kernels take are measured on this CPU unless `dtype` or
@@ -314,6 +314,10 @@ def load(
     `kv_dtype` is the KV cache's dtype (auto: float16 where llama-chat's kernels attend over
     it, else the model's).
     """
+    options = (options or LoadOptions()).replaced(**settings)
+    device, dtype, quantize, kernels = options.device, options.dtype, options.quantize, options.kernels
+    if dtype not in (None, "auto"):  # --dtype names the prompt steps' matmul dtype too
+        kernels = dataclasses.replace(kernels, matmul_dtype=dtype)
     resolved_device = resolve_device(device)
     packed = packs(quantize, resolved_device, dtype)
     checkpoint = read_checkpoint(path)
@@ -325,25 +329,26 @@ def load(
     args = checkpoint.args
     source = Path(path).expanduser()
     chosen_format = get_chat_format(
-        chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
+        options.chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
         origin=source.name, context_length=args.max_seq_len,
     )
     total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
     reporter = progress(f"loading {source.name}", total)
-    cache_dtype = resolve_kv_dtype(kv_dtype)
+    cache_dtype = resolve_kv_dtype(options.kv_dtype)
     try:
         with reading_errors(source):
             if packed:
-                variant, native_reason = choose_native(args)
+                variant, native_reason = choose_native(args, kernels)
                 modes = layer_matrix_modes(checkpoint, quantize, blocks=variant is not None)
                 if variant is not None:
-                    paths = native_paths(variant, native_reason)
+                    paths = native_paths(variant, native_reason, kernels.activation_bits)
                 else:
                     most_used = Counter(modes.values()).most_common(1)[0][0]
-                    paths = choose_cpu_paths(args, most_used, dtype, kernel_dtype)
+                    paths = choose_cpu_paths(args, most_used, kernels)
                     paths = dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}")
                 if variant is not None:
-                    transformer, cache_note = packed_from_cache(checkpoint, source, paths, modes, shard, reporter)
+                    transformer, cache_note = packed_from_cache(checkpoint, source, paths, modes, shard, reporter,
+                                                                kernels.packed_cache_gb)
                     # The kernels attend over the cache too, which they read at half width.
                     use_cache_attention(transformer, paths.variant_number)
                     cache_dtype = cache_dtype or CACHE_DTYPE

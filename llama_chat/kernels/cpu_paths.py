@@ -19,14 +19,13 @@ uses the family with the smaller sum. LLAMA_CHAT_KERNELS (ours or aten) and LLAM
 A short probe times the candidates at the model's own widths, on one thread, and the
 result is kept per CPU model, PyTorch version and shape in the cache folder.
 LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
-LLAMA_CHAT_KERNEL_ROWS force them.
+LLAMA_CHAT_KERNEL_ROWS force them. Each arrives here as a field of KernelOptions.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from llama_chat.errors import DeviceError, first_line
 from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
+from llama_chat.options import KernelOptions
 from llama_chat.paths import cache_root, staged
 
 CANDIDATES = (torch.bfloat16, torch.float32)
@@ -219,17 +219,17 @@ def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
     return times
 
 
-def choose_native(args: ModelArgs) -> tuple[str | None, str]:
+def choose_native(args: ModelArgs, kernels: KernelOptions = KernelOptions()) -> tuple[str | None, str]:
     """The variant of llama-chat's kernels to run, or None for PyTorch's, and why."""
-    family = os.environ.get("LLAMA_CHAT_KERNELS", "auto").lower()
+    family = kernels.family
     if family not in ("auto", "ours", "aten"):
         raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
     # Set, even empty, it forces: a name that is none is refused, not taken for auto.
-    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
+    forced = kernels.variant
     if forced is not None and forced not in native.VARIANTS:
         raise DeviceError(f"LLAMA_CHAT_KERNEL_VARIANT={forced!r} names no kernel variant: use "
                           f"{', '.join(native.VARIANTS)}, or unset it")
-    state = native.status()
+    state = native.status(kernels=kernels)
     if not state.loaded:
         # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
         if family == "ours" or (forced is not None and family == "auto"):
@@ -261,21 +261,20 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
     return None, f"PyTorch's kernels: llama-chat's {best} ran {speeds}"
 
 
-def native_paths(variant: str, reason: str) -> CpuPaths:
-    """llama-chat's kernels in `variant` (they take float32 in and out); LLAMA_CHAT_ACTIVATION_BITS
-    (16 or 8) sets how several tokens' activations are quantised."""
-    bits = os.environ.get("LLAMA_CHAT_ACTIVATION_BITS", "16")
+def native_paths(variant: str, reason: str, bits: str = "16") -> CpuPaths:
+    """llama-chat's kernels in `variant` (they take float32 in and out); `bits`
+    (LLAMA_CHAT_ACTIVATION_BITS, 16 or 8) sets how several tokens' activations are quantised."""
     if bits not in ("8", "16"):
         raise DeviceError(f"LLAMA_CHAT_ACTIVATION_BITS={bits!r}: use 16 or 8")
     return CpuPaths(torch.float32, torch.float32, 1, reason, variant, int(bits))
 
 
-def choose_cpu_paths(args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None) -> CpuPaths:
+def choose_cpu_paths(args: ModelArgs, mode: str, kernels: KernelOptions = KernelOptions()) -> CpuPaths:
     """The matmul and kernel dtypes, and the kernel's row limit, for a model packed for
-    PyTorch's kernels with these shapes on this CPU."""
-    forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
-    forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
-    forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
+    PyTorch's kernels with these shapes on this CPU (each measured unless `kernels` forces it)."""
+    forced_matmul = forced_dtype(kernels.matmul_dtype, "dtype")
+    forced_kernel = forced_dtype(kernels.kernel_dtype, "kernel dtype")
+    forced_rows = forced_row_limit(kernels.kernel_rows)
     if forced_matmul and forced_kernel and forced_rows:
         return CpuPaths(forced_matmul, forced_kernel, forced_rows, "forced")
     shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
