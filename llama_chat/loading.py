@@ -315,11 +315,9 @@ def load(
     it, else the model's).
     """
     options = (options or LoadOptions()).replaced(**settings)
-    device, dtype, quantize, kernels = options.device, options.dtype, options.quantize, options.kernels
-    if dtype not in (None, "auto"):  # --dtype names the prompt steps' matmul dtype too
-        kernels = dataclasses.replace(kernels, matmul_dtype=dtype)
-    resolved_device = resolve_device(device)
-    packed = packs(quantize, resolved_device, dtype)
+    kernels, quantize = options.packed_kernels(), options.quantize
+    resolved_device = resolve_device(options.device)
+    packed = packs(quantize, resolved_device, options.dtype)
     checkpoint = read_checkpoint(path)
     if shard is not None and shard.world > 1:
         checkpoint = dataclasses.replace(
@@ -357,7 +355,7 @@ def load(
                 weights_note, quantization, arithmetic = paths.describe(), describe_packing(modes), paths.arithmetic()
                 weights_note += f"; {cache_note}" if cache_note else ""
             else:
-                resolved_dtype = resolve_dtype(dtype, resolved_device)
+                resolved_dtype = resolve_dtype(options.dtype, resolved_device)
                 transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, reporter)
                 weights_note, quantization, arithmetic = "", "none", ""
     finally:

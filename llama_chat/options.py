@@ -52,6 +52,13 @@ class LoadOptions:
     kv_dtype: str | None = None  # the KV cache's (auto: the loader's choice)
     kernels: KernelOptions = field(default_factory=KernelOptions)
 
+    def packed_kernels(self) -> KernelOptions:
+        """The kernel settings of a packed model: a dtype named for the model is what its
+        prompt steps multiply in."""
+        if self.dtype in (None, "auto"):
+            return self.kernels
+        return dataclasses.replace(self.kernels, matmul_dtype=self.dtype)
+
     def replaced(self, **settings: str | None) -> LoadOptions:
         """These options with some fields changed, a kernel setting (kernel_dtype=...) among them."""
         kernel_fields = {f.name for f in dataclasses.fields(KernelOptions)}
