@@ -23,6 +23,12 @@ def kernel_options(environ: Mapping[str, str] = os.environ) -> KernelOptions:
     return KernelOptions.from_environment(environ)
 
 
+def options_from_environment(environ: Mapping[str, str] = os.environ) -> LoadOptions:
+    """The load options of a program that has no model flags (a script, a test): every
+    flag's default, and the environment's kernel settings."""
+    return LoadOptions(kernels=kernel_options(environ))
+
+
 def load_options(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LoadOptions:
     """The model's load options: its flags (cli/arguments.add_model_arguments), and the
     kernel settings of the environment (--kernel-dtype, when given, over LLAMA_CHAT_KERNEL_DTYPE)."""
