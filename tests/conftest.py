@@ -3,9 +3,9 @@ import os
 import pytest
 
 from llama_chat import Llama, ModelArgs, paths
-from llama_chat.cli.options import configure_folders, kernel_options
+from llama_chat.cli.options import configure_folders
 from llama_chat.kernels import native
-from llama_chat.options import Folders, LoadOptions
+from llama_chat.options import Folders
 
 # Set by CI (.ci/run): a machine meant to have a compiler fails the run when it has none.
 REQUIRE_KERNELS = "LLAMA_CHAT_REQUIRE_KERNELS"
@@ -54,12 +54,6 @@ def pytest_terminal_summary(terminalreporter, config):
             f"{count} tests that need a C++ compiler were deselected: {reason} "
             f"(PyTorch's kernels ran; {REQUIRE_KERNELS}=1 makes this an error)"
         )
-
-
-def environment_options() -> LoadOptions:
-    """The load options the command line builds from the environment (with the variables a
-    test or the fixtures below set), every flag left at its default."""
-    return LoadOptions(kernels=kernel_options())
 
 
 @pytest.fixture

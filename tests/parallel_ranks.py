@@ -15,15 +15,13 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.cli.options import configure_folders
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.parallel.group_step import ParallelLoader
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load
 from llama_chat.parallel.ranks import Peers, follow, join
 from llama_chat.parallel.sharding import Shard
-
-from .conftest import environment_options
 
 PROMPT = [5, 17, 33, 2, 41, 8, 29, 60, 11, 3]
 TURNS = ("hello there", "and then?", "one more")
@@ -41,7 +39,7 @@ def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
     torch.set_num_threads(1)
     shard = Shard(rank, world)
     store = join(shard)
-    load_shard = partial(load, options=environment_options(), device="cpu", dtype="float32", shard=shard)
+    load_shard = partial(load, options=options_from_environment(), device="cpu", dtype="float32", shard=shard)
     if rank > 0:
         shapes_seen = {}
 
@@ -98,7 +96,7 @@ def shard_loader(shard: Shard, settings: dict[str, dict]):
     def load_shard(path: str):
         if Path(path).name == refused_name(shard.rank):
             raise LlamaChatError(f"{Path(path).name}: refused on this rank by the test")
-        return load(path, environment_options(), device="cpu", shard=shard, **settings.get(str(path), FLOAT32))
+        return load(path, options_from_environment(), device="cpu", shard=shard, **settings.get(str(path), FLOAT32))
 
     return load_shard
 
@@ -138,5 +136,5 @@ def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], sett
 
 def run_alone_with(model_path: str, settings: dict) -> dict:
     """run_alone with these load settings, and the packing the model got."""
-    model = load(model_path, environment_options(), device="cpu", **settings)
+    model = load(model_path, options_from_environment(), device="cpu", **settings)
     return {"quantization": model.quantization, **observe(model)}

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, kernel_options
+from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
 from llama_chat.kernels import native
 from llama_chat.kernels.quantize import block_mode, describe_packing
@@ -34,7 +34,7 @@ from llama_chat.kernels.block_linear import (
 )
 
 from .block_layout_reference import interleave_rows, tile_rows
-from .conftest import environment_options, tiny_args
+from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
 
 TYPES = list(BLOCK_TYPES)
@@ -371,7 +371,7 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
     expected = exact.logits(ids)
     for variant in variants():
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
-        fast = llama_chat.load(path, environment_options(), device="cpu")
+        fast = llama_chat.load(path, options_from_environment(), device="cpu")
         assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
         assert isinstance(fast.transformer.output, BlockLinear)  # the untied head, as the file holds it
         cache = fast.new_cache(64)
@@ -476,7 +476,7 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
 
     monkeypatch.setattr(gguf_reader.GGUFMatrix, "blocks", recording)
     monkeypatch.setattr(block_linear, "CHUNK_WEIGHTS", 2048)
-    model = llama_chat.load(path, environment_options(), device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     assert all(stop - start <= max(2048 // columns, 1) * 2 + 16 for _, start, stop, columns in reads)
     w2 = model.transformer.layers[1].feed_forward.w2
     info = gguf.GGUFReader(path).tensors

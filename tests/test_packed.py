@@ -18,7 +18,7 @@ from llama_chat.checkpoints.gguf_blocks import int4_groups
 from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
-from llama_chat.cli.options import configure_folders, kernel_options
+from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.kernels.cpu_paths import choose_cpu_paths
 from llama_chat.kernels.packed import (
     GROUP,
@@ -30,7 +30,6 @@ from llama_chat.kernels.packed import (
     pack_int4,
 )
 
-from .conftest import environment_options
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
 
@@ -189,7 +188,7 @@ def q4_file(tmp_path_factory):
 def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, matmul, kernel, kernel_rows,
                                                            monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", kernel_rows)  # the prompt step dequantises, or not
-    model = llama_chat.load(q4_file, environment_options(), device="cpu", quantize=quantize, dtype=matmul,
+    model = llama_chat.load(q4_file, options_from_environment(), device="cpu", quantize=quantize, dtype=matmul,
                             kernel_dtype=kernel)
     assert model.quantization == quantize and model.dtype == torch.float32  # activations and cache
     assert model.transformer.layers[0].feed_forward.w13.matmul_dtype == getattr(torch, matmul)
@@ -206,8 +205,8 @@ def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, mat
 
 
 def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
-    model = llama_chat.load(q4_file, environment_options(), device="cpu", dtype="bfloat16", kernel_dtype="float32")
-    exact = llama_chat.load(q4_file, environment_options(), device="cpu", dtype="float32", quantize="none")
+    model = llama_chat.load(q4_file, options_from_environment(), device="cpu", dtype="bfloat16", kernel_dtype="float32")
+    exact = llama_chat.load(q4_file, options_from_environment(), device="cpu", dtype="float32", quantize="none")
     assert model.quantization == "int4"
     wqkv = exact.transformer.layers[0].attention.wqkv.weight
     packed = model.transformer.layers[0].attention.wqkv.dequantize(torch.float32)
@@ -320,7 +319,7 @@ def test_a_load_reads_each_matrix_once_a_bounded_block_of_rows_at_a_time(q4_file
         return original(self, start, stop)
 
     monkeypatch.setattr(GGUFMatrix, "rows", recording)
-    model = llama_chat.load(q4_file, environment_options(), device="cpu")
+    model = llama_chat.load(q4_file, options_from_environment(), device="cpu")
     # No read holds more than one block of rows: never a dense copy of a matrix, let alone the model.
     alignment = max(int4_layout().block, model.args.head_dim)  # the fewest rows a read may take
     assert all(stop - start <= max(alignment, 4096 // columns) for _, start, stop, columns in reads)
@@ -342,7 +341,7 @@ def test_a_file_wide_four_bit_hint_never_packs_another_type_to_int4(q4_file, tmp
     values = gguf.quants.dequantize(stored.data, stored.tensor_type)
     replacement = (gguf.quants.quantize(values, QType.Q8_0), QType.Q8_0)
     mixed = copy_gguf(q4_file, tmp_path / "mixed.gguf", {"blk.0.ffn_down.weight": replacement})
-    model = llama_chat.load(mixed, environment_options(), device="cpu")
+    model = llama_chat.load(mixed, options_from_environment(), device="cpu")
     assert model.quantization == "int4 and int8"
     assert model.transformer.layers[0].feed_forward.w2.mode == "int8"
     assert model.transformer.layers[0].feed_forward.w13.mode == "int4"

@@ -12,12 +12,11 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.cli import main
-from llama_chat.cli.options import configure_folders, kernel_options
+from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.packed_cache_entries import BOUND_VARIABLE, bound_bytes, entries, make_room
 
-from .conftest import environment_options
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_packed_cache import write_entry
 
@@ -104,7 +103,7 @@ def test_a_first_load_makes_room_by_last_use_and_names_its_model_file(tmp_path, 
     monkeypatch.setenv(BOUND_VARIABLE, "0.001")  # 1 MB: the stale entry and the new one do not fit
     stale = entry_used(folder, "stale", 2, hours_ago=3)
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=30), qtype=QType.Q4_0)
-    llama_chat.load(path, environment_options(), device="cpu")
+    llama_chat.load(path, options_from_environment(), device="cpu")
     assert not stale.exists()
     assert main(["cache"]) == 0
     listing = capsys.readouterr().out
