@@ -3,8 +3,8 @@
 The C++ sources are compiled with PyTorch's extension tooling (a C++ compiler and the
 `ninja` package) into one library that registers `llama_chat::block_linear` and
 `llama_chat::cache_attention`. A build is kept per CPU model, PyTorch version and source
-text, in `kernels/` of the cache folder (LLAMA_CHAT_KERNELS_DIR moves it: paths.kernels_folder), so it is made
-once: by `scripts/setup`, by `python -m llama_chat.kernels.native`, or in the background
+text, in `kernels/` of the cache folder (LLAMA_CHAT_KERNELS_DIR moves it: paths.kernels_folder),
+so it is made once: by `scripts/setup`, by `python -m llama_chat.kernels.native`, or in the background
 on first use, while that first run goes on with PyTorch's own kernels. Without a
 compiler, or when a build fails, PyTorch's kernels run and `status()` says why in one
 line. A kept build that is not the file its build wrote (truncated, changed: its digest

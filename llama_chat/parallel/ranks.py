@@ -44,7 +44,7 @@ def shard_from_environment() -> Shard | None:
 
 
 def collective_timeout() -> timedelta:
-    # Read where the group forms, as torchrun's variables are: every rank has it from the environment it started with.
+    # Read where the group forms, as torchrun's variables are: each rank has it from its start-up environment.
     value = os.environ.get(TIMEOUT_VARIABLE, "60")
     try:
         seconds = float(value)
