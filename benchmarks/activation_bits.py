@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.default_model import download_default_model
 
 from fidelity import TEXT  # noqa: E402 (a sibling script)
@@ -62,7 +63,10 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--positions", type=int, default=256)
     options = parser.parse_args()
-    model = llama_chat.load(options.model or str(download_default_model()), device="cpu", dtype="float32")
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
+    environment = options_from_environment()
+    model = llama_chat.load(options.model or str(download_default_model()), environment, device="cpu",
+                            dtype="float32")
     tokens = torch.tensor([model.tokenizer.encode(TEXT * 4)[: options.positions]])
     linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear)]
     with torch.no_grad():

@@ -18,6 +18,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.cli.arguments import positive_int
 from llama_chat.cli.bench import random_prompt
 from llama_chat.cli.bench import run as run_llama_chat
@@ -53,7 +54,7 @@ def transformers_row(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tok
 
 
 def llama_chat_row(path: Path, prompt_tokens: int, new_tokens: int, repeats: int, **options) -> dict:
-    model = llama_chat.load(path, device="cpu", **options)
+    model = llama_chat.load(path, options_from_environment(), device="cpu", **options)
     model.runner.compile(wait=True)  # as `llama-chat bench` does: built once, then kept
     result = run_llama_chat(model, prompt_tokens, new_tokens, repeats)
     return {
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--threads", type=positive_int, default=2)
     options = parser.parse_args()
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
     torch.set_num_threads(options.threads)
     flush_denormals()  # as the command line does; it holds for every row measured here
     path = options.model or require_default_model()

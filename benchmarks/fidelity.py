@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.default_model import download_default_model
 
 TEXT = (
@@ -74,9 +75,11 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=16)
     parser.add_argument("--peer-python", help="an interpreter with llama-cpp-python: llama.cpp's figures too")
     options = parser.parse_args()
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
+    environment = options_from_environment()
     path = options.model or str(download_default_model())
-    exact = llama_chat.load(path, device="cpu", dtype="float32")
-    fast = llama_chat.load(path, device="cpu")
+    exact = llama_chat.load(path, environment, device="cpu", dtype="float32")
+    fast = llama_chat.load(path, environment, device="cpu")
     ids = exact.tokenizer.encode(TEXT * 4)[: options.positions]
     reference = exact.logits(ids)
     print(f"{fast.quantization} weights, {fast.weights_note}; {len(ids)} positions against float32")

@@ -26,6 +26,7 @@ from hypothesis.errors import HypothesisWarning
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package
 
+from llama_chat.cli.options import configure_folders  # noqa: E402
 from llama_chat.text import template_runner  # noqa: E402
 from llama_chat.text.template_worker import limit_memory  # noqa: E402
 from tests.fuzz_targets import TARGETS  # noqa: E402
@@ -81,6 +82,7 @@ def main() -> None:
     options = parser.parse_args()
     warnings.filterwarnings("ignore", category=HypothesisWarning)  # the repr of a large failing input
     os.environ.setdefault("LLAMA_CHAT_CACHE", tempfile.mkdtemp(prefix="llama-chat-fuzz-"))
+    configure_folders()
     template_runner.RENDER_SECONDS = options.render_seconds
     limit_memory(int(options.memory_gb * 2**30))
     for name in options.target:

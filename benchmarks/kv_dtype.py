@@ -21,6 +21,7 @@ import time
 import torch
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.device import cpu_model_name, flush_denormals
@@ -71,13 +72,15 @@ def main() -> None:
                         help=f"caches measured beside the reference, {next(iter(CASES))} (default: all)")
     parser.add_argument("--threads", type=int, default=2)
     options = parser.parse_args()
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
+    environment = options_from_environment()
     torch.set_num_threads(options.threads)
     flush_denormals()
     path = options.model or str(download_default_model())
     models = {}
     cases = {name: CASES[name] for name in [next(iter(CASES)), *options.cases]}
     for name, (kv_dtype, kernel) in cases.items():
-        model = llama_chat.load(path, kv_dtype=kv_dtype)
+        model = llama_chat.load(path, environment, kv_dtype=kv_dtype)
         if not kernel:
             for layer in model.transformer.layers:
                 layer.attention.cache_attention = None

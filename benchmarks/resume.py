@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.chat.cache_file import cache_path
 from llama_chat.chat.session import Session
 from llama_chat.engine.device import cpu_model_name
@@ -50,7 +51,9 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokens", type=int, default=1000)
     options = parser.parse_args()
-    model = llama_chat.load(options.model)
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
+    environment = options_from_environment()
+    model = llama_chat.load(options.model, environment)
     print(f"{cpu_model_name()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
           f"{model.name}: {model.describe_weights()}")
     session = Session(model, SamplingSettings(temperature=0, max_tokens=16), model_path=options.model)

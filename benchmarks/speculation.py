@@ -17,6 +17,7 @@ import json
 import torch
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.cli.bench import ECHO_REQUEST, PARAGRAPH, measure_speculation, speculation_line
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.device import cpu_model_name, flush_denormals
@@ -36,14 +37,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
+    environment = options_from_environment()
     torch.set_num_threads(options.threads)
     flush_denormals()
     path = options.model or str(download_default_model())
-    model = llama_chat.load(path, quantize=options.quantize, dtype=options.dtype)
+    model = llama_chat.load(path, environment, quantize=options.quantize, dtype=options.dtype)
     model.runner.compile(wait=True)
     draft = None
     if options.draft:
-        draft = llama_chat.load(options.draft)
+        draft = llama_chat.load(options.draft, environment)
         draft.runner.compile(wait=True)
     results = {
         f"repeat a {len(PARAGRAPH)}-character paragraph": measure_speculation(

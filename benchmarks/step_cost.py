@@ -13,6 +13,7 @@ import time
 import torch
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.device import flush_denormals
 
@@ -38,9 +39,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     options = parser.parse_args()
+    configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
+    environment = options_from_environment()
     torch.set_num_threads(options.threads)
     flush_denormals()
-    model = llama_chat.load(options.model or str(download_default_model()))
+    model = llama_chat.load(options.model or str(download_default_model()), environment)
     model.runner.compile(wait=True)
     single = step_seconds(model, 1, options.repeats)
     several = step_seconds(model, options.tokens, options.repeats)

@@ -13,6 +13,7 @@ _HOMES = {
     "GenerationStats": "llama_chat.engine.generation",
     "Llama": "llama_chat.llama",
     "load": "llama_chat.loading",
+    "LoadOptions": "llama_chat.options",
     "LlamaChatError": "llama_chat.errors",
     "ModelArgs": "llama_chat.engine.config",
     "Piece": "llama_chat.engine.generation",

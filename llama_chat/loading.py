@@ -34,6 +34,7 @@ from llama_chat.kernels.packed import PackedEmbedding, PackedHead, Scratch
 from llama_chat.kernels.packed_cache_entries import make_room
 from llama_chat.kernels.quantize import packs
 from llama_chat.llama import Llama
+from llama_chat.options import LoadOptions
 from llama_chat.parallel.sharding import Shard, add_all_reduces, is_sharded, local_args, shard_state
 from llama_chat.process_memory import return_freed_memory
 from llama_chat.text.format_choice import get_chat_format
@@ -172,14 +173,15 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
 
 def packed_from_cache(
     checkpoint: Checkpoint, source: Path, backend: WeightBackend, modes: dict[str, str], shard: Shard | None,
-    progress: Progress,
+    progress: Progress, bound_gb: str | None = None,
 ) -> tuple[Transformer, str]:
     """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
     entries for this source and packing are there, else packed from the source straight
     into new entries, then mapped (so the process keeps no private copy either way); and a
     note when the cache could not be used. Under tensor parallelism each rank's share of
     the split matrices is an entry of its own, and the replicated tensors (embedding, head,
-    norms) one entry that every rank maps, so the ranks on a host hold them once."""
+    norms) one entry that every rank maps, so the ranks on a host hold them once. The cache
+    is pruned to `bound_gb` (LLAMA_CHAT_PACKED_CACHE_GB) first."""
     ranks = shard is not None and shard.world > 1
     own = {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None}
     entries = {"own": packed_cache.entry_path(source, own)}
@@ -208,7 +210,7 @@ def packed_from_cache(
                  "replicated": f"{source.name}, shared by {shard.world} ranks"}
     new_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in layout.values()}.values())
     try:
-        _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()))
+        _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()), bound_gb)
         with ExitStack() as stack:
             views = {}
             for kind, part in parts.items():
@@ -246,12 +248,12 @@ def mapped_entries(entries: Iterable[Path]) -> dict[str, torch.Tensor]:
 
 def packed_transformer(
     checkpoint: Checkpoint, source: Path, backend: WeightBackend, modes: dict[str, str], shard: Shard | None,
-    progress: Progress,
+    progress: Progress, bound_gb: str | None = None,
 ) -> tuple[Transformer, str]:
-    """The Transformer packed by `backend`: through the packed cache where the back-end keeps
-    its packing there, else in memory; and packed_from_cache's note."""
+    """The Transformer packed by `backend`: through the packed cache (pruned to bound_gb)
+    where the back-end keeps its packing there, else in memory; and packed_from_cache's note."""
     if backend.keeps_packed_cache:
-        transformer, note = packed_from_cache(checkpoint, source, backend, modes, shard, progress)
+        transformer, note = packed_from_cache(checkpoint, source, backend, modes, shard, progress, bound_gb)
     else:
         transformer, note = build_packed_transformer(checkpoint, backend, modes, progress), ""
     backend.prepare(transformer)
@@ -270,18 +272,16 @@ def place_packed(transformer: Transformer, backend: WeightBackend, module_name: 
 
 def load(
     path: str | Path,
+    options: LoadOptions | None = None,
     *,
-    device: str | None = None,
-    dtype: str | None = None,
-    chat_format: str | None = None,
-    quantize: str = "auto",
-    kernel_dtype: str | None = None,
     shard: Shard | None = None,
     progress: Callable[[str, int], Progress] = NoProgress,
-    kv_dtype: str | None = None,
+    **settings: str | None,
 ) -> Llama:
-    """Load a model from local files onto `device` (auto: cuda, mps, else cpu).
+    """Load a model from local files onto `options.device` (auto: cuda, mps, else cpu).
 
+    `options` (LoadOptions: every default auto) are the command line's or a caller's;
+    `settings` change some of their fields, for a caller's convenience (device="cpu").
     On the cpu the weights are packed (`quantize`: auto, int8, int4; none keeps them
     dense in `dtype`); a packed model keeps float32 activations, and the dtypes its
     matrix products and kernels take are measured on this CPU unless `dtype` or
@@ -291,8 +291,10 @@ def load(
     `kv_dtype` is the KV cache's dtype (auto: float16 where llama-chat's kernels attend over
     it, else the model's).
     """
-    resolved_device = resolve_device(device)
-    packed = packs(quantize, resolved_device, dtype)
+    options = (options or LoadOptions()).replaced(**settings)
+    kernels, quantize = options.packed_kernels(), options.quantize
+    resolved_device = resolve_device(options.device)
+    packed = packs(quantize, resolved_device, options.dtype)
     checkpoint = read_checkpoint(path)
     if shard is not None and shard.world > 1:
         checkpoint = dataclasses.replace(
@@ -302,22 +304,23 @@ def load(
     args = checkpoint.args
     source = Path(path).expanduser()
     chosen_format = get_chat_format(
-        chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
+        options.chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
         origin=source.name, context_length=args.max_seq_len,
     )
     total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
     reporter = progress(f"loading {source.name}", total)
-    cache_dtype = resolve_kv_dtype(kv_dtype)
+    cache_dtype = resolve_kv_dtype(options.kv_dtype)
     try:
         with reading_errors(source):
             if packed:
-                backend, modes = choose_backend(checkpoint, quantize, dtype, kernel_dtype)
-                transformer, cache_note = packed_transformer(checkpoint, source, backend, modes, shard, reporter)
+                backend, modes = choose_backend(checkpoint, quantize, kernels)
+                transformer, cache_note = packed_transformer(checkpoint, source, backend, modes, shard, reporter,
+                                                             kernels.packed_cache_gb)
                 weights_note = backend.describe() + (f"; {cache_note}" if cache_note else "")
                 quantization, arithmetic = backend.quantization(modes), backend.arithmetic()
                 cache_dtype = cache_dtype or backend.cache_dtype
             else:
-                resolved_dtype = resolve_dtype(dtype, resolved_device)
+                resolved_dtype = resolve_dtype(options.dtype, resolved_device)
                 transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, reporter)
                 weights_note, quantization, arithmetic = "", "none", ""
     finally:

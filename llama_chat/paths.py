@@ -1,6 +1,7 @@
 """Where llama-chat keeps things on disk: weights, cached measurements and packages, history.
 
-Each folder follows the XDG base directories unless an environment variable names it.
+Each folder follows the XDG base directories unless the program that started names
+another (`configure`, from the command line's LLAMA_CHAT_* variables).
 """
 
 from __future__ import annotations
@@ -10,17 +11,30 @@ import sys
 from pathlib import Path
 
 from llama_chat.errors import LlamaChatError
+from llama_chat.options import Folders
+
+# Set once where a program starts (cli/options.py); a library caller gets the standard folders.
+_folders = Folders()
+
+
+def configure(folders: Folders) -> Folders:
+    """Use these folders from now on; the ones used until now."""
+    global _folders
+    previous, _folders = _folders, folders
+    return previous
 
 
 def user_directory(variable: str, default: str) -> Path:
     """llama-chat's folder under an XDG base directory: $variable, else ~/default."""
+    # The platform's own variables for where a user's folders are, read as Path.home() reads HOME.
     return Path(os.environ.get(variable) or Path.home() / default) / "llama-chat"
 
 
 def weights_dir() -> Path:
-    """$LLAMA_CHAT_WEIGHTS, else the checkout's weights/ folder, else the user's data folder."""
-    if os.environ.get("LLAMA_CHAT_WEIGHTS"):
-        return Path(os.environ["LLAMA_CHAT_WEIGHTS"])
+    """The folder configured (LLAMA_CHAT_WEIGHTS), else the checkout's weights/ folder, else
+    the user's data folder."""
+    if _folders.weights is not None:
+        return _folders.weights
     checkout = Path(__file__).resolve().parent.parent / "weights"
     if (checkout / "README.md").is_file():
         return checkout
@@ -31,14 +45,14 @@ _unwritable: set[Path] = set()  # cache folders found unwritable (each reported 
 
 
 def cache_root() -> Path | None:
-    """Where measurements worth keeping go: $LLAMA_CHAT_CACHE ("off" for nowhere), else
-    $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat. None too for a folder that cannot
-    be created or written: the first time, one line on stderr says so, and everything
-    runs without the cache (built kernels, compiled steps, packed weights, measurements)."""
-    configured = os.environ.get("LLAMA_CHAT_CACHE")
-    if configured == "off":
+    """Where measurements worth keeping go: the folder configured (LLAMA_CHAT_CACHE; None
+    when it is off), else $XDG_CACHE_HOME/llama-chat or ~/.cache/llama-chat. None too for a
+    folder that cannot be created or written: the first time, one line on stderr says so,
+    and everything runs without the cache (built kernels, compiled steps, packed weights,
+    measurements)."""
+    if _folders.cache_off:
         return None
-    root = Path(configured) if configured else user_directory("XDG_CACHE_HOME", ".cache")
+    root = _folders.cache or user_directory("XDG_CACHE_HOME", ".cache")
     if root in _unwritable:
         return None
     try:
@@ -51,6 +65,15 @@ def cache_root() -> Path | None:
               "it (set LLAMA_CHAT_CACHE to another folder)", file=sys.stderr)
         return None
     return root
+
+
+def kernels_folder() -> Path | None:
+    """Where llama-chat's kernels are built: the folder configured, else kernels/ in the
+    cache folder (None while the cache is off)."""
+    if _folders.kernels is not None:
+        return _folders.kernels
+    root = cache_root()
+    return None if root is None else root / "kernels"
 
 
 def history_path() -> Path:

@@ -2,8 +2,10 @@ import os
 
 import pytest
 
-from llama_chat import Llama, ModelArgs
+from llama_chat import Llama, ModelArgs, paths
+from llama_chat.cli.options import configure_folders
 from llama_chat.kernels import native
+from llama_chat.options import Folders
 
 # Set by CI (.ci/run): a machine meant to have a compiler fails the run when it has none.
 REQUIRE_KERNELS = "LLAMA_CHAT_REQUIRE_KERNELS"
@@ -66,15 +68,11 @@ def kernels_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("kernels")
     if native.missing_tools() is not None:
         return directory
-    previous = os.environ.get("LLAMA_CHAT_KERNELS_DIR")
-    os.environ["LLAMA_CHAT_KERNELS_DIR"] = str(directory)
+    previous = paths.configure(Folders(kernels=directory))
     try:
         assert native.main([]) == 0, "llama-chat's kernels did not build, though a compiler was found"
     finally:
-        if previous is None:
-            del os.environ["LLAMA_CHAT_KERNELS_DIR"]
-        else:
-            os.environ["LLAMA_CHAT_KERNELS_DIR"] = previous
+        paths.configure(previous)
     return directory
 
 
@@ -82,10 +80,14 @@ def kernels_dir(tmp_path_factory):
 def _private_cache(tmp_path_factory, monkeypatch, kernels_dir):
     """Measurements made by tests go to a temporary cache, and kept conversations and
     history to a temporary state folder, never the user's; the kernels come from the
-    run's one build."""
+    run's one build. The folders are set as the command line sets them, from the variables,
+    which the programs tests start read too."""
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(kernels_dir))
+    previous = configure_folders()
+    yield
+    paths.configure(previous)
 
 
 @pytest.fixture(autouse=True)

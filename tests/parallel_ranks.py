@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.parallel.group_runner import ParallelLoader
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
@@ -34,10 +35,11 @@ def weight_shapes(model) -> dict[str, list[int]]:
 def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       TORCHELASTIC_USE_AGENT_STORE="True")  # every rank a client of the test's store
+    configure_folders()  # as the command line starting a rank does
     torch.set_num_threads(1)
     shard = Shard(rank, world)
     store = join(shard)
-    load_shard = partial(load, device="cpu", dtype="float32", shard=shard)
+    load_shard = partial(load, options=options_from_environment(), device="cpu", dtype="float32", shard=shard)
     if rank > 0:
         shapes_seen = {}
 
@@ -94,7 +96,7 @@ def shard_loader(shard: Shard, settings: dict[str, dict]):
     def load_shard(path: str):
         if Path(path).name == refused_name(shard.rank):
             raise LlamaChatError(f"{Path(path).name}: refused on this rank by the test")
-        return load(path, device="cpu", shard=shard, **settings.get(str(path), FLOAT32))
+        return load(path, options_from_environment(), device="cpu", shard=shard, **settings.get(str(path), FLOAT32))
 
     return load_shard
 
@@ -104,6 +106,7 @@ def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], sett
     then: the new one, or where the load failed (its line saved as "error") the one before."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       TORCHELASTIC_USE_AGENT_STORE="True")  # every rank a client of the test's store
+    configure_folders()  # as the command line starting a rank does
     torch.set_num_threads(1)
     shard = Shard(rank, world)
     store = join(shard)
@@ -133,5 +136,5 @@ def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], sett
 
 def run_alone_with(model_path: str, settings: dict) -> dict:
     """run_alone with these load settings, and the packing the model got."""
-    model = load(model_path, device="cpu", **settings)
+    model = load(model_path, options_from_environment(), device="cpu", **settings)
     return {"quantization": model.quantization, **observe(model)}

@@ -37,3 +37,14 @@ def test_bench_measures_speculation_and_checks_each_reply():
     line = speculation_line(results)
     assert line.startswith("without ") and "prompt lookup" in line and "draft model" in line
     assert "A DIFFERENT REPLY" not in line
+
+
+def test_bench_and_the_chat_declare_the_same_model_flags(capsys):
+    sections = []
+    for argv in (["--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = capsys.readouterr().out
+        sections.append(text[text.index("the model and how it is loaded:"):].split("\n\n")[0].rstrip())
+    assert sections[0] == sections[1]
+    assert all(flag in sections[0] for flag in ("--model", "--device", "--dtype", "--quantize", "--kv-dtype", "--tp"))

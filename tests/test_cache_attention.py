@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat import Llama
+from llama_chat.cli.options import options_from_environment
 from llama_chat.engine import compiled
 from llama_chat.kernels import native
 from llama_chat.kernels.cache_attention import CacheAttention, use_cache_attention
@@ -183,12 +184,13 @@ def test_the_compiled_step_calls_the_kernel_and_agrees_with_the_eager_one(tmp_pa
 
 def test_a_model_on_llama_chats_kernels_attends_with_them_over_a_float16_cache(tmp_path, monkeypatch):
     path = write_gguf(tmp_path / "q8.gguf", tiny_hf_model(seed=3), qtype=QType.Q8_0)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     attention = [layer.attention.cache_attention for layer in model.transformer.layers]
     assert all(isinstance(kernel, CacheAttention) for kernel in attention)
     assert model.cache_dtype == torch.float16 and model.new_cache(8).dtype == torch.float16
-    assert llama_chat.load(path, device="cpu", kv_dtype="float32").cache_dtype == torch.float32
+    wide = llama_chat.load(path, options_from_environment(), device="cpu", kv_dtype="float32")
+    assert wide.cache_dtype == torch.float32
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # PyTorch's kernels: its attention, the model's dtype
-    aten = llama_chat.load(path, device="cpu")
+    aten = llama_chat.load(path, options_from_environment(), device="cpu")
     assert aten.cache_dtype == torch.float32
     assert all(layer.attention.cache_attention is None for layer in aten.transformer.layers)

@@ -10,7 +10,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-import llama_chat.cli.chat
+import llama_chat.cli.loaders
 import llama_chat.repl.app
 from llama_chat import SamplingSettings
 from llama_chat.chat.display import visible
@@ -31,12 +31,19 @@ def loads(monkeypatch):
     """Every model load gives a tiny chat model; returns the list of (path, options) asked for."""
     calls = []
 
-    def load(path, **options):
-        calls.append((str(path), options))
+    def load(path, options, **keywords):
+        calls.append((str(path), as_keywords(options, **keywords)))
         return chat_model(name="tiny")
 
-    monkeypatch.setattr(llama_chat.cli.chat, "load", load)
+    monkeypatch.setattr(llama_chat.cli.loaders, "load", load)
     return calls
+
+
+def as_keywords(options, **keywords) -> dict:
+    """A load's options as the keywords llama_chat.load takes for them, with the others it was given."""
+    return {"device": options.device, "dtype": options.dtype, "chat_format": options.chat_format,
+            "quantize": options.quantize, "kernel_dtype": options.kernels.kernel_dtype, "kv_dtype": options.kv_dtype,
+            **keywords}
 
 
 def greedy_reply(text, **settings):
@@ -63,7 +70,7 @@ def test_a_draft_model_is_loaded_in_the_default_weights_mode_and_keeps_the_reply
     assert main(argv) == 0
     assert capsys.readouterr().out == visible(greedy_reply("hello", max_tokens=12)) + "\n"
     assert [options.get("quantize", "auto") for _, options in loads] == ["none", "auto"]
-    assert loads[1][1]["device"] == "auto" and "dtype" not in loads[1][1]
+    assert loads[1][1]["device"] == "auto" and loads[1][1]["dtype"] is None
 
 
 def test_piped_stdin_is_the_prompt(loads, capsys, monkeypatch):
@@ -277,12 +284,12 @@ def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeyp
     """Flags and slash commands, then the model file, then llama-chat's defaults; /settings
     says where each value came from."""
 
-    def load(path, **options):
+    def load(path, options, **keywords):
         model = chat_model(name="tiny")
         model.sampling_defaults = {"temperature": 0.15, "top_k": 30}
         return model
 
-    monkeypatch.setattr(llama_chat.cli.chat, "load", load)
+    monkeypatch.setattr(llama_chat.cli.loaders, "load", load)
     sessions, shown = typed_chats(monkeypatch, ["/min_p 0.1", "/settings", "/quit"])
     assert main(["--model", "tiny.gguf", "--top-k", "5"]) == 0
     settings = sessions[0].settings

@@ -18,6 +18,7 @@ from llama_chat.chat.session import Session
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
+from llama_chat.cli.options import options_from_environment
 from llama_chat.default_model import download_default_model
 
 from .terminal import Terminal
@@ -132,7 +133,8 @@ def test_packed_weights_agree_with_float32(default_gguf, model, matmul, kernel_r
     if kernel_rows:
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", kernel_rows)
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # PyTorch's kernels (llama-chat's: the test below)
-    fast = llama_chat.load(default_gguf, device="cpu", dtype=matmul, kernel_dtype="bfloat16", quantize="int4")
+    fast = llama_chat.load(default_gguf, options_from_environment(), device="cpu", dtype=matmul,
+                           kernel_dtype="bfloat16", quantize="int4")
     assert fast.quantization == "int4"
     ids = model.tokenizer.encode(" ".join(TEXTS[:6]) + " The Roman Empire was one of the largest empires in history.")
     reference = model.logits(ids)[15:]
@@ -154,7 +156,7 @@ def test_llama_chats_kernels_agree_with_float32(default_gguf, model, bits, least
     single tokens take float32 activations; 16-token steps take 16-bit activations (two
     int8 halves) by default, or int8 with LLAMA_CHAT_ACTIVATION_BITS=8."""
     monkeypatch.setenv("LLAMA_CHAT_ACTIVATION_BITS", bits)
-    fast = llama_chat.load(default_gguf, device="cpu")
+    fast = llama_chat.load(default_gguf, options_from_environment(), device="cpu")
     assert fast.quantization == "Q4_1" and f"{bits}-bit prompt steps" in fast.weights_note
     ids = model.tokenizer.encode(" ".join(TEXTS))
     reference = model.logits(ids)

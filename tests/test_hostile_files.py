@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import llama_chat.cli.chat
+import llama_chat.cli.loaders
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
 from llama_chat.errors import LlamaChatError
@@ -41,7 +41,7 @@ def test_a_hostile_gguf_is_one_line_and_exit_code_1(tmp_path, capsys, write, rea
 
 
 def test_a_conversation_nested_200000_deep_is_one_line_and_exit_code_1(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(llama_chat.cli.chat, "load", lambda path, **options: chat_model())
+    monkeypatch.setattr(llama_chat.cli.loaders, "load", lambda path, options, **keywords: chat_model())
     path = tmp_path / "chat.json"
     path.write_text("[" * 200_000 + "]" * 200_000)
     assert main(["--model", "tiny.gguf", "--open", str(path), "-p", "hi"]) == 1

@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
 from llama_chat.kernels import native
 from llama_chat.kernels.library_layout import library_layout
@@ -394,7 +395,7 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
     expected = exact.logits(ids)
     for variant in variants():
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
-        fast = llama_chat.load(path, device="cpu")
+        fast = llama_chat.load(path, options_from_environment(), device="cpu")
         assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
         assert isinstance(fast.transformer.output, BlockLinear)  # the untied head, as the file holds it
         cache = fast.new_cache(64)
@@ -407,15 +408,16 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
 def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
     monkeypatch.setenv("CXX", "no-such-compiler")
-    state = native.status(wait=True)
+    configure_folders()
+    state = native.status(wait=True, kernels=kernel_options())
     assert not state.loaded and state.wanting  # worth a line at start-up
     assert state.detail == "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels"
     from llama_chat.kernels.cpu_paths import choose_native
 
-    variant, reason = choose_native(tiny_args())
+    variant, reason = choose_native(tiny_args(), kernel_options())
     assert variant is None and "no C++ compiler" in reason
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
-    assert not native.status().wanting  # off by choice: nothing to say at start-up
+    assert not native.status(kernels=kernel_options()).wanting  # off by choice: nothing to say at start-up
 
 
 def test_a_chat_without_a_compiler_answers_on_pytorch_kernels_with_one_line(tmp_path):
@@ -445,6 +447,7 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     compiler.chmod(0o755)
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", str(compiler))
+    configure_folders()
     first = native.status(wait=True)
     assert not first.loaded and first.detail.startswith("build failed: ") and first.wanting
     assert "\n" not in first.detail
@@ -470,7 +473,8 @@ def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
     library.write_bytes(library.read_bytes()[:4096])
     environment = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path)}
     environment.pop(native.LOADED_LIBRARY, None)
-    script = "from llama_chat.kernels import native; s = native.status(wait=True); print(s.loaded, s.detail)"
+    script = ("from llama_chat.cli.options import configure_folders; from llama_chat.kernels import native; "
+              "configure_folders(); s = native.status(wait=True); print(s.loaded, s.detail)")
     result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr
@@ -496,7 +500,7 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
 
     monkeypatch.setattr(gguf_reader.GGUFMatrix, "blocks", recording)
     monkeypatch.setattr(block_linear, "CHUNK_WEIGHTS", 2048)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     assert all(stop - start <= max(2048 // columns, 1) * 2 + 16 for _, start, stop, columns in reads)
     w2 = model.transformer.layers[1].feed_forward.w2
     info = gguf.GGUFReader(path).tensors
@@ -510,7 +514,8 @@ def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
     its parent loaded, even with no build of the sources on disk for its own key."""
     assert native.load_built()
     environment = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "nothing-built")}
-    imports = "from llama_chat.kernels import native; import torch"
+    imports = ("from llama_chat.cli.options import configure_folders; from llama_chat.kernels import native; "
+               "import torch; configure_folders()")
     code = f"{imports}; print(native.load_built(), torch.ops.llama_chat.supported_variants() > 0)"
     result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-500:]

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import gguf
 import numpy as np
@@ -17,6 +18,7 @@ from llama_chat.checkpoints.gguf_blocks import int4_groups
 from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
+from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.kernels.cpu_paths import choose_cpu_paths
 from llama_chat.kernels.packed import (
     GROUP,
@@ -186,7 +188,8 @@ def q4_file(tmp_path_factory):
 def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, matmul, kernel, kernel_rows,
                                                            monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", kernel_rows)  # the prompt step dequantises, or not
-    model = llama_chat.load(q4_file, device="cpu", quantize=quantize, dtype=matmul, kernel_dtype=kernel)
+    model = llama_chat.load(q4_file, options_from_environment(), device="cpu", quantize=quantize, dtype=matmul,
+                            kernel_dtype=kernel)
     assert model.quantization == quantize and model.dtype == torch.float32  # activations and cache
     assert model.transformer.layers[0].feed_forward.w13.matmul_dtype == getattr(torch, matmul)
     reference = dense_reference(model).logits(IDS)
@@ -202,8 +205,8 @@ def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, mat
 
 
 def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
-    model = llama_chat.load(q4_file, device="cpu", dtype="bfloat16", kernel_dtype="float32")
-    exact = llama_chat.load(q4_file, device="cpu", dtype="float32", quantize="none")
+    model = llama_chat.load(q4_file, options_from_environment(), device="cpu", dtype="bfloat16", kernel_dtype="float32")
+    exact = llama_chat.load(q4_file, options_from_environment(), device="cpu", dtype="float32", quantize="none")
     assert model.quantization == "int4"
     wqkv = exact.transformer.layers[0].attention.wqkv.weight
     packed = model.transformer.layers[0].attention.wqkv.dequantize(torch.float32)
@@ -221,14 +224,14 @@ def test_forced_paths_skip_the_probe_and_say_so(monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_DTYPE", "float32")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_DTYPE", "bfloat16")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "7")
-    paths = choose_cpu_paths(tiny_args_for_probe(), "int4")
+    paths = choose_cpu_paths(tiny_args_for_probe(), "int4", kernel_options())
     assert (paths.matmul_dtype, paths.kernel_dtype, paths.kernel_rows) == (torch.float32, torch.bfloat16, 7)
     assert "forced" in paths.describe()
     with pytest.raises(LlamaChatError, match="float16"):
-        choose_cpu_paths(tiny_args_for_probe(), "int4", matmul="float16")
+        choose_cpu_paths(tiny_args_for_probe(), "int4", replace(kernel_options(), matmul_dtype="float16"))
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "0")
     with pytest.raises(LlamaChatError, match="LLAMA_CHAT_KERNEL_ROWS"):
-        choose_cpu_paths(tiny_args_for_probe(), "int4")
+        choose_cpu_paths(tiny_args_for_probe(), "int4", kernel_options())
 
 
 def tiny_args_for_probe():
@@ -241,6 +244,7 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
     from llama_chat.kernels import cpu_paths
 
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
+    configure_folders()
     calls = []
 
     def fake_dtypes(args, mode):
@@ -315,7 +319,7 @@ def test_a_load_reads_each_matrix_once_a_bounded_block_of_rows_at_a_time(q4_file
         return original(self, start, stop)
 
     monkeypatch.setattr(GGUFMatrix, "rows", recording)
-    model = llama_chat.load(q4_file, device="cpu")
+    model = llama_chat.load(q4_file, options_from_environment(), device="cpu")
     # No read holds more than one block of rows: never a dense copy of a matrix, let alone the model.
     alignment = max(int4_layout().block, model.args.head_dim)  # the fewest rows a read may take
     assert all(stop - start <= max(alignment, 4096 // columns) for _, start, stop, columns in reads)
@@ -337,7 +341,7 @@ def test_a_file_wide_four_bit_hint_never_packs_another_type_to_int4(q4_file, tmp
     values = gguf.quants.dequantize(stored.data, stored.tensor_type)
     replacement = (gguf.quants.quantize(values, QType.Q8_0), QType.Q8_0)
     mixed = copy_gguf(q4_file, tmp_path / "mixed.gguf", {"blk.0.ffn_down.weight": replacement})
-    model = llama_chat.load(mixed, device="cpu")
+    model = llama_chat.load(mixed, options_from_environment(), device="cpu")
     assert model.quantization == "int4 and int8"
     assert model.transformer.layers[0].feed_forward.w2.mode == "int8"
     assert model.transformer.layers[0].feed_forward.w13.mode == "int4"

@@ -14,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 
 import llama_chat
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BlockLinear
@@ -35,6 +36,7 @@ def entries(tmp_cache) -> list:
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path / "cache"))
+    configure_folders()
     return tmp_path / "cache"
 
 
@@ -112,10 +114,10 @@ def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, re
 @pytest.mark.needs_kernels
 def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
-    first = llama_chat.load(path, device="cpu")
+    first = llama_chat.load(path, options_from_environment(), device="cpu")
     [entry] = entries(tmp_cache)
     written = entry.stat().st_ino  # a new entry is a new file, renamed into place
-    second = llama_chat.load(path, device="cpu")
+    second = llama_chat.load(path, options_from_environment(), device="cpu")
     assert entries(tmp_cache) == [entry] and entry.stat().st_ino == written  # read, not written again
     w2 = second.transformer.layers[1].feed_forward.w2
     assert isinstance(w2, BlockLinear) and w2.blocks.untyped_storage().nbytes() == entry.stat().st_size
@@ -130,23 +132,23 @@ def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
 @pytest.mark.needs_kernels
 def test_a_changed_source_is_packed_again(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=12), qtype=QType.Q4_0)
-    before = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    before = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
     write_gguf(path, tiny_hf_model(seed=13), qtype=QType.Q4_0)  # same size, other weights
-    after = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    after = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
     assert len(entries(tmp_cache)) == 2 and not torch.equal(before, after)
-    fresh = llama_chat.load(path, device="cpu", quantize="auto").logits([3, 4, 5])
+    fresh = llama_chat.load(path, options_from_environment(), device="cpu", quantize="auto").logits([3, 4, 5])
     assert torch.equal(after, fresh)
 
 
 @pytest.mark.needs_kernels
 def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
-    expected = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    expected = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
     [entry] = entries(tmp_cache)
     size = entry.stat().st_size
     with entry.open("r+b") as handle:
         handle.truncate(size // 2)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     assert "packed cache rebuilt (" in model.weights_note and "\n" not in model.weights_note
     assert entry.stat().st_size == size and torch.equal(model.logits([3, 4, 5]), expected)
 
@@ -156,7 +158,7 @@ def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_p
     """float32 norm weights relabelled int32: the header still describes the data exactly,
     and the model would take the tensors as they are (with wrong weights)."""
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
-    expected = llama_chat.load(path, device="cpu").logits([3, 4, 5])
+    expected = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
     [entry] = entries(tmp_cache)
 
     def relabelled(header):
@@ -164,7 +166,7 @@ def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_p
                 for name, value in header.items()}
 
     edited_entry(entry, relabelled)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     assert "packed cache rebuilt (its header is not the one it was written with)" in model.weights_note
     assert torch.equal(model.logits([3, 4, 5]), expected)
 
@@ -172,8 +174,9 @@ def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_p
 @pytest.mark.needs_kernels
 def test_without_a_cache_the_weights_are_packed_in_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_CACHE", "off")
+    configure_folders()
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=15), qtype=QType.Q4_0)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     w2 = model.transformer.layers[0].feed_forward.w2
     assert w2.blocks.untyped_storage().nbytes() == w2.blocks.numel()  # its own memory, no mapping
 
@@ -206,12 +209,12 @@ def test_a_file_renamed_over_the_model_in_use_leaves_it_alone(tmp_path, tmp_cach
     weights (mapped from the packed cache, not the file); loading the path again gives
     the new model."""
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=16), qtype=QType.Q4_0)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     before = model.logits([3, 4, 5])
     replacement = write_gguf(tmp_path / "download.gguf", tiny_hf_model(seed=17), qtype=QType.Q4_0)
     os.replace(replacement, path)
     assert torch.equal(model.logits([3, 4, 5]), before)
-    assert not torch.equal(llama_chat.load(path, device="cpu").logits([3, 4, 5]), before)
+    assert not torch.equal(llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5]), before)
 
 
 @pytest.mark.needs_kernels
@@ -219,7 +222,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_the_model_runs(tmp_path,
     tmp_cache.mkdir(parents=True)
     (tmp_cache / "packed").write_text("a file where the folder should be")
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=18), qtype=QType.Q4_0)
-    model = llama_chat.load(path, device="cpu")
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
     assert "packed cache not written (" in model.weights_note and "\n" not in model.weights_note
     assert torch.isfinite(model.logits([3, 4, 5])).all()
 
@@ -231,9 +234,9 @@ def test_tensor_parallel_ranks_map_one_entry_of_the_replicated_tensors(tmp_path,
     from llama_chat.parallel.sharding import Shard
 
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=19, intermediate_size=128), qtype=QType.Q4_0)
-    ranks = [llama_chat.load(path, device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
+    ranks = [llama_chat.load(path, options_from_environment(), device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
     assert len(entries(tmp_cache)) == 3
-    again = [llama_chat.load(path, device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
+    again = [llama_chat.load(path, options_from_environment(), device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
     assert len(entries(tmp_cache)) == 3
     sizes = {entry.stat().st_size for entry in entries(tmp_cache)}
     for first, second in zip(ranks, again):

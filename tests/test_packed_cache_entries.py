@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.cli import main
+from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.packed_cache_entries import BOUND_VARIABLE, bound_bytes, entries, make_room
@@ -26,7 +27,13 @@ DiskUsage = namedtuple("DiskUsage", "total used free")
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path / "cache"))
+    configure_folders()
     return tmp_path / "cache" / "packed"
+
+
+def configured_bound() -> str | None:
+    """The bound the command line reads from the environment."""
+    return kernel_options().packed_cache_gb
 
 
 def entry_used(folder, name: str, megabytes: int, hours_ago: float):
@@ -44,17 +51,17 @@ def test_the_least_recently_used_entries_go_first_until_the_new_one_fits(folder,
     in_use = entry_used(folder, "in-use", 3, hours_ago=20)  # the load under way maps it: kept
     older = entry_used(folder, "older", 3, hours_ago=10)
     recent = entry_used(folder, "recent", 3, hours_ago=1)
-    removed = make_room(folder, 2 * MB, keep={in_use})
+    removed = make_room(folder, 2 * MB, keep={in_use}, bound_gb=configured_bound())
     assert [entry.path for entry in removed] == [oldest, older]
     assert sorted(entry.path for entry in entries(folder)) == sorted([in_use, recent])
-    assert make_room(folder, 0, keep=set()) == []  # within the bound: nothing goes
+    assert make_room(folder, 0, keep=set(), bound_gb=configured_bound()) == []  # within the bound: nothing goes
 
 
 def test_entries_in_use_are_kept_even_past_the_bound(folder, monkeypatch):
     monkeypatch.setenv(BOUND_VARIABLE, "0")
     kept = entry_used(folder, "big", 2, hours_ago=5)
     other = entry_used(folder, "other", 1, hours_ago=1)
-    assert [entry.path for entry in make_room(folder, MB, keep={kept})] == [other]
+    assert [entry.path for entry in make_room(folder, MB, keep={kept}, bound_gb=configured_bound())] == [other]
     assert kept.exists()
 
 
@@ -65,7 +72,7 @@ def test_unfinished_writes_are_removed_only_when_a_day_old(folder, monkeypatch):
     for path, hours in ((stale, 25), (fresh, 1)):
         path.write_bytes(b"half")
         os.utime(path, (time.time() - hours * 3600,) * 2)
-    assert [entry.path for entry in make_room(folder, 0, keep=set())] == [stale]
+    assert [entry.path for entry in make_room(folder, 0, keep=set(), bound_gb=configured_bound())] == [stale]
     assert fresh.exists()
 
 
@@ -73,15 +80,16 @@ def test_the_bound_is_the_setting_or_half_the_room_the_cache_could_have(folder, 
     folder.mkdir(parents=True)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, 100 * 10**9))
     monkeypatch.delenv(BOUND_VARIABLE, raising=False)
-    assert bound_bytes(folder, held=0) == 20 * 10**9  # the default: 20 GB
+    assert bound_bytes(folder, held=0, configured_gb=configured_bound()) == 20 * 10**9  # the default: 20 GB
     monkeypatch.setenv(BOUND_VARIABLE, "2.5")
-    assert bound_bytes(folder, held=0) == 2.5 * 10**9
+    assert bound_bytes(folder, held=0, configured_gb=configured_bound()) == 2.5 * 10**9
     monkeypatch.setenv(BOUND_VARIABLE, "500")
-    assert bound_bytes(folder, held=10 * 10**9) == 55 * 10**9  # half of 100 GB free and the 10 held
+    # half of 100 GB free and the 10 held
+    assert bound_bytes(folder, held=10 * 10**9, configured_gb=configured_bound()) == 55 * 10**9
     for bad in ("lots", "-1", "inf", "nan"):
         monkeypatch.setenv(BOUND_VARIABLE, bad)
         with pytest.raises(LlamaChatError, match=f"{BOUND_VARIABLE}='{bad}'"):
-            bound_bytes(folder, held=0)
+            bound_bytes(folder, held=0, configured_gb=configured_bound())
 
 
 def test_mapping_an_entry_records_its_use(folder):
@@ -95,7 +103,7 @@ def test_a_first_load_makes_room_by_last_use_and_names_its_model_file(tmp_path, 
     monkeypatch.setenv(BOUND_VARIABLE, "0.001")  # 1 MB: the stale entry and the new one do not fit
     stale = entry_used(folder, "stale", 2, hours_ago=3)
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=30), qtype=QType.Q4_0)
-    llama_chat.load(path, device="cpu")
+    llama_chat.load(path, options_from_environment(), device="cpu")
     assert not stale.exists()
     assert main(["cache"]) == 0
     listing = capsys.readouterr().out

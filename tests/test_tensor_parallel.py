@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType as QType
 
 import llama_chat
+from llama_chat.cli.options import options_from_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import native
 from llama_chat.parallel.sharding import Shard, check_divisible
@@ -207,10 +208,10 @@ def test_widths_that_leave_part_blocks_are_refused_for_int4_on_our_kernels(model
     int4 is refused (the whole model packs)."""
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", native.runnable_variants()[-1])
     with pytest.raises(LlamaChatError) as refused:
-        llama_chat.load(model_file, device="cpu", quantize="int4", shard=Shard(1, 2))
+        llama_chat.load(model_file, options_from_environment(), device="cpu", quantize="int4", shard=Shard(1, 2))
     assert str(refused.value) == ("layers.0.attention.wo.weight (48 columns) does not split into groups of 32; "
                                   "use --quantize int8")
-    assert llama_chat.load(model_file, device="cpu", quantize="int4").quantization == "Q4_1"
+    assert llama_chat.load(model_file, options_from_environment(), device="cpu", quantize="int4").quantization == "Q4_1"
 
 
 def test_widths_that_leave_part_blocks_are_refused_for_int4_on_pytorch_kernels(model_file, monkeypatch):
@@ -218,8 +219,8 @@ def test_widths_that_leave_part_blocks_are_refused_for_int4_on_pytorch_kernels(m
     of rows on some CPUs, may be what is named first."""
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
     with pytest.raises(LlamaChatError) as refused:
-        llama_chat.load(model_file, device="cpu", quantize="int4", dtype="float32", kernel_dtype="float32",
-                        shard=Shard(1, 2))
+        llama_chat.load(model_file, options_from_environment(), device="cpu", quantize="int4", dtype="float32",
+                        kernel_dtype="float32", shard=Shard(1, 2))
     assert re.fullmatch(r"layers\.0\.attention\.(wqkv\.weight \(144 x 96\)|wo\.weight \(96 x 48\)) does not split "
                         r"into this CPU's int4 blocks; use --quantize int8", str(refused.value)), refused.value
 

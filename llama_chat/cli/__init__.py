@@ -10,6 +10,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from llama_chat.cli.options import configure_folders
 from llama_chat.cli.subcommands import SUBCOMMANDS
 from llama_chat.engine.device import flush_denormals
 from llama_chat.errors import LlamaChatError, UsageError
@@ -20,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     flush_denormals()
+    configure_folders()  # the environment's folders, once, for everything this run keeps
     try:
         if argv and argv[0] in SUBCOMMANDS:
             command = importlib.import_module(SUBCOMMANDS[argv[0]][0])

@@ -7,12 +7,12 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from functools import partial
 
 import torch
 
-from llama_chat.cli.arguments import positive_int
-from llama_chat.cli.load_progress import LoadProgress
+from llama_chat.cli.arguments import add_model_arguments, positive_int
+from llama_chat.cli.loaders import OptionsLoader
+from llama_chat.cli.options import draft_options, load_options
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import cpu_model_name
@@ -21,11 +21,10 @@ from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vo
 from llama_chat.errors import UsageError
 from llama_chat.kernels import native
 from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_gb_per_second
-from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
-from llama_chat.loading import load, model_memory_bytes
+from llama_chat.loading import model_memory_bytes
+from llama_chat.options import LoadOptions
 from llama_chat.parallel.group_runner import GroupRunner, run_in_group
-from llama_chat.parallel.sharding import Shard
 from llama_chat.process_memory import memory_now_mb, memory_report, peak_memory_mb
 
 # Shapes of known models, for benchmarking random weights without any files.
@@ -170,32 +169,26 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llama-chat bench", description=__doc__)
-    parser.add_argument("--model", "-m", help="weights to measure (default: the default model)")
+    add_model_arguments(parser)
     parser.add_argument("--random-shapes", choices=sorted(SHAPES),
                         help="measure random weights with a known model's shapes instead")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES)
-    parser.add_argument("--kernel-dtype", default="auto", help="bfloat16 or float32 (default: measured)")
     parser.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's choice)")
     parser.add_argument("--prompt-tokens", type=positive_int, default=512)
     parser.add_argument("--new-tokens", type=positive_int, default=128)
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--compile", default="wait", choices=("wait", "off"),
                         help="measure the compiled decode step, built first if need be (default), or the eager one")
-    parser.add_argument("--tp", type=positive_int, default=1,
-                        help="split the model over N processes on this host (tensor parallel); memory is "
-                        "then given per rank")
     parser.add_argument("--draft", metavar="MODEL",
                         help="also measure speculation with this draft model (loaded in the default weights mode)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    options = parser.parse_args(argv)
-    if options.threads:
-        torch.set_num_threads(options.threads)
-    if options.tp > 1 and options.random_shapes:
+    flags = parser.parse_args(argv)
+    if flags.threads:
+        torch.set_num_threads(flags.threads)
+    if flags.tp > 1 and flags.random_shapes:
         raise UsageError("--tp needs weights from a file: give --model instead of --random-shapes")
-    return run_in_group(options.tp, ["bench", *argv], lambda shard: partial(load_shard, options, shard),
-                        partial(measure_and_report, options))
+    options = load_options(flags)
+    return run_in_group(flags.tp, ["bench", *argv], lambda shard: OptionsLoader(options, shard),
+                        lambda loader: measure_and_report(flags, options, loader))
 
 
 def weight_bytes_a_token(model: Llama) -> int:
@@ -228,60 +221,82 @@ def add_machine_limits(result: dict, model: Llama) -> None:
     )
 
 
-def load_shard(options: argparse.Namespace, shard: Shard | None, path: str) -> Llama:
-    """The model (or one rank's share of it) as the command line asks."""
-    return load(path, device=options.device, dtype=options.dtype, quantize=options.quantize,
-                kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress)
-
-
-def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llama]) -> int:
-    kernels = native.status(wait=True)  # a first build is measured with the kernels it makes
+def load_and_compile(flags: argparse.Namespace, loader: Callable[[str], Llama]) -> tuple[Llama, dict]:
+    """The model measured, loaded and its decode step compiled as --compile says; what the
+    load and the compile took, in time and memory."""
     memory_before = peak_memory_mb()
     own_before = (memory_now_mb() or (0.0, 0.0))[1]
     started = time.perf_counter()
-    if options.random_shapes:
-        model = Llama.random(SHAPES[options.random_shapes], device=options.device, dtype=options.dtype)
-        model.name = f"random weights, {options.random_shapes} shapes"
+    if flags.random_shapes:
+        model = Llama.random(SHAPES[flags.random_shapes], device=flags.device, dtype=flags.dtype)
+        model.name = f"random weights, {flags.random_shapes} shapes"
     else:
-        model = loader(options.model or require_default_model())
+        model = loader(flags.model or require_default_model())
     load_seconds = time.perf_counter() - started
     memory_after_load = peak_memory_mb()
     started = time.perf_counter()
-    peers = model.runner.peers if isinstance(model.runner, GroupRunner) else None  # the other ranks, under --tp
-    if options.compile == "wait":
+    if flags.compile == "wait":
         model.runner.compile(wait=True)
-    compile_seconds = time.perf_counter() - started
-    result = run(model, options.prompt_tokens, options.new_tokens, options.repeats)
+    return model, {
+        "load_seconds": load_seconds,
+        "compile_seconds": time.perf_counter() - started,
+        "memory_before_load_mb": memory_before,
+        "peak_memory_after_load_mb": memory_after_load,
+        "own_memory_before_load_mb": own_before,
+    }
+
+
+def add_speculation(result: dict, model: Llama, flags: argparse.Namespace) -> None:
+    """Decode speed with speculation (a draft model too, with --draft), where the model's
+    context holds the reply measured."""
     draft = None
-    if options.draft:
-        draft = load(options.draft, device=options.device, progress=LoadProgress)
+    if flags.draft:
+        draft = OptionsLoader(draft_options(flags))(flags.draft)
         check_same_vocabulary(model, draft)
-        if options.compile == "wait":
+        if flags.compile == "wait":
             draft.runner.compile(wait=True)
     echo_prompt = model.chat_format.encode([{"role": "user", "content": ECHO_REQUEST}])
     if len(echo_prompt) + SPECULATION_TOKENS < model.args.max_seq_len:
-        result["speculation"] = measure_speculation(model, ECHO_REQUEST, SPECULATION_TOKENS, options.repeats, draft)
+        result["speculation"] = measure_speculation(model, ECHO_REQUEST, SPECULATION_TOKENS, flags.repeats, draft)
+
+
+def add_memory(result: dict, model: Llama) -> None:
+    """The peak, and what is resident now and of it the process's own (not mapped files'
+    shared pages), and what the model holds."""
     resident_now, own_now = memory_now_mb() or (0.0, 0.0)
     result.update(
-        load_seconds=load_seconds,
-        compile_seconds=compile_seconds,
         peak_memory_mb=peak_memory_mb(),
-        memory_before_load_mb=memory_before,
-        peak_memory_after_load_mb=memory_after_load,
-        # resident now, and what of it is the process's own (not mapped files' shared pages)
         resident_memory_mb=resident_now,
         own_memory_mb=own_now,
-        own_memory_before_load_mb=own_before,
         model_memory_mb=model_memory_bytes(model) / 2**20,
-        tensor_parallel=options.tp if peers is not None else 1,
+    )
+
+
+def measure_and_report(flags: argparse.Namespace, options: LoadOptions, loader: Callable[[str], Llama]) -> int:
+    # A first build is measured with the kernels it makes.
+    kernels = native.status(wait=True, kernels=options.kernels)
+    model, loading = load_and_compile(flags, loader)
+    peers = model.runner.peers if isinstance(model.runner, GroupRunner) else None  # the other ranks, under --tp
+    result = run(model, flags.prompt_tokens, flags.new_tokens, flags.repeats)
+    add_speculation(result, model, flags)
+    result.update(loading)
+    add_memory(result, model)
+    result.update(
+        tensor_parallel=flags.tp if peers is not None else 1,
         kernels=kernels.detail if not kernels.loaded else "built",
     )
     add_machine_limits(result, model)
     if peers is not None:
         result["memory_mb_per_rank"] = [memory_report(), *peers.memory_mb()]
-    if options.json:
+    if flags.json:
         print(json.dumps(result))
-        return 0
+    else:
+        print_report(result)
+    return 0
+
+
+def print_report(result: dict) -> None:
+    """The measurements for people, a few lines."""
     print(f"{result['model']} on {result['device']}: {result['weights']}")
     print(f"{result['cpu']} ({result['cpu_capability']}), torch {result['torch']}, {result['threads']} threads, "
           f"median of {result['repeats']}")
@@ -310,4 +325,3 @@ def measure_and_report(options: argparse.Namespace, loader: Callable[[str], Llam
         ranks = ", ".join(f"rank {rank} {peak:.0f} MB peak, {own:.0f} MB own"
                           for rank, (peak, own) in enumerate(result["memory_mb_per_rank"]))
         print(f"tensor parallel over {result['tensor_parallel']} ranks (rank 0's model share above): {ranks}")
-    return 0

@@ -7,6 +7,7 @@ import argparse
 import time
 
 from llama_chat.chat.display import visible
+from llama_chat.cli.options import kernel_options
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.packed_cache_entries import BOUND_VARIABLE, bound_bytes, entries
 from llama_chat.paths import cache_root
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> int:
         print(f"removed {len(found)} packed {noun}, {gigabytes(sum(entry.size for entry in found))}")
         return 0
     held = sum(entry.size for entry in found)
-    print(f"packed weights in {folder}: {gigabytes(held)} of at most {gigabytes(bound_bytes(folder, held))} "
+    bound = bound_bytes(folder, held, kernel_options().packed_cache_gb)
+    print(f"packed weights in {folder}: {gigabytes(held)} of at most {gigabytes(bound)} "
           f"(the least recently used go first; {BOUND_VARIABLE} sets the bound)")
     if found:
         print(f"{'last used':17}  {'size':>9}  model file")

@@ -5,28 +5,25 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.session import Session
 from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
-from llama_chat.cli.arguments import finite_float, positive_int
-from llama_chat.cli.load_progress import LoadProgress
-from llama_chat.cli.loaders import CompilingLoader
+from llama_chat.cli.arguments import add_model_arguments, finite_float
+from llama_chat.cli.loaders import CompilingLoader, OptionsLoader
+from llama_chat.cli.options import draft_options, load_options
 from llama_chat.cli.subcommands import SUBCOMMANDS
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.engine.speculation import LOOKUP_AUTO, parse_lookup
 from llama_chat.errors import SettingError, UsageError
 from llama_chat.kernels import native
-from llama_chat.kernels.quantize import QUANTIZE_MODES
 from llama_chat.llama import Llama
-from llama_chat.loading import load
+from llama_chat.options import KernelOptions
 from llama_chat.parallel.group_runner import run_in_group
 from llama_chat.paths import kept_conversation_path
 from llama_chat.parallel.ranks import shard_from_environment
-from llama_chat.parallel.sharding import Shard
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 
 COMPILE_CHOICES = ("auto", "wait", "off")
@@ -39,32 +36,15 @@ def chat_parser() -> argparse.ArgumentParser:
         description="Chat with a local Llama-family model in the terminal.",
         epilog="sub-commands: " + "; ".join(f"{name}: {about}" for name, (_, about) in SUBCOMMANDS.items()),
     )
-    parser.add_argument("--model", "-m", help="a .gguf file, or a Hugging Face or Meta checkpoint directory "
-                        "(default: SmolLM2-135M-Instruct)")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", "-p", help="answer this one message, print the reply and exit")
     parser.add_argument("--raw", action="store_true", help="plain completion of the prompt, no chat template")
     parser.add_argument("--system", help="system prompt")
-    parser.add_argument("--chat-format", help="llama3, llama2, chatml, plain, or template (the model's own)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: the model's dtype; "
-                        "with packed cpu weights, what prompt steps multiply in, auto measured (default: auto)")
-    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
-                        help="pack weights for the cpu; auto: int4 where the file stores 4-bit groups, int8 "
-                        "otherwise, none with --dtype float32 or off the cpu (default: auto)")
-    parser.add_argument("--kernel-dtype", default="auto",
-                        help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
-                        "measured on this CPU)")
-    parser.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="the KV cache's dtype (default: auto: float16 where llama-chat's kernels attend, "
-                             "else the model's)")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
                         help="the compiled decode step on the cpu: auto (built in the background the first time, "
                         "eager meanwhile; a one-shot reply only uses one already built), wait (build it first), "
                         "off (eager)")
-    parser.add_argument("--tp", type=positive_int, default=1,
-                        help="split the model over N processes on this host (tensor parallel, on the cpu); "
-                        "under torchrun the group comes from the launcher (default: 1)")
     parser.add_argument("--open", metavar="FILE",
                         help="continue a conversation saved with /save or --save (its cache too, when it fits)")
     parser.add_argument("--save", metavar="FILE",
@@ -127,15 +107,6 @@ def checked_text(text: str, where: str) -> str:
     return cleaned
 
 
-def model_loader(options: argparse.Namespace, shard: Shard | None = None) -> Callable[[str], Llama]:
-    """Loads weights from a path with the command line's device, dtype and chat format
-    (with a shard: that rank's share of them)."""
-    chat_format = "plain" if options.raw else options.chat_format
-    return partial(load, device=options.device, dtype=options.dtype, chat_format=chat_format,
-                   quantize=options.quantize, kernel_dtype=options.kernel_dtype, shard=shard, progress=LoadProgress,
-                   kv_dtype=options.kv_dtype)
-
-
 def given_settings(argv: Sequence[str]) -> dict:
     """The sampling settings named on the command line itself (not left at their defaults)."""
     parser = chat_parser()
@@ -163,12 +134,6 @@ def open_conversation(session: Session, options: argparse.Namespace, argv: Seque
           f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
 
 
-def draft_loader(options: argparse.Namespace) -> Callable[[str], Llama]:
-    """Loads a draft model: on the command line's device, in the default weights mode (the
-    fastest measured here), whatever --quantize and --dtype say of the model."""
-    return partial(load, device=options.device, chat_format="plain", progress=LoadProgress)
-
-
 def main(argv: list[str]) -> int:
     return run_chat(chat_parser().parse_args(argv), argv)
 
@@ -183,6 +148,9 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         options.device = "cpu"
 
     lookup = parse_lookup(options.lookup)
+    model_options = load_options(options)
+    if options.raw:
+        model_options = model_options.replaced(chat_format="plain")
 
     def chat(load_shard: Callable[[str], Llama]) -> int:
         prompt = read_prompt(options)
@@ -190,11 +158,12 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         # A one-shot reply ends long before a first compile would: it uses a compiled step
         # only if one is on disk already (or --compile wait).
         load_model = CompilingLoader(load_shard, options.compile, background=prompt is None)
-        load_draft = CompilingLoader(draft_loader(options), options.compile, background=prompt is None)
+        load_draft = CompilingLoader(OptionsLoader(draft_options(options)), options.compile,
+                                     background=prompt is None)
         try:
             system = None if options.system is None else checked_text(options.system, "--system")
             model = load_model(model_path)
-            reason = kernels_wanting(model)
+            reason = kernels_wanting(model, model_options.kernels)
             if reason:
                 print(f"llama-chat: PyTorch's kernels run: {reason}", file=sys.stderr)
             session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
@@ -222,15 +191,15 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             load_model.stop()
             load_draft.stop()
 
-    return run_in_group(options.tp, argv, partial(model_loader, options), chat)
+    return run_in_group(options.tp, argv, lambda shard: OptionsLoader(model_options, shard), chat)
 
 
-def kernels_wanting(model: Llama) -> str | None:
+def kernels_wanting(model: Llama, kernels: KernelOptions) -> str | None:
     """Why llama-chat's kernels cannot run on this machine (no compiler, a failed build), for
     a model packed for the cpu; None where they run, are off by choice or are being built."""
     if model.quantization == "none" or model.device.type != "cpu":
         return None
-    state = native.status()
+    state = native.status(kernels=kernels)
     return state.detail if state.wanting else None
 
 

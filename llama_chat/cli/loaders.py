@@ -1,11 +1,28 @@
-"""The loader the front ends hand to a session: it sets each model's runner compiling as
---compile says."""
+"""The loaders the front ends hand to a session: each loads with the run's options, and
+sets each model's runner compiling as --compile says."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from llama_chat.cli.load_progress import LoadProgress
 from llama_chat.llama import Llama
+from llama_chat.loading import load
+from llama_chat.options import LoadOptions
+from llama_chat.parallel.sharding import Shard
+
+
+@dataclass(frozen=True)
+class OptionsLoader:
+    """Loads a model from a path with these options, its progress shown (with a shard:
+    that tensor-parallel rank's share of it)."""
+
+    options: LoadOptions
+    shard: Shard | None = None
+
+    def __call__(self, path: str) -> Llama:
+        return load(path, self.options, shard=self.shard, progress=LoadProgress)
 
 
 class CompilingLoader:

@@ -19,7 +19,8 @@ uses the family with the smaller sum. LLAMA_CHAT_KERNELS (ours or aten) and LLAM
 A short probe times the candidates at the model's own widths, on one thread, and the
 result is kept per CPU model, PyTorch version and shape in the cache folder.
 LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
-LLAMA_CHAT_KERNEL_ROWS force them. choose_backend is where the back-end is chosen.
+LLAMA_CHAT_KERNEL_ROWS force them, each arriving as a field of KernelOptions. choose_backend is
+where the back-end is chosen.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -49,6 +49,7 @@ from llama_chat.kernels.block_backend import BlockKernels
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
 from llama_chat.kernels.pytorch_backend import PyTorchKernels, dtype_name
+from llama_chat.options import KernelOptions
 
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
@@ -191,14 +192,14 @@ def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
     return times
 
 
-def choose_native(args: ModelArgs) -> tuple[str | None, str]:
+def choose_native(args: ModelArgs, kernels: KernelOptions = KernelOptions()) -> tuple[str | None, str]:
     """The variant of llama-chat's kernels to run, or None for PyTorch's, and why."""
-    family = os.environ.get("LLAMA_CHAT_KERNELS", "auto").lower()
+    family = kernels.family
     if family not in ("auto", "ours", "aten"):
         raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
     # Set, even empty, it forces: a name that is none is refused, not taken for auto.
-    forced = os.environ.get("LLAMA_CHAT_KERNEL_VARIANT")
-    state = native.status()
+    forced = kernels.variant
+    state = native.status(kernels=kernels)
     if not state.loaded:
         # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
         if family == "ours" or (forced is not None and family == "auto"):
@@ -234,23 +235,20 @@ def choose_native(args: ModelArgs) -> tuple[str | None, str]:
     return None, f"PyTorch's kernels: llama-chat's {best} ran {speeds}"
 
 
-def native_paths(variant: str, reason: str) -> BlockKernels:
-    """llama-chat's kernels in `variant` (they take float32 in and out); LLAMA_CHAT_ACTIVATION_BITS
-    (16 or 8) sets how several tokens' activations are quantised."""
-    bits = os.environ.get("LLAMA_CHAT_ACTIVATION_BITS", "16")
+def native_paths(variant: str, reason: str, bits: str = "16") -> BlockKernels:
+    """llama-chat's kernels in `variant` (they take float32 in and out); `bits`
+    (LLAMA_CHAT_ACTIVATION_BITS, 16 or 8) sets how several tokens' activations are quantised."""
     if bits not in ("8", "16"):
         raise DeviceError(f"LLAMA_CHAT_ACTIVATION_BITS={bits!r}: use 16 or 8")
     return BlockKernels(variant, int(bits), reason)
 
 
-def choose_cpu_paths(
-    args: ModelArgs, mode: str, matmul: str | None = None, kernel: str | None = None
-) -> PyTorchKernels:
-    """PyTorch's kernels with the matmul and kernel dtypes, and the kernel's row limit,
-    for a model packed for them with these shapes on this CPU."""
-    forced_matmul = forced_dtype(matmul or os.environ.get("LLAMA_CHAT_DTYPE"), "dtype")
-    forced_kernel = forced_dtype(kernel or os.environ.get("LLAMA_CHAT_KERNEL_DTYPE"), "kernel dtype")
-    forced_rows = forced_row_limit(os.environ.get("LLAMA_CHAT_KERNEL_ROWS"))
+def choose_cpu_paths(args: ModelArgs, mode: str, kernels: KernelOptions = KernelOptions()) -> PyTorchKernels:
+    """The matmul and kernel dtypes, and the kernel's row limit, for a model packed for
+    PyTorch's kernels with these shapes on this CPU (each measured unless `kernels` forces it)."""
+    forced_matmul = forced_dtype(kernels.matmul_dtype, "dtype")
+    forced_kernel = forced_dtype(kernels.kernel_dtype, "kernel dtype")
+    forced_rows = forced_row_limit(kernels.kernel_rows)
     if forced_matmul and forced_kernel and forced_rows:
         return PyTorchKernels(forced_matmul, forced_kernel, forced_rows, "forced")
     shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
@@ -271,18 +269,18 @@ def choose_cpu_paths(
 
 
 def choose_backend(
-    checkpoint: Checkpoint, quantize: str, matmul: str | None = None, kernel: str | None = None
+    checkpoint: Checkpoint, quantize: str, kernels: KernelOptions = KernelOptions()
 ) -> tuple[WeightBackend, dict[str, str]]:
     """The back-end a packed model runs on, and its plan for the layers' matrices:
     llama-chat's kernels where choose_native picks a variant, else PyTorch's, measured for
     the packing most of the matrices get."""
-    variant, native_reason = choose_native(checkpoint.args)
+    variant, native_reason = choose_native(checkpoint.args, kernels)
     if variant is not None:
         modes = BlockKernels.plan(checkpoint, quantize)
-        return native_paths(variant, native_reason), modes
+        return native_paths(variant, native_reason, kernels.activation_bits), modes
     modes = PyTorchKernels.plan(checkpoint, quantize)
     most_used = Counter(modes.values()).most_common(1)[0][0]
-    paths = choose_cpu_paths(checkpoint.args, most_used, matmul, kernel)
+    paths = choose_cpu_paths(checkpoint.args, most_used, kernels)
     return dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}"), modes
 
 

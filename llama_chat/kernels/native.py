@@ -3,15 +3,15 @@
 The C++ sources are compiled with PyTorch's extension tooling (a C++ compiler and the
 `ninja` package) into one library that registers `llama_chat::block_linear` and
 `llama_chat::cache_attention`. A build is kept per CPU model, PyTorch version and source
-text, in `kernels/` of the cache folder (LLAMA_CHAT_KERNELS_DIR moves it), so it is made
-once: by `scripts/setup`, by `python -m llama_chat.kernels.native`, or in the background
+text, in `kernels/` of the cache folder (LLAMA_CHAT_KERNELS_DIR moves it: paths.kernels_folder),
+so it is made once: by `scripts/setup`, by `python -m llama_chat.kernels.native`, or in the background
 on first use, while that first run goes on with PyTorch's own kernels. Without a
 compiler, or when a build fails, PyTorch's kernels run and `status()` says why in one
 line. A kept build that is not the file its build wrote (truncated, changed: its digest
 is recorded beside it) is removed and built again the same way.
 
 Variants: portable C++, AVX2 (with FMA) and AVX-512 with VNNI; the library reports their
-names and which this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT forces one.
+names and which this CPU can run, and LLAMA_CHAT_KERNEL_VARIANT (KernelOptions.variant) forces one.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ from pathlib import Path
 
 import torch
 
-from llama_chat.disk_cache import cache_key, entry_path, read_checked, staged
+from llama_chat.disk_cache import cache_key, read_checked, staged
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.library_layout import library_layout
+from llama_chat.options import Folders, KernelOptions
+from llama_chat.paths import configure, kernels_folder
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 LIBRARY_NAME = "llama_chat_kernels"
@@ -66,10 +68,8 @@ def build_key() -> str:
 
 
 def build_directory() -> Path | None:
-    configured = os.environ.get("LLAMA_CHAT_KERNELS_DIR")
-    if configured:
-        return Path(configured).expanduser() / build_key()
-    return entry_path("kernels", build_key())
+    folder = kernels_folder()
+    return None if folder is None else folder / build_key()
 
 
 def library_file(directory: Path) -> Path:
@@ -100,7 +100,7 @@ def _check_kept(library: Path) -> str:
 
 def missing_tools() -> str | None:
     """Why this machine cannot build the kernels, or None."""
-    compiler = os.environ.get("CXX", "c++")
+    compiler = os.environ.get("CXX", "c++")  # the build tools' own variable, which they read too
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler}) found; install g++ or clang to build llama-chat's kernels"
     try:
@@ -175,10 +175,10 @@ def _load_library(path: str) -> None:
     torch.library.register_fake("llama_chat::cache_attention")(lambda q, *_: q.new_empty(q.shape))
 
 
-def status(wait: bool = False) -> NativeStatus:
+def status(wait: bool = False, kernels: KernelOptions = KernelOptions()) -> NativeStatus:
     """Load the kernels if a build is on disk; otherwise start one (in the background, or
     waited for with `wait`) and say so. Never raises: PyTorch's kernels are the fallback."""
-    if os.environ.get("LLAMA_CHAT_KERNELS", "").lower() == "aten":
+    if kernels.family == "aten":
         return NativeStatus(False, "PyTorch's kernels forced (LLAMA_CHAT_KERNELS=aten)")
     directory = build_directory()
     if directory is None:
@@ -217,7 +217,7 @@ def status(wait: bool = False) -> NativeStatus:
 def load_built() -> bool:
     """Load a build already on disk (nothing is built): the parent's library in a child
     process, else this build's; whether the kernels are loaded."""
-    inherited = os.environ.get(LOADED_LIBRARY)
+    inherited = os.environ.get(LOADED_LIBRARY)  # handed down by the parent process, not a setting
     if inherited and Path(inherited).exists():
         _load_library(inherited)
         return True
@@ -269,4 +269,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # A program of its own (scripts/setup runs it): its folders come from the environment.
+    configure(Folders.from_environment(os.environ))
     sys.exit(main(sys.argv[1:]))

@@ -55,9 +55,10 @@ def entries(folder: Path) -> list[Entry]:
     return sorted(found, key=lambda entry: entry.last_used)
 
 
-def bound_bytes(folder: Path, held: int) -> int:
-    """How many bytes the entries may hold, `held` being what they hold now."""
-    configured = os.environ.get(BOUND_VARIABLE, "").strip()
+def bound_bytes(folder: Path, held: int, configured_gb: str | None = None) -> int:
+    """How many bytes the entries may hold, `held` being what they hold now, within
+    `configured_gb` (LLAMA_CHAT_PACKED_CACHE_GB; None or empty: the default)."""
+    configured = (configured_gb or "").strip()
     try:
         gigabytes = float(configured) if configured else DEFAULT_BOUND_GB
     except ValueError:
@@ -68,16 +69,16 @@ def bound_bytes(folder: Path, held: int) -> int:
     return int(min(gigabytes * 1e9, DISK_SHARE * (free + held)))
 
 
-def make_room(folder: Path, new_bytes: int, keep: set[Path]) -> list[Entry]:
+def make_room(folder: Path, new_bytes: int, keep: set[Path], bound_gb: str | None = None) -> list[Entry]:
     """Remove the least recently used entries (never those in `keep`) until the rest and
-    `new_bytes` more fit within the bound, and unfinished writes left a day or more ago;
-    what was removed."""
+    `new_bytes` more fit within the bound (bound_bytes, `bound_gb` configured), and
+    unfinished writes left a day or more ago; what was removed."""
     folder.mkdir(parents=True, exist_ok=True)
     present = entries(folder)
     now = time.time()
     stale = [e for e in present if e.unfinished and now - e.last_used > UNFINISHED_KEPT_SECONDS]
     total = sum(e.size for e in present if e not in stale) + new_bytes
-    bound = bound_bytes(folder, total - new_bytes)
+    bound = bound_bytes(folder, total - new_bytes, bound_gb)
     removed = list(stale)
     for entry in present:
         if total <= bound:

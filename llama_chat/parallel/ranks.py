@@ -38,11 +38,13 @@ IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's nex
 
 def shard_from_environment() -> Shard | None:
     """This process's place in a group started by --tp or torchrun (None: on its own)."""
+    # The launcher's variables, handed to each rank process: read here, at the one start-up point.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return Shard(int(os.environ.get("RANK", "0")), world) if world > 1 else None
 
 
 def collective_timeout() -> timedelta:
+    # Read where the group forms, as torchrun's variables are: each rank has it from its start-up environment.
     value = os.environ.get(TIMEOUT_VARIABLE, "60")
     try:
         seconds = float(value)
