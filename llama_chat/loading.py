@@ -292,52 +292,74 @@ def load(
     it, else the model's).
     """
     options = (options or LoadOptions()).replaced(**settings)
-    kernels, quantize = options.packed_kernels(), options.quantize
     resolved_device = resolve_device(options.device)
-    packed = packs(quantize, resolved_device, options.dtype)
-    checkpoint = read_checkpoint(path)
-    if shard is not None and shard.world > 1:
-        checkpoint = dataclasses.replace(
-            checkpoint, args=local_args(checkpoint.args, shard.world),
-            tensors=shard_state(checkpoint.tensors, checkpoint.args, shard),
-        )
-    args = checkpoint.args
+    packed = packs(options.quantize, resolved_device, options.dtype)  # a bad setting is refused before any read
+    checkpoint = read_share(path, shard)
     source = Path(path).expanduser()
     chosen_format = get_chat_format(
         options.chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
-        origin=source.name, context_length=args.max_seq_len,
+        origin=source.name, context_length=checkpoint.args.max_seq_len,
     )
     total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
     reporter = progress(f"loading {source.name}", total)
     cache_dtype = resolve_kv_dtype(options.kv_dtype)
     try:
         with reading_errors(source):
-            if packed:
-                backend, modes = choose_backend(checkpoint, quantize, kernels)
-                transformer, cache_note = packed_transformer(checkpoint, source, backend, modes, shard, reporter,
-                                                             kernels.packed_cache_gb)
-                weights_note = backend.describe() + (f"; {cache_note}" if cache_note else "")
-                quantization, arithmetic = backend.quantization(modes), backend.arithmetic()
-                cache_dtype = cache_dtype or backend.cache_dtype
-            else:
-                resolved_dtype = resolve_dtype(options.dtype, resolved_device)
-                transformer = build_transformer(checkpoint, resolved_device, resolved_dtype, reporter)
-                weights_note, quantization, arithmetic = "", "none", ""
+            built = build_on_device(checkpoint, source, options, resolved_device if not packed else None, shard,
+                                    reporter)
     finally:
         reporter.close()
     if shard is not None and shard.world > 1:
-        add_all_reduces(transformer)
+        add_all_reduces(built.transformer)
     return Llama(
-        transformer,
+        built.transformer,
         checkpoint.tokenizer,
         name=source.name,
         chat_format=chosen_format,
-        quantization=quantization,
-        weights_note=weights_note,
-        arithmetic=arithmetic,
-        cache_dtype=cache_dtype,
+        quantization=built.quantization,
+        weights_note=built.weights_note,
+        arithmetic=built.arithmetic,
+        cache_dtype=cache_dtype or built.cache_dtype,
         sampling_defaults=checkpoint.sampling,
     )
+
+
+def read_share(path: str | Path, shard: Shard | None) -> Checkpoint:
+    """The checkpoint at `path`, or under tensor parallelism this rank's share of it."""
+    checkpoint = read_checkpoint(path)
+    if shard is None or shard.world == 1:
+        return checkpoint
+    return dataclasses.replace(
+        checkpoint, args=local_args(checkpoint.args, shard.world),
+        tensors=shard_state(checkpoint.tensors, checkpoint.args, shard),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A Transformer with its weights in place, and how they run (Llama's words for them)."""
+
+    transformer: Transformer
+    quantization: str
+    weights_note: str
+    arithmetic: str
+    cache_dtype: torch.dtype | None  # the KV cache's the back-end asks for (None: the model's)
+
+
+def build_on_device(
+    checkpoint: Checkpoint, source: Path, options: LoadOptions, dense_on: torch.device | None, shard: Shard | None,
+    reporter: Progress,
+) -> Built:
+    """The Transformer dense on `dense_on`, or (None) packed by the back-end chosen for this CPU."""
+    if dense_on is not None:
+        transformer = build_transformer(checkpoint, dense_on, resolve_dtype(options.dtype, dense_on), reporter)
+        return Built(transformer, "none", "", "", None)
+    kernels = options.packed_kernels()
+    backend, modes = choose_backend(checkpoint, options.quantize, kernels)
+    transformer, cache_note = packed_transformer(checkpoint, source, backend, modes, shard, reporter,
+                                                 kernels.packed_cache_gb)
+    weights_note = backend.describe() + (f"; {cache_note}" if cache_note else "")
+    return Built(transformer, backend.quantization(modes), weights_note, backend.arithmetic(), backend.cache_dtype)
 
 
 def resolve_kv_dtype(name: str | None) -> torch.dtype | None:

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from llama_chat import disk_cache
+from llama_chat import disk_cache, paths
 from llama_chat.errors import CorruptFileError
+from llama_chat.options import Folders
 
 
 def test_a_key_depends_on_the_description_not_its_order():
@@ -16,11 +17,14 @@ def test_a_key_depends_on_the_description_not_its_order():
     assert len(key) == 24 and len(disk_cache.cache_key([], length=20)) == 20
 
 
-def test_entries_are_under_the_cache_folder_and_nowhere_when_it_is_off(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
-    assert disk_cache.entry_path("packed", "x.safetensors") == tmp_path / "packed" / "x.safetensors"
-    monkeypatch.setenv("LLAMA_CHAT_CACHE", "off")
-    assert disk_cache.entry_path("packed", "x.safetensors") is None
+def test_entries_are_under_the_cache_folder_and_nowhere_when_it_is_off(tmp_path):
+    previous = paths.configure(Folders(cache=tmp_path))
+    try:
+        assert disk_cache.entry_path("packed", "x.safetensors") == tmp_path / "packed" / "x.safetensors"
+        paths.configure(Folders(cache_off=True))
+        assert disk_cache.entry_path("packed", "x.safetensors") is None
+    finally:
+        paths.configure(previous)
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):

@@ -160,9 +160,8 @@ def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
 
 
 @pytest.mark.needs_compiler
-def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, monkeypatch, tmp_path):
+def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, monkeypatch):
     destination, _ = compiled_package
-    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
     path = compiled.package_path(packed_model.transformer, packed_model.cache_dtype)
     path.parent.mkdir(parents=True)
     path.write_bytes(destination.read_bytes())
@@ -193,9 +192,7 @@ def test_a_package_on_disk_is_loaded_at_once(packed_model, compiled_package, mon
     assert compiled.is_built(path)
 
 
-def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monkeypatch, tmp_path):
-    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
-
+def test_a_failed_compile_leaves_the_eager_step_with_one_line(packed_model, monkeypatch):
     # The child process cannot be patched, so it is handed a structure file it cannot read.
     monkeypatch.setattr(compiled, "structure_copy", lambda transformer: "not a model")
     runner = new_compiled_runner(packed_model)
