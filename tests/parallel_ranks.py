@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders, group_timeout, options_from_environment
 from llama_chat.parallel.group_runner import ParallelLoader
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
@@ -38,7 +38,7 @@ def run(rank: int, world: int, port: int, model_path: str, out: str) -> None:
     configure_folders()  # as the command line starting a rank does
     torch.set_num_threads(1)
     shard = Shard(rank, world)
-    store = join(shard)
+    store = join(shard, group_timeout())
     load_shard = partial(load, options=options_from_environment(), device="cpu", dtype="float32", shard=shard)
     if rank > 0:
         shapes_seen = {}
@@ -109,7 +109,7 @@ def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], sett
     configure_folders()  # as the command line starting a rank does
     torch.set_num_threads(1)
     shard = Shard(rank, world)
-    store = join(shard)
+    store = join(shard, group_timeout())
     load_shard = shard_loader(shard, settings)
     if rank > 0:
         shapes_seen = {}

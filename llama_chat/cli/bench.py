@@ -12,7 +12,7 @@ import torch
 
 from llama_chat.cli.arguments import add_model_arguments, positive_int
 from llama_chat.cli.loaders import OptionsLoader
-from llama_chat.cli.options import draft_options, load_options
+from llama_chat.cli.options import draft_options, group_timeout, load_options
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import cpu_model_name
@@ -188,7 +188,7 @@ def main(argv: list[str]) -> int:
         raise UsageError("--tp needs weights from a file: give --model instead of --random-shapes")
     options = load_options(flags)
     return run_in_group(flags.tp, ["bench", *argv], lambda shard: OptionsLoader(options, shard),
-                        lambda loader: measure_and_report(flags, options, loader))
+                        lambda loader: measure_and_report(flags, options, loader), group_timeout())
 
 
 def weight_bytes_a_token(model: Llama) -> int:

@@ -12,7 +12,7 @@ from llama_chat.chat.session import Session
 from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
 from llama_chat.cli.arguments import add_model_arguments, finite_float
 from llama_chat.cli.loaders import CompilingLoader, OptionsLoader
-from llama_chat.cli.options import draft_options, load_options
+from llama_chat.cli.options import draft_options, group_timeout, load_options
 from llama_chat.cli.subcommands import SUBCOMMANDS
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
@@ -191,7 +191,8 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             load_model.stop()
             load_draft.stop()
 
-    return run_in_group(options.tp, argv, lambda shard: OptionsLoader(model_options, shard), chat)
+    return run_in_group(options.tp, argv, lambda shard: OptionsLoader(model_options, shard), chat,
+                        group_timeout())
 
 
 def kernels_wanting(model: Llama, kernels: KernelOptions) -> str | None:

@@ -7,8 +7,10 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 
 from llama_chat import paths
+from llama_chat.errors import LlamaChatError
 from llama_chat.options import Folders, KernelOptions, LoadOptions
 
 
@@ -16,6 +18,15 @@ def configure_folders(environ: Mapping[str, str] = os.environ) -> Folders:
     """Keep things in the folders LLAMA_CHAT_CACHE, LLAMA_CHAT_WEIGHTS and
     LLAMA_CHAT_KERNELS_DIR name, from now on in this process; the folders used until now."""
     return paths.configure(Folders.from_environment(environ))
+
+
+def group_timeout(environ: Mapping[str, str] = os.environ) -> timedelta:
+    """How long a tensor-parallel group waits for a collective: LLAMA_CHAT_TP_TIMEOUT seconds (60)."""
+    value = environ.get("LLAMA_CHAT_TP_TIMEOUT", "60")
+    try:
+        return timedelta(seconds=float(value))
+    except ValueError:
+        raise LlamaChatError(f"LLAMA_CHAT_TP_TIMEOUT={value!r} is not a number of seconds") from None
 
 
 def kernel_options(environ: Mapping[str, str] = os.environ) -> KernelOptions:

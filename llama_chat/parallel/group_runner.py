@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 
@@ -78,15 +79,16 @@ class ParallelLoader:
 
 def run_in_group(
     tp: int, argv: Sequence[str], shard_loader: Callable[[Shard | None], Callable[[str], object]],
-    front_end: Callable[[Callable[[str], object]], int],
+    front_end: Callable[[Callable[[str], object]], int], timeout: timedelta,
 ) -> int:
     """Run `front_end(loader)` on this process, alone or as rank 0 of a group (one formed by
     a launcher, or `tp` ranks started here running `argv`); a process that is another rank
-    of a group follows rank 0 instead. `shard_loader(shard)` loads a rank's share."""
+    of a group follows rank 0 instead. `shard_loader(shard)` loads a rank's share; a
+    collective not done within `timeout` ends the run."""
     shard = shard_from_environment()
     if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
-        return follow(join(shard), shard_loader(shard))
-    shard, peers = lead(shard, tp, argv)
+        return follow(join(shard, timeout), shard_loader(shard))
+    shard, peers = lead(shard, tp, argv, timeout)
     try:
         loader = shard_loader(shard)
         return front_end(ParallelLoader(loader, peers) if peers is not None else loader)

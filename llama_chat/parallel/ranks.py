@@ -10,8 +10,8 @@ ids go, so rank 0 may truncate its cache (a retry, a trimmed conversation) witho
 anyone.
 
 Waiting for a command uses the store (a person may take an hour to type); the
-collectives inside a step use the group's timeout (LLAMA_CHAT_TP_TIMEOUT seconds, 60 by
-default), so a rank that died or hangs ends the run with one line.
+collectives inside a step use the group's timeout (the command line's LLAMA_CHAT_TP_TIMEOUT
+seconds, 60 by default), so a rank that died or hangs ends the run with one line.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.parallel.sharding import Shard, summed
 from llama_chat.process_memory import memory_report
 
-TIMEOUT_VARIABLE = "LLAMA_CHAT_TP_TIMEOUT"
 IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's next command
 
 
@@ -43,24 +42,16 @@ def shard_from_environment() -> Shard | None:
     return Shard(int(os.environ.get("RANK", "0")), world) if world > 1 else None
 
 
-def collective_timeout() -> timedelta:
-    # Read where the group forms, as torchrun's variables are: each rank has it from its start-up environment.
-    value = os.environ.get(TIMEOUT_VARIABLE, "60")
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise LlamaChatError(f"{TIMEOUT_VARIABLE}={value!r} is not a number of seconds") from None
-    return timedelta(seconds=seconds)
-
-
-def start_ranks(world: int, argv: Sequence[str]) -> tuple[dist.TCPStore, list[subprocess.Popen]]:
+def start_ranks(
+    world: int, argv: Sequence[str], timeout: timedelta
+) -> tuple[dist.TCPStore, list[subprocess.Popen]]:
     """Ranks 1..world-1 of a group on this host, each `python -m llama_chat argv`; this
     process becomes rank 0. They run detached from the terminal (setsid), so that Ctrl-C
     reaches rank 0 alone (which stops a reply between steps); the CPU's threads are shared
     out. Also returned: the group's rendezvous store, already listening on the port the
     ranks are given (a port found free and let go could be taken before the group bound
     it); keep it until `join`, whose rendezvous in this process shares it (multi_tenant)."""
-    rendezvous = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=collective_timeout(),
+    rendezvous = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timeout,
                                wait_for_workers=False, multi_tenant=True)
     threads = max(1, torch.get_num_threads() // world)
     common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "WORLD_SIZE": str(world),
@@ -78,10 +69,10 @@ def start_ranks(world: int, argv: Sequence[str]) -> tuple[dist.TCPStore, list[su
     ]
 
 
-def join(shard: Shard) -> dist.Store:
+def join(shard: Shard, timeout: timedelta) -> dist.Store:
     """Join the group (gloo) and return the store that commands travel through."""
     try:
-        dist.init_process_group("gloo", rank=shard.rank, world_size=shard.world, timeout=collective_timeout())
+        dist.init_process_group("gloo", rank=shard.rank, world_size=shard.world, timeout=timeout)
     except (RuntimeError, ValueError) as error:
         raise LlamaChatError(f"could not form the group of {shard.world} ranks: {first_line(error)}") from None
     store = dist.PrefixStore("llama-chat", dist.distributed_c10d._get_default_store())
@@ -89,7 +80,9 @@ def join(shard: Shard) -> dist.Store:
     return store
 
 
-def lead(shard: Shard | None, tp: int, argv: Sequence[str]) -> tuple[Shard | None, Peers | None]:
+def lead(
+    shard: Shard | None, tp: int, argv: Sequence[str], timeout: timedelta
+) -> tuple[Shard | None, Peers | None]:
     """Rank 0's side of a group: the one a launcher formed (`shard`), or one of `tp` ranks
     started here running `argv`; (None, None) for a process on its own. If joining fails,
     the ranks started here are stopped."""
@@ -98,9 +91,9 @@ def lead(shard: Shard | None, tp: int, argv: Sequence[str]) -> tuple[Shard | Non
         if tp <= 1:
             return None, None
         shard = Shard(0, tp)
-        rendezvous, processes = start_ranks(tp, argv)  # noqa: F841  (held open until joined)
+        rendezvous, processes = start_ranks(tp, argv, timeout)  # noqa: F841  (held open until joined)
     try:
-        return shard, Peers(join(shard), processes)
+        return shard, Peers(join(shard, timeout), processes)
     except BaseException:
         Peers(None, processes).close()
         raise
