@@ -24,7 +24,8 @@ from llama_chat.checkpoints.values import context_length, layer_count, of_type, 
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")  # mistral: the same blocks, maybe a sliding window
+# mistral: the same blocks, maybe a sliding window; qwen2: biases on q, k and v; qwen3: q and k normed per head
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def args_from_hf_config(config: Mapping, source: object = "config.json") -> ModelArgs:
@@ -53,6 +54,8 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
         max_seq_len=context_length(whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
                                    "max_position_embeddings", source),
         tie_embeddings=of_type(tie_embeddings, bool, "tie_word_embeddings", source),
+        qkv_bias=config.get("model_type") == "qwen2",
+        qk_norm=config.get("model_type") == "qwen3",
     )
 
 
@@ -112,6 +115,11 @@ HF_NAMES = TensorNames(
     down="model.layers.{i}.mlp.down_proj.weight",
     attention_norm="model.layers.{i}.input_layernorm.weight",
     ffn_norm="model.layers.{i}.post_attention_layernorm.weight",
+    q_bias="model.layers.{i}.self_attn.q_proj.bias",
+    k_bias="model.layers.{i}.self_attn.k_proj.bias",
+    v_bias="model.layers.{i}.self_attn.v_proj.bias",
+    q_norm="model.layers.{i}.self_attn.q_norm.weight",
+    k_norm="model.layers.{i}.self_attn.k_norm.weight",
 )
 
 
@@ -166,12 +174,12 @@ def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
         method = method if isinstance(method, str) and method.isprintable() else "quantized"
         raise LlamaChatError(f"{config_path}: {method[:40]} weights are not supported: use a float16/bfloat16 model")
-    if config.get("attention_bias") or config.get("mlp_bias"):
+    if config.get("attention_bias") or config.get("mlp_bias"):  # on the output projections too
         raise LlamaChatError(f"{config_path}: projection biases are not supported by llama-chat's Llama blocks")
     if config.get("hidden_act", "silu") != "silu":
         raise LlamaChatError(f"{config_path}: activation {shown(config['hidden_act'])} is not supported (only silu)")
     args = args_from_hf_config(config, config_path)
-    window = config.get("sliding_window")
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
     if window and whole_number(window, "sliding_window", config_path) < args.max_seq_len:
         # Within the window, sliding-window attention is plain causal attention.
         args = dataclasses.replace(args, max_seq_len=window)

@@ -34,9 +34,10 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         }
+    model_type = "qwen2" if args.qkv_bias else "qwen3" if args.qk_norm else "llama"
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+        "model_type": model_type,
         "hidden_size": args.dim,
         "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads,
@@ -78,6 +79,12 @@ def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torc
             names.attention_norm: tensors[ours + "attention_norm.weight"],
             names.ffn_norm: tensors[ours + "ffn_norm.weight"],
         }
+        if args.qkv_bias:
+            q_bias, k_bias, v_bias = tensors[ours + "attention.qkv_bias"].split([q_rows, kv_rows, kv_rows])
+            layer.update({names.q_bias: q_bias, names.k_bias: k_bias, names.v_bias: v_bias})
+        if args.qk_norm:
+            layer.update({names.q_norm: tensors[ours + "attention.q_norm.weight"],
+                          names.k_norm: tensors[ours + "attention.k_norm.weight"]})
         out.update({template.format(i=i): own(tensor) for template, tensor in layer.items()})
     return out
 

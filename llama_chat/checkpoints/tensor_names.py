@@ -28,6 +28,12 @@ class TensorNames:
     down: str
     attention_norm: str
     ffn_norm: str
+    # Only where ModelArgs switches them on (qkv_bias, qk_norm); None where a format has no name.
+    q_bias: str | None = None
+    k_bias: str | None = None
+    v_bias: str | None = None
+    q_norm: str | None = None
+    k_norm: str | None = None
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -58,6 +64,10 @@ def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int,
         names.down: (args.dim, args.hidden_dim),
         names.attention_norm: (args.dim,), names.ffn_norm: (args.dim,),
     }
+    if args.qkv_bias:
+        per_layer.update({names.q_bias: (q_rows,), names.k_bias: (kv_rows,), names.v_bias: (kv_rows,)})
+    if args.qk_norm:
+        per_layer.update({names.q_norm: (args.head_dim,), names.k_norm: (args.head_dim,)})
     for i in range(args.n_layers):
         shapes.update({name.format(i=i): shape for name, shape in per_layer.items()})
     return shapes
@@ -88,4 +98,12 @@ def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleave
         state[ours + "feed_forward.w2.weight"] = layer(names.down)
         state[ours + "attention_norm.weight"] = layer(names.attention_norm)
         state[ours + "ffn_norm.weight"] = layer(names.ffn_norm)
+        if args.qkv_bias:
+            if interleaved_rotary:  # no format with this layout has biases yet: refused, not guessed
+                raise LlamaChatError("q, k and v biases in the interleaved rotary layout are not supported")
+            state[ours + "attention.qkv_bias"] = torch.cat([layer(names.q_bias), layer(names.k_bias),
+                                                            layer(names.v_bias)])
+        if args.qk_norm:
+            state[ours + "attention.q_norm.weight"] = layer(names.q_norm)
+            state[ours + "attention.k_norm.weight"] = layer(names.k_norm)
     return state

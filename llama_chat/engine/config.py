@@ -51,6 +51,9 @@ class ModelArgs:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_seq_len: int = 2048
     tie_embeddings: bool = False
+    # Llama's descendants, as switches on its blocks:
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head's q and k before the rotation (Qwen3)
 
     def __post_init__(self) -> None:
         # Frozen dataclass: fill the derived defaults through object.__setattr__.

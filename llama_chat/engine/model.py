@@ -59,6 +59,11 @@ class Attention(nn.Module):
         self.n_rep = args.n_rep
         self.wqkv = UninitializedLinear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim)
         self.wo = UninitializedLinear(args.n_heads * args.head_dim, args.dim)
+        # Apart from wqkv, so that any packing of the matrix leaves them as they are.
+        rows = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
+        self.qkv_bias = nn.Parameter(torch.empty(rows)) if args.qkv_bias else None
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         # A kernel that attends over the cache in one call (llama-chat's, set at load), or
         # None: PyTorch's operations below.
         self.cache_attention: nn.Module | None = None
@@ -119,8 +124,15 @@ class Attention(nn.Module):
         """Rotated queries and keys and the values of x [batch, time, dim], each [batch, time, heads, head_dim]."""
         batch, time, _ = x.shape
         rotated_heads = self.n_heads + self.n_kv_heads
-        qkv = self.wqkv(x).view(batch, time, rotated_heads + self.n_kv_heads, self.head_dim)
-        qk = apply_rotary(qkv.narrow(2, 0, rotated_heads), cos, sin)
+        qkv = self.wqkv(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        qkv = qkv.view(batch, time, rotated_heads + self.n_kv_heads, self.head_dim)
+        qk = qkv.narrow(2, 0, rotated_heads)
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk.narrow(2, 0, self.n_heads)),
+                            self.k_norm(qk.narrow(2, self.n_heads, self.n_kv_heads))], dim=2)
+        qk = apply_rotary(qk, cos, sin)
         q, k = qk.narrow(2, 0, self.n_heads), qk.narrow(2, self.n_heads, self.n_kv_heads)
         return q, k, qkv.narrow(2, rotated_heads, self.n_kv_heads)
 

@@ -65,14 +65,15 @@ def local_args(args: ModelArgs, world: int) -> ModelArgs:
     )
 
 
-# The matrices split between ranks; everything else (embedding, head, norms) is replicated.
-SHARDED_MATRICES = ("attention.wqkv", "attention.wo", "feed_forward.w13", "feed_forward.w2")
+# What is split between ranks (matrices, and the q, k and v biases with their rows); everything else
+# (embedding, head, norms) is replicated.
+SPLIT_BETWEEN_RANKS = ("attention.wqkv", "attention.wo", "feed_forward.w13", "feed_forward.w2", "attention.qkv_bias")
 
 
 def is_sharded(name: str) -> bool:
     """Whether a model tensor (a weight, or a buffer of a module packed from one) belongs to
-    a matrix split between ranks."""
-    return any(f".{matrix}." in f".{name}" for matrix in SHARDED_MATRICES)
+    something split between ranks."""
+    return any(f".{split}." in f".{name}." for split in SPLIT_BETWEEN_RANKS)
 
 
 def shard_state(state: dict, args: ModelArgs, shard: Shard) -> dict:
@@ -82,6 +83,11 @@ def shard_state(state: dict, args: ModelArgs, shard: Shard) -> dict:
     q_rows, kv_rows, hidden = heads * args.head_dim, kv_heads * args.head_dim, args.hidden_dim // world
     narrowed = dict(state)
     for name, weight in state.items():
+        if name.endswith("attention.qkv_bias"):  # split with its heads, as wqkv's rows are
+            q, k, v = weight.split([args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim,
+                                    args.n_kv_heads * args.head_dim])
+            narrowed[name] = torch.cat([q.narrow(0, rank * q_rows, q_rows), k.narrow(0, rank * kv_rows, kv_rows),
+                                        v.narrow(0, rank * kv_rows, kv_rows)])
         if not isinstance(weight, StoredMatrix):
             continue
         if name.endswith("attention.wqkv.weight"):

@@ -1,0 +1,125 @@
+"""Llama's descendants as switches on its blocks: Qwen2 (q, k and v biases) and Qwen3 (q and k
+normed per head, a head width that is not dim / heads), from Hugging Face folders, against
+transformers' own classes."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import llama_chat
+from llama_chat.checkpoints.hf import load_hf_directory
+from llama_chat.engine import compiled
+from llama_chat.parallel.sharding import Shard, is_sharded, shard_state
+
+from .hf_reference import hf_logits, llama_from_checkpoint
+from .test_hf_checkpoint import BOS, EOT, VOCAB, write_json, write_tokenizer_json
+
+IDS = [BOS] + [(37 * i) % 290 + 5 for i in range(63)]
+SHAPES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=BOS,
+              eos_token_id=EOT)
+KINDS = {
+    "qwen2": lambda tied: Qwen2ForCausalLM(Qwen2Config(**SHAPES, tie_word_embeddings=tied, use_sliding_window=False)),
+    "qwen3": lambda tied: Qwen3ForCausalLM(Qwen3Config(**SHAPES, head_dim=32, tie_word_embeddings=tied)),
+}
+
+
+def save_descendant(directory, kind: str, tied: bool = False, seed: int = 5):
+    """A random model of transformers' class for `kind`, saved with a tokenizer as a folder."""
+    model = KINDS[kind](tied).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("bias"):
+                parameter.copy_(0.5 * noise)
+            elif parameter.ndim == 1:
+                parameter.copy_(1.0 + 0.1 * noise)
+            else:
+                parameter.copy_(noise / math.sqrt(parameter.shape[1]))
+    model.save_pretrained(directory)
+    write_tokenizer_json(directory)
+    write_json(directory / "tokenizer_config.json", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_a_descendants_folder_gives_transformers_logits_exactly(tmp_path, kind, tied):
+    model = save_descendant(tmp_path, kind, tied)
+    checkpoint = load_hf_directory(tmp_path)
+    args = checkpoint.args
+    assert (args.qkv_bias, args.qk_norm, args.tie_embeddings) == (kind == "qwen2", kind == "qwen3", tied)
+    assert args.head_dim == (32 if kind == "qwen3" else 16)  # Qwen3's is not dim / heads
+    ours = llama_from_checkpoint(checkpoint).logits(IDS)
+    torch.testing.assert_close(ours, hf_logits(model, IDS), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path, kind):
+    """The default load (packed weights, on llama-chat's kernels where they run, through the
+    cache a token at a time and as a prompt) against float32 transformers, teacher-forced."""
+    model = save_descendant(tmp_path, kind)
+    reference = hf_logits(model, IDS)
+    packed = llama_chat.load(tmp_path, device="cpu")
+    assert packed.quantization != "none"
+    cache = packed.new_cache(80)
+    prompt = packed.runner(cache, IDS[:16], every_logits=True)
+    singles = torch.stack([packed.runner(cache, [token]) for token in IDS[16:]])
+    logits = torch.cat([prompt, singles])
+    # Measured: the Q8_0 weights move logits (up to about 4) by at most 0.07 (Qwen2) and 0.09
+    # (Qwen3), as they move a Llama of these shapes (0.14); a random model's near ties can flip,
+    # so the choice is asserted where transformers' two best are 0.2 apart (half the positions).
+    assert (logits - reference).abs().max() < 0.15
+    best, second = torch.topk(reference, 2).values.unbind(-1)
+    clear = best - second > 0.2
+    assert clear.sum() >= 24 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+def test_a_descendant_resaved_by_convert_reads_back_the_same(tmp_path):
+    from llama_chat.checkpoints.hf_writer import write_hf_directory
+
+    save_descendant(tmp_path / "qwen2", "qwen2")
+    checkpoint = load_hf_directory(tmp_path / "qwen2")
+    write_hf_directory(checkpoint, tmp_path / "again", torch.float32)
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["model_type"] == "qwen2"
+    again = load_hf_directory(tmp_path / "again")
+    torch.testing.assert_close(llama_from_checkpoint(again).logits(IDS), llama_from_checkpoint(checkpoint).logits(IDS))
+
+
+def test_the_biases_split_between_ranks_with_their_heads(tmp_path):
+    save_descendant(tmp_path, "qwen2")
+    checkpoint = load_hf_directory(tmp_path)
+    args = checkpoint.args
+    whole = checkpoint.tensors["layers.0.attention.qkv_bias"]
+    q, k, v = whole.split([4 * 16, 2 * 16, 2 * 16])  # each rank: 2 query heads and 1 key/value head
+    halves = [shard_state(checkpoint.tensors, args, Shard(rank, 2))["layers.0.attention.qkv_bias"] for rank in (0, 1)]
+    for rank, half in enumerate(halves):
+        expected = torch.cat([q[rank * 32 : (rank + 1) * 32], k[rank * 16 : (rank + 1) * 16],
+                              v[rank * 16 : (rank + 1) * 16]])
+        assert torch.equal(half, expected)
+    assert is_sharded("layers.0.attention.qkv_bias") and not is_sharded("layers.0.attention.q_norm.weight")
+
+
+@pytest.mark.needs_compiler
+def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path):
+    """Qwen3's per-head norms in the packages compiled ahead of time, single tokens and a
+    verify-sized call, against the eager runner."""
+    save_descendant(tmp_path, "qwen3")
+    model = llama_chat.load(tmp_path, device="cpu")
+    background = compiled.BackgroundBuild(model.transformer, model.cache_dtype, tmp_path / "decode.pt2")
+    background.wait()
+    assert background.error == "" and background.packages is not None
+    results = {}
+    for name, packages in (("eager", None), ("compiled", background.packages)):
+        model.runner.inner.packages = packages
+        cache = model.new_cache(80)
+        model.runner(cache, IDS[:20])
+        results[name] = torch.cat([torch.stack([model.runner(cache, [token]) for token in IDS[20:30]]),
+                                   model.runner(cache, IDS[30:40], every_logits=True)])
+    model.runner.inner.packages = None
+    torch.testing.assert_close(results["compiled"], results["eager"], atol=1e-3, rtol=0)
