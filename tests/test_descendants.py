@@ -7,29 +7,36 @@ import math
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QType
+from tokenizers import Regex, pre_tokenizers
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import llama_chat
+from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.engine import compiled
 from llama_chat.parallel.sharding import Shard, is_sharded, shard_state
+from llama_chat.text.gguf_tokenizer import pre_tokenizer_for
 
 from .hf_reference import hf_logits, llama_from_checkpoint
-from .test_hf_checkpoint import BOS, EOT, VOCAB, write_json, write_tokenizer_json
+from .test_gguf import VOCAB as GGUF_VOCAB
+from .test_gguf import write_gguf
+from .test_hf_checkpoint import BOS, EOT, MULTILINGUAL, VOCAB, write_json, write_tokenizer_json
+from .test_hf_tokenizer import byte_level_metadata
 
 IDS = [BOS] + [(37 * i) % 290 + 5 for i in range(63)]
 SHAPES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=BOS,
               eos_token_id=EOT)
 KINDS = {
-    "qwen2": lambda tied: Qwen2ForCausalLM(Qwen2Config(**SHAPES, tie_word_embeddings=tied, use_sliding_window=False)),
-    "qwen3": lambda tied: Qwen3ForCausalLM(Qwen3Config(**SHAPES, head_dim=32, tie_word_embeddings=tied)),
+    "qwen2": lambda **shapes: Qwen2ForCausalLM(Qwen2Config(**shapes, use_sliding_window=False)),
+    "qwen3": lambda **shapes: Qwen3ForCausalLM(Qwen3Config(**shapes, head_dim=32)),
 }
 
 
-def save_descendant(directory, kind: str, tied: bool = False, seed: int = 5):
-    """A random model of transformers' class for `kind`, saved with a tokenizer as a folder."""
-    model = KINDS[kind](tied).eval()
+def descendant(kind: str, tied: bool = False, seed: int = 5, **shapes):
+    """A random model of transformers' class for `kind`, at a scale that gives lively logits."""
+    model = KINDS[kind](**{**SHAPES, **shapes}, tie_word_embeddings=tied).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -40,6 +47,12 @@ def save_descendant(directory, kind: str, tied: bool = False, seed: int = 5):
                 parameter.copy_(1.0 + 0.1 * noise)
             else:
                 parameter.copy_(noise / math.sqrt(parameter.shape[1]))
+    return model
+
+
+def save_descendant(directory, kind: str, tied: bool = False, seed: int = 5):
+    """descendant(kind), saved with a tokenizer as a Hugging Face folder."""
+    model = descendant(kind, tied, seed)
     model.save_pretrained(directory)
     write_tokenizer_json(directory)
     write_json(directory / "tokenizer_config.json", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
@@ -123,3 +136,42 @@ def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path):
                                    model.runner(cache, IDS[30:40], every_logits=True)])
     model.runner.inner.packages = None
     torch.testing.assert_close(results["compiled"], results["eager"], atol=1e-3, rtol=0)
+
+
+GGUF_IDS = [(37 * i) % 260 + 3 for i in range(64)]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_a_descendants_gguf_gives_transformers_logits(tmp_path, kind):
+    """A GGUF file as llama.cpp's converter writes these architectures (their hyper-parameters
+    under qwen2.* / qwen3.*, q and k rows not permuted, biases and per-head norms as tensors):
+    F32 against transformers within 1e-4; Q8_0 packed, choosing alike where the choice is clear."""
+    model = descendant(kind, vocab_size=len(GGUF_VOCAB))
+    reference = hf_logits(model, GGUF_IDS)
+    path = write_gguf(tmp_path / "f32.gguf", model, architecture=kind, vocabulary=byte_level_metadata(pre="qwen2"))
+    checkpoint = load_gguf(path)
+    assert (checkpoint.args.qkv_bias, checkpoint.args.qk_norm) == (kind == "qwen2", kind == "qwen3")
+    torch.testing.assert_close(llama_from_checkpoint(checkpoint).logits(GGUF_IDS), reference, atol=1e-4, rtol=0)
+    path = write_gguf(tmp_path / "q8.gguf", model, qtype=QType.Q8_0, architecture=kind,
+                      vocabulary=byte_level_metadata(pre="qwen2"))
+    packed = llama_chat.load(path, device="cpu")
+    assert packed.quantization == "Q8_0"
+    logits = packed.runner(packed.new_cache(80), GGUF_IDS, every_logits=True)
+    best, second = torch.topk(reference, 2).values.unbind(-1)
+    clear = best - second > 0.2
+    assert clear.sum() >= 24 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+def test_qwen2s_split_is_the_one_its_tokenizer_json_names():
+    """The `qwen2` pre-tokenizer against a tokenizers pipeline built from Qwen2's
+    tokenizer.json settings (its split pattern written out here), on multilingual text."""
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    reference = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    ours = pre_tokenizer_for("qwen2")
+    for text in [*MULTILINGUAL, "I'm 12345 and 3.14159", "x=1;y=22\r\n\r\nz"]:
+        assert ours.pre_tokenize_str(text) == reference.pre_tokenize_str(text), text
+    assert pre_tokenizer_for("deepseek-r1-qwen").pre_tokenize_str("a 2024") == ours.pre_tokenize_str("a 2024")

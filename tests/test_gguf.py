@@ -71,13 +71,15 @@ def write_gguf(
     vocabulary: dict | None = None,
     chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
-    """A GGUF file of a transformers LlamaForCausalLM, laid out as llama.cpp's converter does.
+    """A GGUF file of a transformers LlamaForCausalLM (or Qwen2/Qwen3ForCausalLM, under their
+    architecture's name), laid out as llama.cpp's converter does.
 
     `vocabulary` is tokenizer.ggml.* metadata (by default a byte-level one with the smollm split).
     """
     config = model.config.to_dict()
     n_heads, n_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config["hidden_size"] // n_heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
+    descendant = architecture in ("qwen2", "qwen3")  # q/k rows kept as they are (rotating halves)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
@@ -88,6 +90,9 @@ def write_gguf(
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_rope_dimension_count(head_dim)
+    if descendant:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_chat_template(chat_template)
     adders = {
         "model": writer.add_tokenizer_model, "pre": writer.add_tokenizer_pre, "tokens": writer.add_token_list,
@@ -117,10 +122,18 @@ def write_gguf(
         add("output.weight", weights["lm_head.weight"])
     for i in range(config["num_hidden_layers"]):
         hf = f"model.layers.{i}."
-        q = to_interleaved(weights[hf + "self_attn.q_proj.weight"].numpy(), n_heads)
-        k = to_interleaved(weights[hf + "self_attn.k_proj.weight"].numpy(), n_kv_heads)
-        add(f"blk.{i}.attn_q.weight", torch.from_numpy(q))
-        add(f"blk.{i}.attn_k.weight", torch.from_numpy(k))
+        q, k = weights[hf + "self_attn.q_proj.weight"], weights[hf + "self_attn.k_proj.weight"]
+        if not descendant:
+            q = torch.from_numpy(to_interleaved(q.numpy(), n_heads))
+            k = torch.from_numpy(to_interleaved(k.numpy(), n_kv_heads))
+        add(f"blk.{i}.attn_q.weight", q)
+        add(f"blk.{i}.attn_k.weight", k)
+        for part in ("q", "k", "v"):
+            if hf + f"self_attn.{part}_proj.bias" in weights:
+                add(f"blk.{i}.attn_{part}.bias", weights[hf + f"self_attn.{part}_proj.bias"])
+        for part in ("q", "k"):
+            if hf + f"self_attn.{part}_norm.weight" in weights:
+                add(f"blk.{i}.attn_{part}_norm.weight", weights[hf + f"self_attn.{part}_norm.weight"])
         add(f"blk.{i}.attn_v.weight", weights[hf + "self_attn.v_proj.weight"])
         add(f"blk.{i}.attn_output.weight", weights[hf + "self_attn.o_proj.weight"])
         add(f"blk.{i}.ffn_gate.weight", weights[hf + "mlp.gate_proj.weight"])
@@ -273,8 +286,8 @@ def test_sentencepiece_vocabulary_read_from_the_file(tmp_path):
 
 
 def test_other_architectures_are_refused_by_name(tmp_path):
-    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(), architecture="qwen2")
-    expected = r"model\.gguf is a 'qwen2' model; llama-chat runs llama-architecture models"
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(), architecture="gemma")
+    expected = r"model\.gguf is a 'gemma' model; llama-chat runs llama, qwen2, qwen3 models"
     with pytest.raises(LlamaChatError, match=expected):
         load_gguf(path)
 

@@ -48,6 +48,9 @@ SUPPORTED_TYPES = frozenset(
 )
 
 ROPE_FREQS = "rope_freqs.weight"
+# The architectures llama-chat runs, as switches on Llama's blocks (ModelArgs' names). Their
+# hyper-parameters sit under the architecture's name (qwen2.block_count, ...).
+ARCHITECTURES: dict[str, dict[str, bool]] = {"llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}}
 
 GGUF_NAMES = TensorNames(
     embeddings="token_embd.weight",
@@ -62,18 +65,24 @@ GGUF_NAMES = TensorNames(
     down="blk.{i}.ffn_down.weight",
     attention_norm="blk.{i}.attn_norm.weight",
     ffn_norm="blk.{i}.ffn_norm.weight",
+    q_bias="blk.{i}.attn_q.bias",
+    k_bias="blk.{i}.attn_k.bias",
+    v_bias="blk.{i}.attn_v.bias",
+    q_norm="blk.{i}.attn_q_norm.weight",
+    k_norm="blk.{i}.attn_k_norm.weight",
 )
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
-    """Read a llama-architecture GGUF file's metadata and tokenizer; its weights are read
-    when the loader asks for them."""
+    """Read a GGUF file's metadata and tokenizer (an architecture of ARCHITECTURES); its
+    weights are read when the loader asks for them."""
     source = str(path)
     metadata, stored = _read(Path(path))
     _check_metadata_types(metadata, source)
     architecture = metadata.get("general.architecture")
-    if architecture != "llama":
-        raise LlamaChatError(f"{source} is a {shown(architecture)} model; llama-chat runs llama-architecture models")
+    if architecture not in ARCHITECTURES:
+        raise LlamaChatError(f"{source} is a {shown(architecture)} model; llama-chat runs "
+                             f"{', '.join(ARCHITECTURES)} models")
     _check_types(stored, source)
     try:
         tokenizer = tokenizer_from_gguf_metadata(metadata, source)
@@ -90,7 +99,9 @@ def load_gguf(path: str | Path) -> Checkpoint:
         rope_factors=rope_factors,
         source=source,
     )
-    tensors = convert_gguf_tensors(stored, args, source)
+    # llama.cpp's converter stores Llama's q/k rows in the interleaved rotary layout, its
+    # descendants' as the checkpoint has them (rotating halves).
+    tensors = convert_gguf_tensors(stored, args, source, interleaved_rotary=architecture == "llama")
     return Checkpoint(
         args=args,
         tensors=tensors,
@@ -119,12 +130,12 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     return read_gguf_header(path)
 
 
-# The types of the metadata llama-chat reads, other than llama.* hyper-parameters (checked
+# The types of the metadata llama-chat reads, other than the hyper-parameters (checked
 # where they are read). A GGUF array holds one element type, so its first element tells.
 _METADATA_TYPES: dict[str, tuple[type, type | None]] = {
     "general.architecture": (str, None),
     "tokenizer.chat_template": (str, None),
-    "llama.rope.scaling.type": (str, None),
+    **{f"{architecture}.rope.scaling.type": (str, None) for architecture in ARCHITECTURES},
     "tokenizer.ggml.model": (str, None),
     "tokenizer.ggml.pre": (str, None),
     "tokenizer.ggml.tokens": (list, str),
@@ -165,33 +176,35 @@ def args_from_gguf_metadata(
     rope_factors: torch.Tensor | None = None,
     source: str = "model.gguf",
 ) -> ModelArgs:
-    """ModelArgs from llama.* metadata; `rope_factors` is the rope_freqs tensor, if the file has one."""
+    """ModelArgs from the architecture's metadata (llama.*, qwen2.*, ...), its switches on;
+    `rope_factors` is the rope_freqs tensor, if the file has one."""
+    prefix = metadata.get("general.architecture", "llama")
 
     def read(key: str, default: Any = None) -> Any:
-        value = metadata.get(f"llama.{key}", default)
+        value = metadata.get(f"{prefix}.{key}", default)
         if value is None:
-            raise LlamaChatError(f"{source} has no 'llama.{key}' entry; the file is incomplete")
+            raise LlamaChatError(f"{source} has no '{prefix}.{key}' entry; the file is incomplete")
         if isinstance(value, list):
-            raise LlamaChatError(f"{source}: llama.{key} varies by layer, which llama-chat does not support")
+            raise LlamaChatError(f"{source}: {prefix}.{key} varies by layer, which llama-chat does not support")
         return value
 
     def whole(key: str, default: int | None = None) -> int:
-        return whole_number(read(key, default), f"llama.{key}", source)
+        return whole_number(read(key, default), f"{prefix}.{key}", source)
 
     def real(key: str, default: float) -> float:
-        return real_number(read(key, default), f"llama.{key}", source)
+        return real_number(read(key, default), f"{prefix}.{key}", source)
 
-    if metadata.get("llama.expert_count", 0):
+    if metadata.get(f"{prefix}.expert_count", 0):
         raise LlamaChatError(f"{source} is a mixture-of-experts model, which llama-chat cannot run")
     dim, n_heads = whole("embedding_length"), whole("attention.head_count")
-    head_dim = whole("attention.key_length", metadata.get("llama.rope.dimension_count", dim // n_heads))
+    head_dim = whole("attention.key_length", metadata.get(f"{prefix}.rope.dimension_count", dim // n_heads))
     if whole("attention.value_length", head_dim) != head_dim:
         raise LlamaChatError(f"{source}: keys and values of different sizes are not supported")
     if whole("rope.dimension_count", head_dim) != head_dim:
         raise LlamaChatError(f"{source}: rotary embeddings over part of each head are not supported")
     args = ModelArgs(
         dim=dim,
-        n_layers=layer_count(whole("block_count"), "llama.block_count", source),
+        n_layers=layer_count(whole("block_count"), f"{prefix}.block_count", source),
         n_heads=n_heads,
         n_kv_heads=whole("attention.head_count_kv", n_heads),
         head_dim=head_dim,
@@ -199,24 +212,25 @@ def args_from_gguf_metadata(
         hidden_dim=whole("feed_forward_length"),
         norm_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=real("rope.freq_base", 10000.0),
-        max_seq_len=context_length(whole("context_length", 2048), "llama.context_length", source),
+        max_seq_len=context_length(whole("context_length", 2048), f"{prefix}.context_length", source),
         tie_embeddings=tie_embeddings,
+        **ARCHITECTURES.get(prefix, {}),
     )
-    return replace(args, rope_scaling=_rope_scaling(metadata, args, rope_factors, source))
+    return replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors, source))
 
 
 def _rope_scaling(
-    metadata: Mapping[str, Any], args: ModelArgs, rope_factors: torch.Tensor | None, source: str
+    metadata: Mapping[str, Any], prefix: str, args: ModelArgs, rope_factors: torch.Tensor | None, source: str
 ) -> RopeScaling:
-    kind = metadata.get("llama.rope.scaling.type", "none")
-    factor_key = "llama.rope.scaling.factor"
-    if kind == "none" and metadata.get("llama.rope.scale_linear"):  # older files
-        kind, factor_key = "linear", "llama.rope.scale_linear"
+    kind = metadata.get(f"{prefix}.rope.scaling.type", "none")
+    factor_key = f"{prefix}.rope.scaling.factor"
+    if kind == "none" and metadata.get(f"{prefix}.rope.scale_linear"):  # older files
+        kind, factor_key = "linear", f"{prefix}.rope.scale_linear"
     if rope_factors is not None:
         if kind != "none":
             raise LlamaChatError(f"{source} combines {kind} rope scaling with rope_freqs, which is not supported")
-        original = metadata.get("llama.rope.scaling.original_context_length", 8192)
-        original = whole_number(original, "llama.rope.scaling.original_context_length", source)
+        original = metadata.get(f"{prefix}.rope.scaling.original_context_length", 8192)
+        original = whole_number(original, f"{prefix}.rope.scaling.original_context_length", source)
         return llama3_scaling_from_factors(rope_factors, args, original, source)
     factor = metadata.get(factor_key)
     if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
@@ -266,7 +280,7 @@ def llama3_scaling_from_factors(
 
 
 def convert_gguf_tensors(
-    stored: Mapping[str, TensorInfo], args: ModelArgs, source: str = "model.gguf"
+    stored: Mapping[str, TensorInfo], args: ModelArgs, source: str = "model.gguf", *, interleaved_rotary: bool = True
 ) -> dict[str, Weight]:
     """GGUF tensors under our names and layout: vectors read now, matrices when asked for."""
     shapes = expected_shapes(args, GGUF_NAMES)
@@ -282,8 +296,7 @@ def convert_gguf_tensors(
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
         return GGUFMatrix(stored[name], source) if len(shape) == 2 else _vector(stored[name], source)
 
-    # llama.cpp's converter stores q/k rows in the interleaved rotary layout.
-    return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=True)
+    return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=interleaved_rotary)
 
 
 def _vector(tensor: TensorInfo, path: str) -> torch.Tensor:

@@ -52,6 +52,11 @@ def _llama3() -> pre_tokenizers.PreTokenizer:
     return _byte_level_after(LLAMA3_PATTERN)
 
 
+def _qwen2() -> pre_tokenizers.PreTokenizer:
+    # Qwen2's (and its distillations'): Llama 3's split with every digit a word of its own.
+    return _byte_level_after(LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}"))
+
+
 def _default() -> pre_tokenizers.PreTokenizer:
     return _byte_level_after(*DEFAULT_SPLITS)
 
@@ -61,6 +66,7 @@ PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     "default": _default,
     **dict.fromkeys(("gpt-2", "mpt", "olmo", "jais"), _gpt2),
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3"), _llama3),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), _qwen2),
     **dict.fromkeys(
         ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"), _digits_then_gpt2
     ),
