@@ -116,7 +116,9 @@ class ChatMLFormat(ChatFormat):
 
 
 class PlainFormat(ChatFormat):
-    """No template: the contents concatenated as completion text, after the bos token."""
+    """No template: the contents concatenated as completion text, after the bos token where
+    the model's tokenizer puts one before a text (its `add_bos_token`, as llama.cpp and
+    transformers read it from the model's files)."""
 
     name = "plain"
 
@@ -125,4 +127,5 @@ class PlainFormat(ChatFormat):
 
     def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         check_messages(messages)
-        return self.tokenizer.encode("".join(m["content"] for m in messages), add_bos=True)
+        text = "".join(m["content"] for m in messages)
+        return self.tokenizer.encode(text, add_bos=self.tokenizer.add_bos_token)

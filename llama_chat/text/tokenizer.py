@@ -68,7 +68,10 @@ class ByteTokenizer(Tokenizer):
     Multi-byte characters span several tokens, which makes it a demanding test of
     streaming detokenisation, and it needs no vocabulary file. A `vocab_size` larger
     than that adds unnamed tokens <extra_N>, so it can serve a model of any vocabulary.
+    Like Llama's SentencePiece tokenizers, it wants <s> (where it has one) before a text.
     """
+
+    add_bos_token = True
 
     def __init__(self, specials: Sequence[str] = ("<s>", "</s>"), vocab_size: int | None = None) -> None:
         self.specials = list(specials)
