@@ -15,7 +15,7 @@ from llama_chat.default_model import download_default_model
 
 from .hf_reference import random_hf_model
 from .test_gguf import tiny_hf_model, write_gguf
-from .test_hf_tokenizer import byte_level_metadata, spm_metadata, train_sentencepiece
+from .test_hf_tokenizer import spm_metadata, train_sentencepiece
 
 TEXT = "Once upon a time, in a quiet village by the sea, there lived"
 NEW_TOKENS = 12
