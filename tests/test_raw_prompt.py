@@ -7,13 +7,14 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, processors
 
 import llama_chat
 from llama_chat.cli import main
 from llama_chat.default_model import download_default_model
 
 from .hf_reference import random_hf_model
+from .test_default_model import reference_tokenizer
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_hf_tokenizer import spm_metadata, train_sentencepiece
 
@@ -26,16 +27,10 @@ def write_smollm2_tokenizer(gguf_path: Path, directory: Path, bos_first: bool = 
     """SmolLM2's tokenizer.json and tokenizer_config.json as published, rebuilt from the default
     model's vocabulary and merges: a byte-level post-processor, which adds no bos (`bos_first`:
     one that puts <|im_start|> first), and a config that does not mention add_bos_token."""
+    tokenizer = reference_tokenizer(gguf_path)
     fields = gguf.GGUFReader(gguf_path).fields
     tokens = fields["tokenizer.ggml.tokens"].contents()
     token_types = fields["tokenizer.ggml.token_type"].contents()
-    merges = [tuple(merge.split(" ")) for merge in fields["tokenizer.ggml.merges"].contents()]
-    tokenizer = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     if bos_first:
         tokenizer.post_processor = processors.TemplateProcessing(
