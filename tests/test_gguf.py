@@ -79,7 +79,7 @@ def write_gguf(
     config = model.config.to_dict()
     n_heads, n_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
-    descendant = architecture in ("qwen2", "qwen3")  # q/k rows kept as they are (rotating halves)
+    descendant = architecture in ("qwen2", "qwen3")  # Qwen: q/k rows kept as they are (rotating halves)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])

@@ -50,7 +50,12 @@ SUPPORTED_TYPES = frozenset(
 ROPE_FREQS = "rope_freqs.weight"
 # The architectures llama-chat runs, as switches on Llama's blocks (ModelArgs' names). Their
 # hyper-parameters sit under the architecture's name (qwen2.block_count, ...).
-ARCHITECTURES: dict[str, dict[str, bool]] = {"llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}}
+ARCHITECTURES: dict[str, dict[str, bool]] = {
+    "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "granite": {},
+}
+# Granite's multipliers: ModelArgs' names -> the keys under the architecture's name.
+SCALES = {"embedding_scale": "embedding_scale", "residual_scale": "residual_scale",
+          "attention_scale": "attention.scale", "logit_scale": "logit_scale"}
 
 GGUF_NAMES = TensorNames(
     embeddings="token_embd.weight",
@@ -99,9 +104,9 @@ def load_gguf(path: str | Path) -> Checkpoint:
         rope_factors=rope_factors,
         source=source,
     )
-    # llama.cpp's converter stores Llama's q/k rows in the interleaved rotary layout, its
-    # descendants' as the checkpoint has them (rotating halves).
-    tensors = convert_gguf_tensors(stored, args, source, interleaved_rotary=architecture == "llama")
+    # llama.cpp's converter stores Llama's and Granite's q/k rows in the interleaved rotary
+    # layout, Qwen's as the checkpoint has them (rotating halves).
+    tensors = convert_gguf_tensors(stored, args, source, interleaved_rotary=architecture in ("llama", "granite"))
     return Checkpoint(
         args=args,
         tensors=tensors,
@@ -215,6 +220,7 @@ def args_from_gguf_metadata(
         max_seq_len=context_length(whole("context_length", 2048), f"{prefix}.context_length", source),
         tie_embeddings=tie_embeddings,
         **ARCHITECTURES.get(prefix, {}),
+        **{name: real(key, 1.0) for name, key in SCALES.items() if f"{prefix}.{key}" in metadata},
     )
     return replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors, source))
 

@@ -25,7 +25,7 @@ from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
 # mistral: the same blocks, maybe a sliding window; qwen2: biases on q, k and v; qwen3: q and k normed per head
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite")  # granite: multipliers
 
 
 def args_from_hf_config(config: Mapping, source: object = "config.json") -> ModelArgs:
@@ -56,6 +56,11 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
         tie_embeddings=of_type(tie_embeddings, bool, "tie_word_embeddings", source),
         qkv_bias=config.get("model_type") == "qwen2",
         qk_norm=config.get("model_type") == "qwen3",
+        embedding_scale=real_number(_given(config, "embedding_multiplier", 1.0), "embedding_multiplier", source),
+        residual_scale=real_number(_given(config, "residual_multiplier", 1.0), "residual_multiplier", source),
+        attention_scale=(real_number(config["attention_multiplier"], "attention_multiplier", source)
+                         if config.get("attention_multiplier") is not None else None),
+        logit_scale=real_number(_given(config, "logits_scaling", 1.0), "logits_scaling", source),
     )
 
 

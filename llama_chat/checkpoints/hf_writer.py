@@ -34,10 +34,16 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         }
-    model_type = "qwen2" if args.qkv_bias else "qwen3" if args.qk_norm else "llama"
+    multipliers = {"embedding_multiplier": args.embedding_scale, "residual_multiplier": args.residual_scale,
+                   "attention_multiplier": args.attention_scale or args.head_dim**-0.5,
+                   "logits_scaling": args.logit_scale}
+    granite = (args.embedding_scale, args.residual_scale, args.attention_scale, args.logit_scale) != (1, 1, None, 1)
+    model_type = "qwen2" if args.qkv_bias else "qwen3" if args.qk_norm else "granite" if granite else "llama"
+    classes = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM"}
     return {
-        "architectures": [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(model_type, "LlamaForCausalLM")],
+        "architectures": [classes.get(model_type, "LlamaForCausalLM")],
         "model_type": model_type,
+        **(multipliers if granite else {}),
         "hidden_size": args.dim,
         "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads,

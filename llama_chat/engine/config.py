@@ -54,6 +54,11 @@ class ModelArgs:
     # Llama's descendants, as switches on its blocks:
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head's q and k before the rotation (Qwen3)
+    # Granite's multipliers (1.0 and None: Llama's)
+    embedding_scale: float = 1.0  # the token embeddings times this
+    residual_scale: float = 1.0  # each block's attention and feed-forward outputs times this
+    attention_scale: float | None = None  # the attention scores' scale (None: 1 / sqrt(head_dim))
+    logit_scale: float = 1.0  # the logits divided by this
 
     def __post_init__(self) -> None:
         # Frozen dataclass: fill the derived defaults through object.__setattr__.

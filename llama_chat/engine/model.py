@@ -57,6 +57,7 @@ class Attention(nn.Module):
         self.n_kv_heads = args.n_kv_heads
         self.head_dim = args.head_dim
         self.n_rep = args.n_rep
+        self.scale = args.attention_scale or args.head_dim**-0.5
         self.wqkv = UninitializedLinear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim)
         self.wo = UninitializedLinear(args.n_heads * args.head_dim, args.dim)
         # Apart from wqkv, so that any packing of the matrix leaves them as they are.
@@ -78,7 +79,7 @@ class Attention(nn.Module):
         else:
             past_keys, past_values, past_bias = cache.update_and_fetch(self.layer, k[0], v[0])
             if self.cache_attention is not None:  # mask: the causal one, which the kernel applies itself
-                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias)
+                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias, self.scale)
             else:
                 out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_bias)
         return self.wo(out.reshape(x.shape[0], x.shape[1], -1))
@@ -90,7 +91,8 @@ class Attention(nn.Module):
         # along the time axis, so attention broadcasts over K/V without repeating them.
         q = q.view(batch, time, self.n_kv_heads, self.n_rep, self.head_dim)
         q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.n_kv_heads, self.n_rep * time, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                             scale=self.scale)
         return out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim).permute(0, 3, 1, 2, 4)
 
     def _attend_after(self, q, k, v, mask, past_keys, past_values, past_bias):
@@ -107,7 +109,7 @@ class Attention(nn.Module):
         position = past_bias.shape[0]
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
         q = q.view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
-        q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.head_dim**-0.5
+        q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.scale
         k, v = k.transpose(0, 1), v.transpose(0, 1)
         # A cache kept in a narrower dtype (--kv-dtype) is read in the model's.
         past_keys, past_values = past_keys[:, :position].to(q.dtype), past_values[:, :position].to(q.dtype)
@@ -159,10 +161,14 @@ class Block(nn.Module):
         self.attention = Attention(args, layer)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
+        self.residual_scale = args.residual_scale
 
     def forward(self, x, cos, sin, mask, cache=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
-        return x + self.feed_forward(self.ffn_norm(x))
+        x = x + self._scaled(self.attention(self.attention_norm(x), cos, sin, mask, cache))
+        return x + self._scaled(self.feed_forward(self.ffn_norm(x)))
+
+    def _scaled(self, residual):
+        return residual if self.residual_scale == 1.0 else residual * self.residual_scale
 
 
 class Transformer(nn.Module):
@@ -198,6 +204,8 @@ class Transformer(nn.Module):
         cache is anything with a `position` and `update_and_fetch` (KVCache's)."""
         time = x.shape[1]
         position = 0 if cache is None else cache.position
+        if self.args.embedding_scale != 1.0:
+            x = x * self.args.embedding_scale
         if position + time > self.rope_cos.shape[0]:
             raise ValueError(f"position {position + time} is past the model's context of {self.rope_cos.shape[0]}")
         cos = self.rope_cos[position : position + time].to(x.dtype)
@@ -207,7 +215,8 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, cache)
         if last_only:
             x = x[:, -1:]
-        return self.output(self.norm(x)).float()
+        logits = self.output(self.norm(x)).float()
+        return logits if self.args.logit_scale == 1.0 else logits / self.args.logit_scale
 
 
 def causal_mask(time: int, n_rep: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:

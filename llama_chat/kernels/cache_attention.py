@@ -22,7 +22,7 @@ CACHE_DTYPE = torch.float16  # the cache's dtype where this kernel reads it (aut
 
 
 class CacheAttention(nn.Module):
-    """softmax(q k^T / sqrt(head_dim)) v of a step's tokens over the cached positions (under
+    """softmax(scale q k^T) v of a step's tokens over the cached positions (under
     past_bias) and over themselves (causally): what Attention computes over a cache, in one call."""
 
     def __init__(self, variant: int) -> None:
@@ -42,13 +42,14 @@ class CacheAttention(nn.Module):
         past_keys: torch.Tensor,
         past_values: torch.Tensor,
         past_bias: torch.Tensor,
+        scale: float,
     ) -> torch.Tensor:
         """q [time, heads, head_dim], new_keys and new_values [time, kv_heads, head_dim],
         past_keys and past_values [kv_heads, capacity, head_dim] holding len(past_bias)
-        positions; the attended values [time, heads, head_dim]."""
+        positions, the scores scaled by `scale`; the attended values [time, heads, head_dim]."""
         out = torch.ops.llama_chat.cache_attention(
             q.float(), new_keys.float(), new_values.float(), past_keys, past_values, past_bias.float(),
-            q.shape[-1] ** -0.5, self.variant,
+            scale, self.variant,
         )
         return out.to(q.dtype)
 
