@@ -148,7 +148,7 @@ class Session:
     def context_used(self) -> int:
         """Tokens the conversation takes in the context."""
         ids = self.ids
-        return len(ids) if ids is not None else len(self.cache.tokens)
+        return len(ids) if ids is not None else len(self.cache)
 
     def reserve(self) -> int:
         """Room kept for a reply when deciding whether a prompt fits."""

@@ -32,7 +32,7 @@ from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.values import context_length, layer_count, of_type, real_number, shown, whole_number
-from llama_chat.engine.config import ModelArgs, RopeScaling
+from llama_chat.engine.config import ARCHITECTURE_SWITCHES, ModelArgs, RopeScaling
 from llama_chat.engine.rope import rope_inverse_frequencies
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.text.gguf_tokenizer import tokenizer_from_gguf_metadata
@@ -48,11 +48,12 @@ SUPPORTED_TYPES = frozenset(
 )
 
 ROPE_FREQS = "rope_freqs.weight"
-# The architectures llama-chat runs, as switches on Llama's blocks (ModelArgs' names). Their
+# The architectures llama-chat reads from GGUF (Mistral's files say llama); their
 # hyper-parameters sit under the architecture's name (qwen2.block_count, ...).
-ARCHITECTURES: dict[str, dict[str, bool]] = {
-    "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "granite": {},
-}
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite")
+# Those whose q/k rows llama.cpp's converter keeps as the checkpoint has them (rotating
+# halves); it stores the others' in the interleaved rotary layout.
+HALF_ROTARY = frozenset({"qwen2", "qwen3"})
 # Granite's multipliers: ModelArgs' names -> the keys under the architecture's name.
 SCALES = {"embedding_scale": "embedding_scale", "residual_scale": "residual_scale",
           "attention_scale": "attention.scale", "logit_scale": "logit_scale"}
@@ -104,9 +105,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
         rope_factors=rope_factors,
         source=source,
     )
-    # llama.cpp's converter stores Llama's and Granite's q/k rows in the interleaved rotary
-    # layout, Qwen's as the checkpoint has them (rotating halves).
-    tensors = convert_gguf_tensors(stored, args, source, interleaved_rotary=architecture in ("llama", "granite"))
+    tensors = convert_gguf_tensors(stored, args, source, interleaved_rotary=architecture not in HALF_ROTARY)
     return Checkpoint(
         args=args,
         tensors=tensors,
@@ -219,7 +218,7 @@ def args_from_gguf_metadata(
         rope_theta=real("rope.freq_base", 10000.0),
         max_seq_len=context_length(whole("context_length", 2048), f"{prefix}.context_length", source),
         tie_embeddings=tie_embeddings,
-        **ARCHITECTURES.get(prefix, {}),
+        **ARCHITECTURE_SWITCHES.get(prefix, {}),
         **{name: real(key, 1.0) for name, key in SCALES.items() if f"{prefix}.{key}" in metadata},
     )
     return replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors, source))

@@ -21,11 +21,9 @@ from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import chat_template, hf_tokenizer, token_content
 from llama_chat.checkpoints.values import context_length, layer_count, of_type, real_number, shown, whole_number
-from llama_chat.engine.config import ModelArgs, RopeScaling
+from llama_chat.engine.config import ARCHITECTURE_SWITCHES, ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
-# mistral: the same blocks, maybe a sliding window; qwen2: biases on q, k and v; qwen3: q and k normed per head
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite")  # granite: multipliers
 
 
 def args_from_hf_config(config: Mapping, source: object = "config.json") -> ModelArgs:
@@ -54,8 +52,7 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
         max_seq_len=context_length(whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
                                    "max_position_embeddings", source),
         tie_embeddings=of_type(tie_embeddings, bool, "tie_word_embeddings", source),
-        qkv_bias=config.get("model_type") == "qwen2",
-        qk_norm=config.get("model_type") == "qwen3",
+        **ARCHITECTURE_SWITCHES.get(str(config.get("model_type")), {}),
         embedding_scale=real_number(_given(config, "embedding_multiplier", 1.0), "embedding_multiplier", source),
         residual_scale=real_number(_given(config, "residual_multiplier", 1.0), "residual_multiplier", source),
         attention_scale=(real_number(config["attention_multiplier"], "attention_multiplier", source)
@@ -169,10 +166,10 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
 def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
     """ModelArgs for a config.json, refusing what the Llama blocks cannot run."""
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURE_SWITCHES:
         raise LlamaChatError(
             f"{config_path}: model_type {shown(model_type)} is not supported: "
-            f"llama-chat runs Llama-architecture models ({', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"llama-chat runs Llama-architecture models ({', '.join(ARCHITECTURE_SWITCHES)})"
         )
     quantization = config.get("quantization_config")
     if quantization:

@@ -31,6 +31,13 @@ class RopeScaling:
             raise LlamaChatError(f"rope scaling factor must be positive, got {self.factor}")
 
 
+# Llama's descendants as switches on its blocks, by the name both GGUF (general.architecture)
+# and Hugging Face (model_type) give them; Granite's switches are its multipliers' values.
+ARCHITECTURE_SWITCHES: dict[str, dict[str, bool]] = {
+    "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "granite": {},
+}
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     """Architecture of a Llama Transformer.
@@ -77,6 +84,10 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise LlamaChatError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        for name in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):  # a logit scale of 0 would divide by it
+                raise LlamaChatError(f"model config: {name} must be a positive number, got {value}")
 
     @property
     def n_rep(self) -> int:
