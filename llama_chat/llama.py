@@ -87,6 +87,7 @@ class Llama:
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache; by default the smaller of the model's context and 4096."""
         capacity = capacity or min(self.args.max_seq_len, DEFAULT_CONTEXT)
+        self.transformer.fit_rope(capacity)
         return KVCache(self.args, capacity, device=self.device, dtype=self.cache_dtype)
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:

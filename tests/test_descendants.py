@@ -1,7 +1,8 @@
 """Llama's descendants as switches on its blocks: Qwen2 (q, k and v biases), Qwen3 (q and k
-normed per head, a head width that is not dim / heads) and Granite (multipliers on the
-embedding, the residuals, the attention scores and the logits), from Hugging Face folders
-and GGUF files, against transformers' own classes."""
+normed per head, a head width that is not dim / heads), Granite (multipliers on the
+embedding, the residuals, the attention scores and the logits) and Phi-3 (fused tensors in
+the file, rotation of part of each head, longrope scaling), from Hugging Face folders and
+GGUF files, against transformers' own classes."""
 
 import json
 import math
@@ -11,8 +12,11 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from tokenizers import Regex, pre_tokenizers
 from transformers import (
+    AutoModelForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -41,7 +45,14 @@ KINDS = {
     "qwen3": lambda **shapes: Qwen3ForCausalLM(Qwen3Config(**shapes, head_dim=32)),
     "granite": lambda **shapes: GraniteForCausalLM(GraniteConfig(
         **shapes, embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)),
+    # Phi-4-mini's partial rotation (3/4 of each head) and Phi-3's longrope, with an original
+    # context of 48: the 64 tokens of IDS take the long factors.
+    "phi3": lambda **shapes: Phi3ForCausalLM(Phi3Config(
+        **shapes, partial_rotary_factor=0.75, sliding_window=None, pad_token_id=None,
+        original_max_position_embeddings=48,
+        rope_scaling={"rope_type": "longrope", "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG})),
 }
+PHI3_SHORT, PHI3_LONG = [1.0 + 0.1 * i for i in range(6)], [2.0 + 0.3 * i for i in range(6)]
 GRANITE_SCALES = {"embedding_scale": 4.0, "residual_scale": 0.5, "attention_scale": 0.2, "logit_scale": 2.0}
 
 
@@ -79,13 +90,15 @@ def save_descendant(directory, kind: str, tied: bool = False, seed: int = 5):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
 def test_a_descendants_folder_gives_transformers_logits_exactly(tmp_path, kind, tied):
     model = save_descendant(tmp_path, kind, tied)
     checkpoint = load_hf_directory(tmp_path)
     args = checkpoint.args
     assert (args.qkv_bias, args.qk_norm, args.tie_embeddings) == (kind == "qwen2", kind == "qwen3", tied)
     assert args.head_dim == (32 if kind == "qwen3" else 16)  # Qwen3's is not dim / heads
+    assert args.architecture == kind and args.rotary_dim == (12 if kind == "phi3" else args.head_dim)
+    assert args.rope_scaling.kind == ("longrope" if kind == "phi3" else "none")
     scales = {name: getattr(args, name) for name in GRANITE_SCALES}
     assert scales == (GRANITE_SCALES if kind == "granite" else
                       {"embedding_scale": 1.0, "residual_scale": 1.0, "attention_scale": None, "logit_scale": 1.0})
@@ -93,7 +106,7 @@ def test_a_descendants_folder_gives_transformers_logits_exactly(tmp_path, kind, 
     torch.testing.assert_close(ours, hf_logits(model, IDS), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
 def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path, kind):
     """The default load (packed weights, on llama-chat's kernels where they run, through the
     cache a token at a time and as a prompt) against float32 transformers, teacher-forced."""
@@ -114,17 +127,38 @@ def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path
     assert clear.sum() >= 16 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
 def test_a_descendant_resaved_by_convert_reads_back_the_same(tmp_path, kind):
     from llama_chat.checkpoints.hf_writer import write_hf_directory
 
-    save_descendant(tmp_path / kind, kind)
+    model = save_descendant(tmp_path / kind, kind)
     checkpoint = load_hf_directory(tmp_path / kind)
     write_hf_directory(checkpoint, tmp_path / "again", torch.float32)
     config = json.loads((tmp_path / "again" / "config.json").read_text())
     assert config["model_type"] == kind
     again = load_hf_directory(tmp_path / "again")
     torch.testing.assert_close(llama_from_checkpoint(again).logits(IDS), llama_from_checkpoint(checkpoint).logits(IDS))
+    # transformers reads the folder as the model it came from (Phi-3's fused tensors and rotary order put back).
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "again", dtype=torch.float32).eval()
+    torch.testing.assert_close(hf_logits(theirs, IDS), hf_logits(model, IDS), atol=1e-5, rtol=0)
+
+
+def test_phi3_turns_with_the_factors_of_the_context_it_runs_in(tmp_path):
+    """Longrope: a cache within the original context (48) turns with the short factors, as
+    transformers does a sequence that short; a longer cache with the long ones; a whole
+    sequence by its own length, whatever the last cache chose."""
+    model = save_descendant(tmp_path, "phi3")
+    ours = llama_from_checkpoint(load_hf_directory(tmp_path))
+    short_ids = IDS[:40]
+    for capacity, ids in ((48, short_ids), (80, IDS), (40, short_ids)):
+        cache = ours.new_cache(capacity)
+        logits = torch.cat([ours.runner(cache, ids[:10], every_logits=True),
+                            torch.stack([ours.runner(cache, [token]) for token in ids[10:]])])
+        torch.testing.assert_close(logits, hf_logits(model, ids), atol=1e-4, rtol=0)
+        ours.new_cache(80)  # the long factors held: a whole short sequence still turns with the short ones
+        torch.testing.assert_close(ours.logits(short_ids), hf_logits(model, short_ids), atol=1e-4, rtol=0)
+    long_only = hf_logits(model, IDS)[:40]
+    assert (long_only - hf_logits(model, short_ids)).abs().max() > 0.1  # the two sets of factors differ
 
 
 def test_the_biases_split_between_ranks_with_their_heads(tmp_path):
@@ -164,7 +198,7 @@ def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path):
 GGUF_IDS = [(37 * i) % 260 + 3 for i in range(64)]
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
 def test_a_descendants_gguf_gives_transformers_logits(tmp_path, kind):
     """A GGUF file as llama.cpp's converter writes these architectures (their hyper-parameters
     under qwen2.* / qwen3.*, q and k rows not permuted, biases and per-head norms as tensors):
@@ -200,3 +234,19 @@ def test_qwen2s_split_is_the_one_its_tokenizer_json_names():
     for text in [*MULTILINGUAL, "I'm 12345 and 3.14159", "x=1;y=22\r\n\r\nz"]:
         assert ours.pre_tokenize_str(text) == reference.pre_tokenize_str(text), text
     assert pre_tokenizer_for("deepseek-r1-qwen").pre_tokenize_str("a 2024") == ours.pre_tokenize_str("a 2024")
+
+
+def test_phi4_minis_split_is_the_one_its_tokenizer_json_names():
+    """`gpt-4o` (tiktoken's o200k split, Phi-4-mini's) against a tokenizers pipeline built from
+    that tokenizer.json's settings (its pattern written out here whole), on multilingual text."""
+    pattern = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    reference = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    ours = pre_tokenizer_for("gpt-4o")
+    for text in [*MULTILINGUAL, "HelloWorld I'M 12345 3.14159", "path\n/usr/bin x=1;y=22\r\n\r\nz"]:
+        assert ours.pre_tokenize_str(text) == reference.pre_tokenize_str(text), text
+    assert [word for word, _ in ours.pre_tokenize_str("HelloWorld")] == ["Hello", "World"]

@@ -71,15 +71,16 @@ def write_gguf(
     vocabulary: dict | None = None,
     chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
-    """A GGUF file of a transformers LlamaForCausalLM (or Qwen2/Qwen3ForCausalLM, under their
-    architecture's name), laid out as llama.cpp's converter does.
+    """A GGUF file of a transformers LlamaForCausalLM (or Qwen2/Qwen3/Granite/Phi3ForCausalLM,
+    under their architecture's name), laid out as llama.cpp's converter does.
 
     `vocabulary` is tokenizer.ggml.* metadata (by default a byte-level one with the smollm split).
     """
     config = model.config.to_dict()
     n_heads, n_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
-    descendant = architecture in ("qwen2", "qwen3")  # Qwen: q/k rows kept as they are (rotating halves)
+    descendant = architecture in ("qwen2", "qwen3", "phi3")  # q/k rows kept as they are (rotating halves)
+    rotary_dim = int(head_dim * config.get("partial_rotary_factor", 1.0))
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
@@ -89,7 +90,7 @@ def write_gguf(
     writer.add_head_count_kv(n_kv_heads)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(rotary_dim)
     if descendant:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -104,8 +105,16 @@ def write_gguf(
         adders[key.removeprefix("tokenizer.ggml.")](value)
     if extra is not None:
         extra(writer)
-    if config["rope_parameters"].get("rope_type") == "llama3":
+    rope = config["rope_parameters"]
+    if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config, head_dim))
+    if rope.get("rope_type") == "longrope":  # Phi-3's factors and attention factor
+        original = rope["original_max_position_embeddings"]
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
     def add(name: str, tensor: torch.Tensor) -> None:
         array = tensor.detach().float().numpy()
@@ -122,6 +131,13 @@ def write_gguf(
         add("output.weight", weights["lm_head.weight"])
     for i in range(config["num_hidden_layers"]):
         hf = f"model.layers.{i}."
+        if hf + "self_attn.qkv_proj.weight" in weights:  # Phi-3: one tensor each, as the checkpoint has them
+            add(f"blk.{i}.attn_qkv.weight", weights[hf + "self_attn.qkv_proj.weight"])
+            add(f"blk.{i}.ffn_up.weight", weights[hf + "mlp.gate_up_proj.weight"])
+            for ours, theirs in (("attn_output", "self_attn.o_proj"), ("ffn_down", "mlp.down_proj"),
+                                 ("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
+                add(f"blk.{i}.{ours}.weight", weights[hf + theirs + ".weight"])
+            continue
         q, k = weights[hf + "self_attn.q_proj.weight"], weights[hf + "self_attn.k_proj.weight"]
         if not descendant:
             q = torch.from_numpy(to_interleaved(q.numpy(), n_heads))
@@ -287,7 +303,7 @@ def test_sentencepiece_vocabulary_read_from_the_file(tmp_path):
 
 def test_other_architectures_are_refused_by_name(tmp_path):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(), architecture="gemma")
-    expected = r"model\.gguf is a 'gemma' model; llama-chat runs llama, qwen2, qwen3, granite models"
+    expected = r"model\.gguf is a 'gemma' model; llama-chat runs llama, qwen2, qwen3, granite, phi3 models"
     with pytest.raises(LlamaChatError, match=expected):
         load_gguf(path)
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from llama_chat.checkpoints.meta import load_meta_directory, meta_hidden_dim
-from llama_chat.checkpoints.stored import RotaryRows, TensorMatrix
+from llama_chat.checkpoints.stored import HeadRows, TensorMatrix
 from llama_chat.engine.config import ModelArgs, RopeScaling
-from llama_chat.engine.rope import apply_rotary, rope_inverse_frequencies, rope_tables
+from llama_chat.engine.rope import apply_rotary, head_feature_order, rope_inverse_frequencies, rope_tables
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer
@@ -106,20 +106,25 @@ def llama3_style(tmp_path: Path, tied: bool):
     return model, directory
 
 
-def test_rotary_permutation_matches_meta_interleaved_rotation():
-    """Meta rotates (x0,x1),(x2,x3)... as complex numbers; after the permutation, the
-    half-split rotation must give the same values, half-split ordered."""
-    args = ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=8, hidden_dim=8, max_seq_len=16)
+@pytest.mark.parametrize("rotary_dim", [8, 4])
+def test_rotary_permutation_matches_meta_interleaved_rotation(rotary_dim):
+    """Meta rotates (x0,x1),(x2,x3)... as complex numbers (over the first rotary_dim features
+    of each head, the rest left alone); after the reordering, the half-split rotation must
+    give the same values, in our order."""
+    args = ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=8, hidden_dim=8, max_seq_len=16, rotary_dim=rotary_dim)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(10, args.dim, generator=generator)
     meta_weight = torch.randn(args.dim, args.dim, generator=generator)
-    angles = torch.outer(torch.arange(10, dtype=torch.float64), rope_inverse_frequencies(args)).float()
-    meta_q = torch.view_as_complex((x @ meta_weight.T).view(10, args.n_heads, -1, 2).contiguous())
+    angles = torch.outer(torch.arange(10, dtype=torch.float64), rope_inverse_frequencies(args)[: rotary_dim // 2]).float()
+    heads = (x @ meta_weight.T).view(10, args.n_heads, -1)
+    meta_q = torch.view_as_complex(heads[..., :rotary_dim].reshape(10, args.n_heads, -1, 2).contiguous())
     meta_rotated = torch.view_as_real(meta_q * torch.polar(torch.ones_like(angles), angles)[:, None, :])
+    meta_heads = torch.cat([meta_rotated.flatten(-2), heads[..., rotary_dim:]], dim=-1)
+    order = head_feature_order(args.head_dim, rotary_dim, interleaved=True)
     cos, sin = rope_tables(args, 10)
-    ours = apply_rotary((x @ RotaryRows(TensorMatrix.of(meta_weight), args.n_heads).dense().T).view(1, 10, args.n_heads, -1), cos, sin)
-    expected = meta_rotated.transpose(-1, -2).reshape(10, args.n_heads, -1)  # pairs to halves
-    torch.testing.assert_close(ours[0], expected, atol=1e-5, rtol=0)
+    weight = HeadRows(TensorMatrix.of(meta_weight), args.n_heads, order).dense()
+    ours = apply_rotary((x @ weight.T).view(1, 10, args.n_heads, -1), cos, sin)
+    torch.testing.assert_close(ours[0], meta_heads[..., order], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -50,10 +50,12 @@ SUPPORTED_TYPES = frozenset(
 ROPE_FREQS = "rope_freqs.weight"
 # The architectures llama-chat reads from GGUF (Mistral's files say llama); their
 # hyper-parameters sit under the architecture's name (qwen2.block_count, ...).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite", "phi3")
 # Those whose q/k rows llama.cpp's converter keeps as the checkpoint has them (rotating
 # halves); it stores the others' in the interleaved rotary layout.
-HALF_ROTARY = frozenset({"qwen2", "qwen3"})
+HALF_ROTARY = frozenset({"qwen2", "qwen3", "phi3"})
+# Phi-3's longrope factors, one per turning pair: within its original context, and beyond.
+LONGROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 # Granite's multipliers: ModelArgs' names -> the keys under the architecture's name.
 SCALES = {"embedding_scale": "embedding_scale", "residual_scale": "residual_scale",
           "attention_scale": "attention.scale", "logit_scale": "logit_scale"}
@@ -77,6 +79,8 @@ GGUF_NAMES = TensorNames(
     q_norm="blk.{i}.attn_q_norm.weight",
     k_norm="blk.{i}.attn_k_norm.weight",
 )
+# Phi-3's files keep q, k and v in one tensor, and gate and up in one (under ffn_up's name).
+FUSED_GGUF_NAMES = replace(GGUF_NAMES, qkv="blk.{i}.attn_qkv.weight", gate_up="blk.{i}.ffn_up.weight")
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
@@ -97,12 +101,13 @@ def load_gguf(path: str | Path) -> Checkpoint:
     except Exception as error:  # noqa: BLE001 (tokenizers refuses a vocabulary with plain Exceptions)
         raise LlamaChatError(f"{source}: its tokenizer metadata makes no tokenizer ({first_line(error)})") from None
     tokens = metadata["tokenizer.ggml.tokens"]
-    rope_factors = _vector(stored[ROPE_FREQS], source).double() if ROPE_FREQS in stored else None
+    factors = {name: _vector(stored[name], source).double()
+               for name in (ROPE_FREQS, *LONGROPE_FACTORS) if name in stored}
     args = args_from_gguf_metadata(
         metadata,
         vocab_size=len(tokens),
         tie_embeddings="output.weight" not in stored,
-        rope_factors=rope_factors,
+        rope_factors=factors,
         source=source,
     )
     tensors = convert_gguf_tensors(stored, args, source, interleaved_rotary=architecture not in HALF_ROTARY)
@@ -177,11 +182,12 @@ def args_from_gguf_metadata(
     *,
     vocab_size: int,
     tie_embeddings: bool,
-    rope_factors: torch.Tensor | None = None,
+    rope_factors: Mapping[str, torch.Tensor] | None = None,
     source: str = "model.gguf",
 ) -> ModelArgs:
     """ModelArgs from the architecture's metadata (llama.*, qwen2.*, ...), its switches on;
-    `rope_factors` is the rope_freqs tensor, if the file has one."""
+    `rope_factors` are the rotary factor tensors the file has (rope_freqs, Phi-3's longrope
+    factors), by name."""
     prefix = metadata.get("general.architecture", "llama")
 
     def read(key: str, default: Any = None) -> Any:
@@ -201,48 +207,76 @@ def args_from_gguf_metadata(
     if metadata.get(f"{prefix}.expert_count", 0):
         raise LlamaChatError(f"{source} is a mixture-of-experts model, which llama-chat cannot run")
     dim, n_heads = whole("embedding_length"), whole("attention.head_count")
-    head_dim = whole("attention.key_length", metadata.get(f"{prefix}.rope.dimension_count", dim // n_heads))
+    head_dim = whole("attention.key_length", dim // n_heads)  # as llama.cpp reads them
     if whole("attention.value_length", head_dim) != head_dim:
         raise LlamaChatError(f"{source}: keys and values of different sizes are not supported")
-    if whole("rope.dimension_count", head_dim) != head_dim:
-        raise LlamaChatError(f"{source}: rotary embeddings over part of each head are not supported")
     args = ModelArgs(
         dim=dim,
         n_layers=layer_count(whole("block_count"), f"{prefix}.block_count", source),
         n_heads=n_heads,
         n_kv_heads=whole("attention.head_count_kv", n_heads),
         head_dim=head_dim,
+        rotary_dim=whole("rope.dimension_count", head_dim),
         vocab_size=vocab_size,
         hidden_dim=whole("feed_forward_length"),
         norm_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=real("rope.freq_base", 10000.0),
         max_seq_len=context_length(whole("context_length", 2048), f"{prefix}.context_length", source),
         tie_embeddings=tie_embeddings,
+        architecture=prefix,
         **ARCHITECTURE_SWITCHES.get(prefix, {}),
         **{name: real(key, 1.0) for name, key in SCALES.items() if f"{prefix}.{key}" in metadata},
     )
-    return replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors, source))
+    return replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors or {}, source))
 
 
 def _rope_scaling(
-    metadata: Mapping[str, Any], prefix: str, args: ModelArgs, rope_factors: torch.Tensor | None, source: str
+    metadata: Mapping[str, Any], prefix: str, args: ModelArgs, rope_factors: Mapping[str, torch.Tensor], source: str
 ) -> RopeScaling:
     kind = metadata.get(f"{prefix}.rope.scaling.type", "none")
     factor_key = f"{prefix}.rope.scaling.factor"
     if kind == "none" and metadata.get(f"{prefix}.rope.scale_linear"):  # older files
         kind, factor_key = "linear", f"{prefix}.rope.scale_linear"
-    if rope_factors is not None:
-        if kind != "none":
-            raise LlamaChatError(f"{source} combines {kind} rope scaling with rope_freqs, which is not supported")
-        original = metadata.get(f"{prefix}.rope.scaling.original_context_length", 8192)
-        original = whole_number(original, f"{prefix}.rope.scaling.original_context_length", source)
-        return llama3_scaling_from_factors(rope_factors, args, original, source)
+    if rope_factors:
+        if kind not in ("none", "longrope"):
+            raise LlamaChatError(f"{source} combines {kind} rope scaling with rotary factor tensors, "
+                                 "which is not supported")
+        original_key = f"{prefix}.rope.scaling.original_context_length"
+        original = whole_number(metadata.get(original_key, 8192), original_key, source)
+        if ROPE_FREQS in rope_factors:
+            if len(rope_factors) > 1:
+                raise LlamaChatError(f"{source} has both rope_freqs and longrope factors; it is not a model llama-chat knows")
+            return llama3_scaling_from_factors(rope_factors[ROPE_FREQS], args, original, source)
+        return _longrope_scaling(metadata, prefix, args, rope_factors, original, source)
     factor = metadata.get(factor_key)
     if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
         return RopeScaling()
     if kind == "linear":
         return RopeScaling(kind="linear", factor=real_number(factor, factor_key, source))
     raise LlamaChatError(f"{source} uses {shown(kind)} rope scaling; llama-chat supports linear and llama3")
+
+
+def _longrope_scaling(
+    metadata: Mapping[str, Any], prefix: str, args: ModelArgs, rope_factors: Mapping[str, torch.Tensor],
+    original: int, source: str,
+) -> RopeScaling:
+    """Phi-3's longrope, from its two factor tensors and the attention factor llama.cpp's
+    converter writes (1 where it is missing, as llama.cpp reads it)."""
+    factors = []
+    for name in LONGROPE_FACTORS:
+        if name not in rope_factors:
+            raise LlamaChatError(f"{source} has {' and '.join(rope_factors)} without {name}; the file is incomplete")
+        values = rope_factors[name].flatten()
+        if values.numel() != args.rotary_dim // 2:
+            raise LlamaChatError(f"{source}: {name} has {values.numel()} entries, expected {args.rotary_dim // 2}")
+        if not (torch.isfinite(values) & (values > 0)).all():
+            raise LlamaChatError(f"{source}: {name} holds values that are not positive numbers")
+        factors.append(tuple(values.tolist()))
+    attention_key = f"{prefix}.rope.scaling.attn_factor"
+    return RopeScaling(
+        kind="longrope", short_factors=factors[0], long_factors=factors[1], original_max_position_embeddings=original,
+        attention_factor=real_number(metadata.get(attention_key, 1.0), attention_key, source),
+    )
 
 
 def llama3_scaling_from_factors(
@@ -256,13 +290,14 @@ def llama3_scaling_from_factors(
     high frequency factors back. The result is checked against the stored divisors.
     """
     factors = rope_factors.double().flatten()
-    if factors.numel() != args.head_dim // 2:
-        raise LlamaChatError(f"{source}: rope_freqs has {factors.numel()} entries, expected {args.head_dim // 2}")
+    turning = args.rotary_dim // 2
+    if factors.numel() != turning:
+        raise LlamaChatError(f"{source}: rope_freqs has {factors.numel()} entries, expected {turning}")
     if not (torch.isfinite(factors) & (factors > 0)).all():
         raise LlamaChatError(f"{source}: rope_freqs holds values that are not positive numbers")
     factor = float(factors.max())
     low, high = 1.0, 4.0  # Llama 3.1's values, used when too few frequencies are blended to tell
-    inv_freq = rope_inverse_frequencies(args)
+    inv_freq = rope_inverse_frequencies(args)[:turning]
     blended = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6))
     if factor > 1 and int(blended.sum()) >= 2:
         # 1/divisor = (1 - s)/factor + s, with s = (original/wavelength - low) / (high - low).
@@ -278,7 +313,7 @@ def llama3_scaling_from_factors(
         original_max_position_embeddings=original_context,
     )
     expected = inv_freq / factors
-    derived = rope_inverse_frequencies(replace(args, rope_scaling=scaling))
+    derived = rope_inverse_frequencies(replace(args, rope_scaling=scaling))[:turning]
     if not torch.allclose(derived, expected, rtol=1e-4, atol=0):
         raise LlamaChatError(f"{source}: its rope_freqs are not a llama3 rope scaling llama-chat can reproduce")
     return scaling
@@ -288,8 +323,9 @@ def convert_gguf_tensors(
     stored: Mapping[str, TensorInfo], args: ModelArgs, source: str = "model.gguf", *, interleaved_rotary: bool = True
 ) -> dict[str, Weight]:
     """GGUF tensors under our names and layout: vectors read now, matrices when asked for."""
-    shapes = expected_shapes(args, GGUF_NAMES)
-    unknown = sorted(set(stored) - set(shapes) - {ROPE_FREQS})
+    names = FUSED_GGUF_NAMES if FUSED_GGUF_NAMES.qkv.format(i=0) in stored else GGUF_NAMES
+    shapes = expected_shapes(args, names)
+    unknown = sorted(set(stored) - set(shapes) - {ROPE_FREQS, *LONGROPE_FACTORS})
     if unknown:
         raise LlamaChatError(f"{source} has tensor {unknown[0]}, which a plain Llama model does not use")
 
@@ -301,7 +337,7 @@ def convert_gguf_tensors(
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
         return GGUFMatrix(stored[name], source) if len(shape) == 2 else _vector(stored[name], source)
 
-    return assemble_state_dict(args, GGUF_NAMES, take, interleaved_rotary=interleaved_rotary)
+    return assemble_state_dict(args, names, take, interleaved_rotary=interleaved_rotary)
 
 
 def _vector(tensor: TensorInfo, path: str) -> torch.Tensor:

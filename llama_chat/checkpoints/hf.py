@@ -8,6 +8,7 @@ and optionally tokenizer_config.json, generation_config.json and a chat template
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,22 +38,31 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
 
     n_heads = whole("num_attention_heads", config.get("num_attention_heads"))
     dim = whole("hidden_size", config.get("hidden_size"))
+    head_dim = whole("head_dim", config.get("head_dim") or dim // n_heads)
     tie_embeddings = config.get("tie_word_embeddings") or False
+    max_seq_len = context_length(whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
+                                 "max_position_embeddings", source)
+    scaling = config.get("rope_scaling") or config.get("rope_parameters")
+    parameters = scaling if isinstance(scaling, dict) else {}
+    partial = real_number(_given(config, "partial_rotary_factor", parameters.get("partial_rotary_factor", 1.0)),
+                          "partial_rotary_factor", source)
+    model_type = str(config.get("model_type"))
     return ModelArgs(
         dim=dim,
         n_layers=layer_count(whole("num_hidden_layers", config.get("num_hidden_layers")), "num_hidden_layers", source),
         n_heads=n_heads,
         n_kv_heads=whole("num_key_value_heads", config.get("num_key_value_heads") or n_heads),
-        head_dim=whole("head_dim", config.get("head_dim") or dim // n_heads),
+        head_dim=head_dim,
+        rotary_dim=int(head_dim * partial),  # as transformers rounds it
         vocab_size=whole("vocab_size", config.get("vocab_size")),
         hidden_dim=whole("intermediate_size", config.get("intermediate_size")),
         norm_eps=real_number(_given(config, "rms_norm_eps", 1e-6), "rms_norm_eps", source),
         rope_theta=_rope_theta(config, source),
-        rope_scaling=_rope_scaling(config.get("rope_scaling") or config.get("rope_parameters"), source),
-        max_seq_len=context_length(whole("max_position_embeddings", _given(config, "max_position_embeddings", 2048)),
-                                   "max_position_embeddings", source),
+        rope_scaling=_rope_scaling(scaling, config, max_seq_len, source),
+        max_seq_len=max_seq_len,
         tie_embeddings=of_type(tie_embeddings, bool, "tie_word_embeddings", source),
-        **ARCHITECTURE_SWITCHES.get(str(config.get("model_type")), {}),
+        architecture=model_type,
+        **ARCHITECTURE_SWITCHES.get(model_type, {}),
         embedding_scale=real_number(_given(config, "embedding_multiplier", 1.0), "embedding_multiplier", source),
         residual_scale=real_number(_given(config, "residual_multiplier", 1.0), "residual_multiplier", source),
         attention_scale=(real_number(config["attention_multiplier"], "attention_multiplier", source)
@@ -73,7 +83,7 @@ def _rope_theta(config: Mapping, source: object) -> float:
     return real_number(theta or 10000.0, "rope_theta", source)
 
 
-def _rope_scaling(scaling: object, source: object) -> RopeScaling:
+def _rope_scaling(scaling: object, config: Mapping, max_seq_len: int, source: object) -> RopeScaling:
     if not scaling:
         return RopeScaling()
     if not isinstance(scaling, dict):
@@ -92,16 +102,33 @@ def _rope_scaling(scaling: object, source: object) -> RopeScaling:
         return RopeScaling()
     if kind == "linear":
         return RopeScaling(kind="linear", factor=real("factor"))
+    original_key = "original_max_position_embeddings"
     if kind == "llama3":
-        original_key = "original_max_position_embeddings"
         return RopeScaling(
             kind="llama3", factor=real("factor"), low_freq_factor=real("low_freq_factor"),
             high_freq_factor=real("high_freq_factor"),
             original_max_position_embeddings=whole_number(given(original_key), f"rope_scaling's {original_key}", source),
         )
+    if kind == "longrope":
+        original = whole_number(scaling.get(original_key) or config.get(original_key) or max_seq_len,
+                                original_key, source)
+        # Phi-3's default attention factor, as transformers and llama.cpp's converter derive it.
+        factor = real("factor") if scaling.get("factor") is not None else max_seq_len / original
+        derived = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        return RopeScaling(
+            kind="longrope", short_factors=_factors(given("short_factor"), "short_factor", source),
+            long_factors=_factors(given("long_factor"), "long_factor", source), original_max_position_embeddings=original,
+            attention_factor=real("attention_factor") if scaling.get("attention_factor") is not None else derived,
+        )
     raise LlamaChatError(
-        f"{source}: unsupported rope scaling type {shown(kind)}: llama-chat supports linear and llama3"
+        f"{source}: unsupported rope scaling type {shown(kind)}: llama-chat supports linear, llama3 and longrope"
     )
+
+
+def _factors(values: object, key: str, source: object) -> tuple[float, ...]:
+    if not isinstance(values, list):
+        raise LlamaChatError(f"{source}: rope_scaling's {key} is {shown(values)}, where a list of numbers belongs")
+    return tuple(real_number(value, f"rope_scaling's {key}", source) for value in values)
 
 
 HF_NAMES = TensorNames(
@@ -123,6 +150,14 @@ HF_NAMES = TensorNames(
     q_norm="model.layers.{i}.self_attn.q_norm.weight",
     k_norm="model.layers.{i}.self_attn.k_norm.weight",
 )
+# Phi-3 keeps q, k and v in one projection, and gate and up in one.
+FUSED_HF_NAMES = dataclasses.replace(HF_NAMES, qkv="model.layers.{i}.self_attn.qkv_proj.weight",
+                                     gate_up="model.layers.{i}.mlp.gate_up_proj.weight")
+
+
+def hf_names(args: ModelArgs) -> TensorNames:
+    """The tensor names of a Hugging Face checkpoint of this architecture."""
+    return FUSED_HF_NAMES if args.architecture == "phi3" else HF_NAMES
 
 
 def convert_hf_state_dict(tensors: Mapping[str, Weight], args: ModelArgs) -> dict[str, Weight]:
@@ -135,7 +170,7 @@ def convert_hf_state_dict(tensors: Mapping[str, Weight], args: ModelArgs) -> dic
             raise LlamaChatError(f"checkpoint is missing tensor {name!r}") from None
         return TensorMatrix.of(weight) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else weight
 
-    return assemble_state_dict(args, HF_NAMES, take, interleaved_rotary=False)
+    return assemble_state_dict(args, hf_names(args), take, interleaved_rotary=False)
 
 
 def load_hf_directory(path: str | Path) -> Checkpoint:
@@ -146,7 +181,7 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
     if config is None:
         raise LlamaChatError(f"{config_path}: no such file (a Hugging Face model directory has config.json)")
     args = _checked_args(config, config_path)
-    tensors = convert_hf_state_dict(weight_files(directory, expected_shapes(args, HF_NAMES)), args)
+    tensors = convert_hf_state_dict(weight_files(directory, expected_shapes(args, hf_names(args))), args)
     tokenizer_config = read_json_object(directory / "tokenizer_config.json") or {}
     generation_config = read_json_object(directory / "generation_config.json") or {}
     end_ids = _id_set(generation_config.get("eos_token_id")) | _id_set(config.get("eos_token_id"))

@@ -15,13 +15,18 @@ import torch
 from safetensors.torch import save_file
 
 from llama_chat.checkpoints.contents import Checkpoint
-from llama_chat.checkpoints.hf import HF_NAMES
+from llama_chat.checkpoints.hf import hf_names
 from llama_chat.directories import staged_directory
 from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.rope import head_feature_order
+
+# The Hugging Face classes of the architectures whose config.json differs from Llama's.
+CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM",
+           "phi3": "Phi3ForCausalLM"}
 
 
 def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
-    """config.json for a LlamaConfig with these hyper-parameters."""
+    """config.json for these hyper-parameters (a LlamaConfig, or the architecture's own)."""
     scaling = args.rope_scaling
     rope_scaling = None
     if scaling.kind == "linear":
@@ -34,16 +39,24 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         }
+    elif scaling.kind == "longrope":
+        rope_scaling = {
+            "rope_type": "longrope", "short_factor": list(scaling.short_factors),
+            "long_factor": list(scaling.long_factors), "attention_factor": scaling.attention_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
     multipliers = {"embedding_multiplier": args.embedding_scale, "residual_multiplier": args.residual_scale,
                    "attention_multiplier": args.attention_scale or args.head_dim**-0.5,
                    "logits_scaling": args.logit_scale}
-    granite = (args.embedding_scale, args.residual_scale, args.attention_scale, args.logit_scale) != (1, 1, None, 1)
-    model_type = "qwen2" if args.qkv_bias else "qwen3" if args.qk_norm else "granite" if granite else "llama"
-    classes = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM"}
+    model_type = args.architecture if args.architecture in CLASSES else "llama"
     return {
-        "architectures": [classes.get(model_type, "LlamaForCausalLM")],
+        "architectures": [CLASSES.get(model_type, "LlamaForCausalLM")],
         "model_type": model_type,
-        **(multipliers if granite else {}),
+        **(multipliers if model_type == "granite" else {}),
+        **({"partial_rotary_factor": args.rotary_dim / args.head_dim} if args.rotary_dim != args.head_dim else {}),
+        # Phi-3's config reads its original context here, not from rope_scaling.
+        **({"original_max_position_embeddings": scaling.original_max_position_embeddings}
+           if scaling.kind == "longrope" else {}),
         "hidden_size": args.dim,
         "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads,
@@ -59,6 +72,7 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
         "hidden_act": "silu",
         "bos_token_id": checkpoint.tokenizer.bos_id,
         "eos_token_id": checkpoint.tokenizer.eos_id,
+        "pad_token_id": None,  # said: some classes' defaults (Phi-3's 32000) lie outside a small vocabulary
         # Ignored by other readers; lets llama-chat pack the weights as tightly as the source.
         "llama_chat": {"source_quantization": checkpoint.source_quantization},
     }
@@ -71,26 +85,40 @@ def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torc
     def own(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(dtype).contiguous().clone()  # safetensors wants unshared, contiguous storage
 
-    names = HF_NAMES
+    names = hf_names(args)
+    # Each q and k head's features back in the order Hugging Face's rotation reads them.
+    order = torch.tensor(head_feature_order(args.head_dim, args.rotary_dim, interleaved=False)).argsort()
+
+    def stored(rows: torch.Tensor) -> torch.Tensor:
+        return rows.unflatten(0, (-1, args.head_dim))[:, order].flatten(0, 1)
+
     out = {names.embeddings: own(tensors["tok_embeddings.weight"]), names.norm: own(tensors["norm.weight"])}
     if not args.tie_embeddings:
         out[names.output] = own(tensors["output.weight"])
     for i in range(args.n_layers):
         ours = f"layers.{i}."
         q, k, v = tensors[ours + "attention.wqkv.weight"].split([q_rows, kv_rows, kv_rows])
-        gate, up = tensors[ours + "feed_forward.w13.weight"].split(args.hidden_dim)
+        q, k = stored(q), stored(k)
+        gate_up = tensors[ours + "feed_forward.w13.weight"]
         layer = {
-            names.q: q, names.k: k, names.v: v, names.o: tensors[ours + "attention.wo.weight"],
-            names.gate: gate, names.up: up, names.down: tensors[ours + "feed_forward.w2.weight"],
+            names.o: tensors[ours + "attention.wo.weight"], names.down: tensors[ours + "feed_forward.w2.weight"],
             names.attention_norm: tensors[ours + "attention_norm.weight"],
             names.ffn_norm: tensors[ours + "ffn_norm.weight"],
         }
+        if names.qkv:
+            layer[names.qkv] = torch.cat([q, k, v])
+        else:
+            layer.update({names.q: q, names.k: k, names.v: v})
+        if names.gate_up:
+            layer[names.gate_up] = gate_up
+        else:
+            layer.update(zip((names.gate, names.up), gate_up.split(args.hidden_dim)))
         if args.qkv_bias:
             q_bias, k_bias, v_bias = tensors[ours + "attention.qkv_bias"].split([q_rows, kv_rows, kv_rows])
-            layer.update({names.q_bias: q_bias, names.k_bias: k_bias, names.v_bias: v_bias})
+            layer.update({names.q_bias: stored(q_bias), names.k_bias: stored(k_bias), names.v_bias: v_bias})
         if args.qk_norm:
-            layer.update({names.q_norm: tensors[ours + "attention.q_norm.weight"],
-                          names.k_norm: tensors[ours + "attention.k_norm.weight"]})
+            layer.update({names.q_norm: stored(tensors[ours + "attention.q_norm.weight"]),
+                          names.k_norm: stored(tensors[ours + "attention.k_norm.weight"])})
         out.update({template.format(i=i): own(tensor) for template, tensor in layer.items()})
     return out
 

@@ -100,14 +100,11 @@ class TensorMatrix(StoredMatrix):
         return self._read(start, stop)
 
 
-class RotaryRows(StoredMatrix):
-    """q or k projection rows brought from interleaved rotary pairs to the half-split layout.
+class HeadRows(StoredMatrix):
+    """q or k projection rows reordered within each head: row p of a head is the stored
+    head's row order[p] (see engine/rope.head_feature_order). Reads cover whole heads."""
 
-    Within each head, the stored row 2i+j is pair i's component j; the half-split
-    layout puts component j of pair i at row j*(head_dim/2)+i. Reads cover whole heads.
-    """
-
-    def __init__(self, source: StoredMatrix, n_heads: int) -> None:
+    def __init__(self, source: StoredMatrix, n_heads: int, order: Sequence[int]) -> None:
         self.source = source
         self.shape = source.shape
         self.four_bit = source.four_bit
@@ -115,20 +112,21 @@ class RotaryRows(StoredMatrix):
         self.stored_bytes = source.stored_bytes
         self.block_type = source.block_type
         self.head_dim = source.shape[0] // n_heads
+        self.order = torch.tensor(order)
         self.row_alignment = math.lcm(self.head_dim, source.row_alignment)
 
     def blocks(self, start: int, stop: int) -> torch.Tensor:
-        return self._half_split(self.source.blocks(start, stop))
+        return self._reordered(self.source.blocks(start, stop))
 
     def rows(self, start: int, stop: int) -> Rows:
         stored = self.source.rows(start, stop)
         if isinstance(stored, Int4Groups):
-            return Int4Groups(*(self._half_split(t) for t in (stored.levels, stored.scales, stored.zeros)))
-        return self._half_split(stored)
+            return Int4Groups(*(self._reordered(t) for t in (stored.levels, stored.scales, stored.zeros)))
+        return self._reordered(stored)
 
-    def _half_split(self, rows: torch.Tensor) -> torch.Tensor:
+    def _reordered(self, rows: torch.Tensor) -> torch.Tensor:
         count, columns = rows.shape
-        return rows.view(-1, self.head_dim // 2, 2, columns).transpose(1, 2).reshape(count, columns)
+        return rows.view(-1, self.head_dim, columns)[:, self.order].reshape(count, columns)
 
 
 class StackedRows(StoredMatrix):

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from llama_chat.checkpoints.contents import Weight
-from llama_chat.checkpoints.stored import RotaryRows, StackedRows, StoredMatrix
+from llama_chat.checkpoints.stored import HeadRows, RowRange, StackedRows, StoredMatrix
 from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.rope import head_feature_order
 from llama_chat.errors import LlamaChatError
 
 
@@ -34,6 +35,10 @@ class TensorNames:
     v_bias: str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
+    # Where a format keeps q, k and v as one tensor (rows q|k|v), and gate and up as one
+    # (rows gate|up): Phi-3's; q, k, v, gate and up are then not looked for.
+    qkv: str | None = None
+    gate_up: str | None = None
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -58,12 +63,17 @@ def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int,
     if not args.tie_embeddings:
         shapes[names.output] = (args.vocab_size, args.dim)
     per_layer = {
-        names.q: (q_rows, args.dim), names.k: (kv_rows, args.dim), names.v: (kv_rows, args.dim),
-        names.o: (args.dim, q_rows),
-        names.gate: (args.hidden_dim, args.dim), names.up: (args.hidden_dim, args.dim),
-        names.down: (args.dim, args.hidden_dim),
+        names.o: (args.dim, q_rows), names.down: (args.dim, args.hidden_dim),
         names.attention_norm: (args.dim,), names.ffn_norm: (args.dim,),
     }
+    if names.qkv:
+        per_layer[names.qkv] = (q_rows + 2 * kv_rows, args.dim)
+    else:
+        per_layer.update({names.q: (q_rows, args.dim), names.k: (kv_rows, args.dim), names.v: (kv_rows, args.dim)})
+    if names.gate_up:
+        per_layer[names.gate_up] = (2 * args.hidden_dim, args.dim)
+    else:
+        per_layer.update({names.gate: (args.hidden_dim, args.dim), names.up: (args.hidden_dim, args.dim)})
     if args.qkv_bias:
         per_layer.update({names.q_bias: (q_rows,), names.k_bias: (kv_rows,), names.v_bias: (kv_rows,)})
     if args.qk_norm:
@@ -76,12 +86,20 @@ def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int,
 def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleaved_rotary: bool) -> dict[str, Weight]:
     """Our weights from a format's: `take(name)` returns one checked tensor or StoredMatrix.
 
-    Fuses q/k/v and gate/up into one matrix each, and brings q/k rows stored in the
-    interleaved rotary layout into the half-split one the model uses; nothing is read yet.
+    Fuses q/k/v and gate/up into one matrix each (or takes a format's fused ones), and
+    brings each q and k head's features into our rotary layout (engine/rope's
+    head_feature_order) from the interleaved one or from a partial rotation; nothing is read yet.
     """
+    order = head_feature_order(args.head_dim, args.rotary_dim, interleaved=interleaved_rotary)
+    reordered = order != list(range(args.head_dim))
+    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
 
-    def rotary(weight: StoredMatrix, n_heads: int) -> StoredMatrix:
-        return RotaryRows(weight, n_heads) if interleaved_rotary else weight
+    def rotary(weight: Weight, n_heads: int) -> Weight:
+        if not reordered:
+            return weight
+        if isinstance(weight, torch.Tensor):  # a bias or a per-head norm
+            return weight.view(-1, args.head_dim)[:, order].reshape(weight.shape)
+        return HeadRows(weight, n_heads, order)
 
     state = {"tok_embeddings.weight": take(names.embeddings), "norm.weight": take(names.norm)}
     state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take(names.output)
@@ -89,21 +107,31 @@ def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleave
         def layer(template: str) -> Weight:
             return take(template.format(i=i))
 
+        if names.qkv:
+            fused = layer(names.qkv)
+            q, k, v = (RowRange(fused, first, count) for first, count in
+                       ((0, q_rows), (q_rows, kv_rows), (q_rows + kv_rows, kv_rows)))
+        else:
+            q, k, v = layer(names.q), layer(names.k), layer(names.v)
         ours = f"layers.{i}."
-        state[ours + "attention.wqkv.weight"] = StackedRows([
-            rotary(layer(names.q), args.n_heads), rotary(layer(names.k), args.n_kv_heads), layer(names.v)
-        ])
+        # Stacked parts even where the file fuses them: tensor parallelism splits each part.
+        state[ours + "attention.wqkv.weight"] = StackedRows([rotary(q, args.n_heads), rotary(k, args.n_kv_heads), v])
         state[ours + "attention.wo.weight"] = layer(names.o)
-        state[ours + "feed_forward.w13.weight"] = StackedRows([layer(names.gate), layer(names.up)])
+        if names.gate_up:
+            gate_up = layer(names.gate_up)
+            gate, up = RowRange(gate_up, 0, args.hidden_dim), RowRange(gate_up, args.hidden_dim, args.hidden_dim)
+        else:
+            gate, up = layer(names.gate), layer(names.up)
+        state[ours + "feed_forward.w13.weight"] = StackedRows([gate, up])
         state[ours + "feed_forward.w2.weight"] = layer(names.down)
         state[ours + "attention_norm.weight"] = layer(names.attention_norm)
         state[ours + "ffn_norm.weight"] = layer(names.ffn_norm)
         if args.qkv_bias:
-            if interleaved_rotary:  # no format with this layout has biases yet: refused, not guessed
-                raise LlamaChatError("q, k and v biases in the interleaved rotary layout are not supported")
-            state[ours + "attention.qkv_bias"] = torch.cat([layer(names.q_bias), layer(names.k_bias),
-                                                            layer(names.v_bias)])
+            state[ours + "attention.qkv_bias"] = torch.cat([
+                rotary(layer(names.q_bias), args.n_heads), rotary(layer(names.k_bias), args.n_kv_heads),
+                layer(names.v_bias),
+            ])
         if args.qk_norm:
-            state[ours + "attention.q_norm.weight"] = layer(names.q_norm)
-            state[ours + "attention.k_norm.weight"] = layer(names.k_norm)
+            state[ours + "attention.q_norm.weight"] = rotary(layer(names.q_norm), 1)
+            state[ours + "attention.k_norm.weight"] = rotary(layer(names.k_norm), 1)
     return state

@@ -13,7 +13,10 @@ class RopeScaling:
 
     kind "none" leaves them alone, "linear" divides every frequency by `factor`,
     and "llama3" (Llama 3.1 and later) divides only the low frequencies, blending
-    smoothly between `low_freq_factor` and `high_freq_factor` wavelengths.
+    smoothly between `low_freq_factor` and `high_freq_factor` wavelengths. "longrope"
+    (Phi-3) divides each frequency by its own factor, `short_factors` within the original
+    context and `long_factors` for a longer one, and scales cos and sin by
+    `attention_factor`.
     """
 
     kind: str = "none"
@@ -21,20 +24,34 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factors: tuple[float, ...] = ()
+    long_factors: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("none", "linear", "llama3"):
+        if self.kind not in ("none", "linear", "llama3", "longrope"):
             raise LlamaChatError(
-                f"unsupported rope scaling type {self.kind!r}: llama-chat supports none, linear and llama3"
+                f"unsupported rope scaling type {self.kind!r}: llama-chat supports none, linear, llama3 and longrope"
             )
         if self.factor <= 0:
             raise LlamaChatError(f"rope scaling factor must be positive, got {self.factor}")
+        for name in ("short_factors", "long_factors"):
+            if not all(0 < value < float("inf") for value in getattr(self, name)):
+                raise LlamaChatError(f"rope scaling {name} must all be positive numbers")
+        if not 0 < self.attention_factor < float("inf"):
+            raise LlamaChatError(f"rope scaling attention factor must be a positive number, got {self.attention_factor}")
+
+    def uses_long_factors(self, context: int) -> bool:
+        """Whether a context of `context` tokens turns with longrope's long factors (as
+        llama.cpp chooses: by the context a model runs with)."""
+        return self.kind == "longrope" and context > self.original_max_position_embeddings
 
 
 # Llama's descendants as switches on its blocks, by the name both GGUF (general.architecture)
-# and Hugging Face (model_type) give them; Granite's switches are its multipliers' values.
+# and Hugging Face (model_type) give them; Granite's switches are its multipliers' values,
+# Phi-3's are its rotary width and scaling (its fused tensors are the readers' matter).
 ARCHITECTURE_SWITCHES: dict[str, dict[str, bool]] = {
-    "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "granite": {},
+    "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "granite": {}, "phi3": {},
 }
 
 
@@ -58,6 +75,8 @@ class ModelArgs:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_seq_len: int = 2048
     tie_embeddings: bool = False
+    architecture: str = "llama"  # the name the file gives it (a key of ARCHITECTURE_SWITCHES)
+    rotary_dim: int | None = None  # features of each head that turn (Phi-4-mini: 3/4); None: all
     # Llama's descendants, as switches on its blocks:
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head's q and k before the rotation (Qwen3)
@@ -84,6 +103,19 @@ class ModelArgs:
             )
         if self.head_dim % 2:
             raise LlamaChatError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        if not 0 < self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise LlamaChatError(
+                f"model config: the rotary width must be an even number from 2 to head_dim {self.head_dim}, "
+                f"got {self.rotary_dim}"
+            )
+        scaling = self.rope_scaling
+        if scaling.kind == "longrope" and not len(scaling.short_factors) == len(scaling.long_factors) == self.rotary_dim // 2:
+            raise LlamaChatError(
+                f"model config: longrope needs {self.rotary_dim // 2} short and long factors (one per turning pair), "
+                f"got {len(scaling.short_factors)} and {len(scaling.long_factors)}"
+            )
         for name in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):  # a logit scale of 0 would divide by it

@@ -184,9 +184,21 @@ class Transformer(nn.Module):
         self.output = UninitializedLinear(args.dim, args.vocab_size)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        self.long_rope = False  # longrope's long factors in the tables (see fit_rope)
         cos, sin = rope_tables(args, args.max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def fit_rope(self, context: int) -> None:
+        """Turn with the rotary factors for a context of `context` tokens: longrope's long
+        ones beyond its original context, as llama.cpp chooses. The tables are refilled in
+        place (a compiled call reads these tensors); the latest cache made decides."""
+        long_rope = self.args.rope_scaling.uses_long_factors(context)
+        if long_rope != self.long_rope:
+            cos, sin = rope_tables(self.args, self.args.max_seq_len, long_context=long_rope)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+            self.long_rope = long_rope
 
     def forward(self, tokens: torch.Tensor, cache=None, *, last_only: bool = False) -> torch.Tensor:
         """Float32 logits [batch, time, vocab] for tokens [batch, time]: from position 0 with no
@@ -208,8 +220,12 @@ class Transformer(nn.Module):
             x = x * self.args.embedding_scale
         if position + time > self.rope_cos.shape[0]:
             raise ValueError(f"position {position + time} is past the model's context of {self.rope_cos.shape[0]}")
-        cos = self.rope_cos[position : position + time].to(x.dtype)
-        sin = self.rope_sin[position : position + time].to(x.dtype)
+        cos, sin = self.rope_cos, self.rope_sin
+        if cache is None and self.args.rope_scaling.uses_long_factors(time) != self.long_rope:
+            # A whole sequence turns as its length asks (as transformers does), the held tables untouched.
+            cos, sin = rope_tables(self.args, time, long_context=not self.long_rope)
+        cos = cos[position : position + time].to(x.device, x.dtype)
+        sin = sin[position : position + time].to(x.device, x.dtype)
         mask = causal_mask(time, self.args.n_rep, x.device, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache)

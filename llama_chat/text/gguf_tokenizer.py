@@ -57,6 +57,21 @@ def _qwen2() -> pre_tokenizers.PreTokenizer:
     return _byte_level_after(LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}"))
 
 
+# tiktoken's o200k split (GPT-4o's), which Phi-4-mini's tokenizer.json names: a word may
+# start with capitals and ends at a change back to them; contractions stay on their word.
+_LETTERS_UPPER, _LETTERS_LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+O200K_SPLIT = "|".join([
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_LETTERS_UPPER}*{_LETTERS_LOWER}+{_CONTRACTION}",
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_LETTERS_UPPER}+{_LETTERS_LOWER}*{_CONTRACTION}",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+",
+])
+
+
+def _o200k() -> pre_tokenizers.PreTokenizer:
+    return _byte_level_after(O200K_SPLIT)
+
+
 def _default() -> pre_tokenizers.PreTokenizer:
     return _byte_level_after(*DEFAULT_SPLITS)
 
@@ -67,6 +82,7 @@ PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     **dict.fromkeys(("gpt-2", "mpt", "olmo", "jais"), _gpt2),
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx", "falcon3"), _llama3),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), _qwen2),
+    **dict.fromkeys(("gpt-4o", "llama4"), _o200k),
     **dict.fromkeys(
         ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"), _digits_then_gpt2
     ),
