@@ -1,10 +1,13 @@
-"""Write a Llama-architecture GGUF with random quantised weights and a real vocabulary.
+"""Write a Llama-architecture (or Qwen2) GGUF with random quantised weights and a real vocabulary.
 
 The file loads in llama.cpp (and anything else that reads Llama GGUFs), so load time,
 memory and speed can be measured at real model sizes without downloading gigabytes.
 Tensors are generated and written one at a time, so memory stays small even for 8b.
+`--arch qwen2` writes the same shapes as a Qwen2 file (q, k and v biases, its keys);
+the 1.5b preset is Qwen2.5-1.5B's shape (tied embeddings, a vocabulary padded to 151936).
 
     python benchmarks/make_synthetic_gguf.py --size 1b llama-1b-q4_0.gguf
+    python benchmarks/make_synthetic_gguf.py --size 1.5b --arch qwen2 qwen2.5-1.5b-q4_0.gguf
 """
 
 from __future__ import annotations
@@ -39,13 +42,18 @@ class Preset:
     context: int
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
+    vocab: int | None = None  # the copied vocabulary padded to this many tokens
+    tied: bool = False  # no output head: the embedding table serves
 
 
 PRESETS = {
     "tiny": Preset(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=768, context=2048),
     "1b": Preset(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn=8192, context=8192),
     "8b": Preset(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn=14336, context=8192),
+    "1.5b": Preset(dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, ffn=8960, context=32768, rope_theta=1e6,
+                   norm_eps=1e-6, vocab=151936, tied=True),
 }
+ARCHITECTURES = ("llama", "qwen2")
 
 QUANT_TYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0,
                "f16": GGMLQuantizationType.F16}
@@ -68,7 +76,7 @@ class TensorPlan:
     std: float
 
 
-def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType) -> list[TensorPlan]:
+def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType, arch: str) -> list[TensorPlan]:
     d, head_dim = preset.dim, preset.dim // preset.n_heads
     kv = preset.n_kv_heads * head_dim
     f32 = GGMLQuantizationType.F32
@@ -77,9 +85,13 @@ def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType) 
     def matrix(name: str, rows: int, cols: int) -> TensorPlan:
         return TensorPlan(name, (rows, cols), matrix_type, 1 / math.sqrt(cols))
 
-    plans = [TensorPlan("token_embd.weight", (vocab, d), matrix_type, 1.0)]
+    # A tied table is also the output head, kept as the head is.
+    plans = [TensorPlan("token_embd.weight", (vocab, d), head_kind if preset.tied else matrix_type, 1.0)]
     for i in range(preset.n_layers):
         p = f"blk.{i}."
+        if arch == "qwen2":
+            plans += [TensorPlan(p + f"attn_{part}.bias", (rows,), f32, 0.1)
+                      for part, rows in (("q", d), ("k", kv), ("v", kv))]
         plans += [
             TensorPlan(p + "attn_norm.weight", (d,), f32, 0.0),
             matrix(p + "attn_q.weight", d, d),
@@ -91,12 +103,11 @@ def plan_tensors(preset: Preset, vocab: int, matrix_type: GGMLQuantizationType) 
             matrix(p + "ffn_up.weight", preset.ffn, d),
             matrix(p + "ffn_down.weight", d, preset.ffn),
         ]
-    plans += [
-        TensorPlan("output_norm.weight", (d,), f32, 0.0),
+    plans.append(TensorPlan("output_norm.weight", (d,), f32, 0.0))
+    if not preset.tied:
         # The output head stays in Q8_0 as llama.cpp's own Q4_0 conversions do (F16 in an F16
         # file, which llama.cpp's quantizer will not take from Q8_0).
-        TensorPlan("output.weight", (vocab, d), head_kind, 1 / math.sqrt(d)),
-    ]
+        plans.append(TensorPlan("output.weight", (vocab, d), head_kind, 1 / math.sqrt(d)))
     return plans
 
 
@@ -125,7 +136,9 @@ def random_blocks(rng: np.random.Generator, plan: TensorPlan) -> np.ndarray:
 
 
 def generate(rng: np.random.Generator, plan: TensorPlan) -> np.ndarray:
-    if plan.kind == GGMLQuantizationType.F32:
+    if plan.name.endswith(".bias"):
+        return (plan.std * rng.standard_normal(plan.shape)).astype(np.float32)
+    if plan.kind == GGMLQuantizationType.F32:  # a norm's gains
         return (1.0 + 0.02 * rng.standard_normal(plan.shape)).astype(np.float32)
     if plan.kind == GGMLQuantizationType.F16:  # normal weights, for llama.cpp's quantizer to make K-quant mixes of
         weights = rng.standard_normal(plan.shape, dtype=np.float32) * plan.std
@@ -133,8 +146,12 @@ def generate(rng: np.random.Generator, plan: TensorPlan) -> np.ndarray:
     return random_blocks(rng, plan)
 
 
-def copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
-    """Copies every tokenizer key of `source` as is; returns the vocabulary size."""
+def copy_tokenizer(writer: GGUFWriter, source: Path, pad_to: int | None = None) -> int:
+    """Copies every tokenizer key of `source` as is, the vocabulary padded with control
+    tokens to `pad_to` entries; returns the vocabulary size."""
+    padding = {"tokenizer.ggml.tokens": lambda count: [f"<|pad_{i}|>".encode() for i in range(count)],
+               "tokenizer.ggml.token_type": lambda count: [3] * count,  # control: never made from text
+               "tokenizer.ggml.scores": lambda count: [0.0] * count}
     reader = GGUFReader(source)
     vocab = 0
     for key, field in reader.fields.items():
@@ -148,6 +165,8 @@ def copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
                 value = [bytes(field.parts[i]) for i in field.data]
             else:
                 value = [x.item() for x in (field.parts[i][0] for i in field.data)]
+            if pad_to and key in padding:
+                value += padding[key](pad_to - len(value))
             writer.add_key_value(key, value, main, sub_type=sub)
             if key == "tokenizer.ggml.tokens":
                 vocab = len(value)
@@ -160,12 +179,12 @@ def copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
     return vocab
 
 
-def write(out: Path, preset: Preset, size: str, matrix_type: str, vocab_source: Path, seed: int) -> Iterator[str]:
+def write(out: Path, preset: Preset, size: str, matrix_type: str, vocab_source: Path, seed: int,
+          arch: str = "llama") -> Iterator[str]:
     """Writes the file; yields a progress line now and then."""
-    writer = GGUFWriter(out, "llama")
-    vocab = copy_tokenizer(writer, vocab_source)
-    arch = "llama"
-    writer.add_name(f"synthetic llama {size} {matrix_type} (random weights)")
+    writer = GGUFWriter(out, arch)
+    vocab = copy_tokenizer(writer, vocab_source, preset.vocab)
+    writer.add_name(f"synthetic {arch} {size} {matrix_type} (random weights)")
     writer.add_uint32(f"{arch}.vocab_size", vocab)
     writer.add_uint32(f"{arch}.context_length", preset.context)
     writer.add_uint32(f"{arch}.embedding_length", preset.dim)
@@ -179,7 +198,7 @@ def write(out: Path, preset: Preset, size: str, matrix_type: str, vocab_source: 
     writer.add_file_type(FILE_TYPES[matrix_type])
     writer.add_quantization_version(2)
 
-    plans = plan_tensors(preset, vocab, QUANT_TYPES[matrix_type])
+    plans = plan_tensors(preset, vocab, QUANT_TYPES[matrix_type], arch)
     for plan in plans:
         shape = byte_shape(plan)
         if plan.kind == GGMLQuantizationType.F32:
@@ -204,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="GGUF file to write")
     parser.add_argument("--size", choices=sorted(PRESETS), default="1b")
+    parser.add_argument("--arch", choices=ARCHITECTURES, default="llama",
+                        help="qwen2: the same shapes with Qwen2's q, k and v biases and its metadata")
     parser.add_argument("--type", dest="matrix_type", choices=sorted(QUANT_TYPES), default="q4_0",
                         help="format of the 2-D weights (the output head is always q8_0); f16 makes a file for "
                              "llama.cpp's quantizer (benchmarks/README.md)")
@@ -217,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     for line in write(options.out, PRESETS[options.size], options.size, options.matrix_type,
-                      options.vocab_from, options.seed):
+                      options.vocab_from, options.seed, options.arch):
         print(line, flush=True)
     seconds = time.perf_counter() - started
     size = options.out.stat().st_size

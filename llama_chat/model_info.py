@@ -39,11 +39,12 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
     stop_names = sorted(f"{tokenizer.token_name(token) or token} ({token})" for token in tokenizer.stop_ids)
     return [
         ("name", _from_file(metadata.get("general.name")) or path.name),
-        ("architecture", _from_file(metadata.get("general.architecture", "llama"))),
+        ("architecture", args.architecture),
         ("file", f"{path} ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB)"),
         ("parameters", f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"),
         ("layers", str(args.n_layers)),
-        ("heads", f"{args.n_heads} query, {args.n_kv_heads} key/value, {args.head_dim} wide"),
+        ("heads", f"{args.n_heads} query, {args.n_kv_heads} key/value, {args.head_dim} wide"
+                  + (f", {args.rotary_dim} of them turning" if args.rotary_dim != args.head_dim else "")),
         ("width", f"{args.dim}, feed-forward {args.hidden_dim}"),
         ("context", f"{args.max_seq_len} tokens"),
         ("vocabulary", f"{args.vocab_size} tokens"),

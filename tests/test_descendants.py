@@ -24,9 +24,14 @@ from transformers import (
 )
 
 import llama_chat
+from llama_chat.chat.session import Session
+from llama_chat.disk_cache import entry_path
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.engine import compiled
+from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.engine.speculation import Speculation
+from llama_chat.model_info import model_info
 from llama_chat.parallel.sharding import Shard, is_sharded, shard_state
 from llama_chat.text.gguf_tokenizer import pre_tokenizer_for
 
@@ -35,6 +40,7 @@ from .test_gguf import VOCAB as GGUF_VOCAB
 from .test_gguf import write_gguf
 from .test_hf_checkpoint import BOS, EOT, MULTILINGUAL, VOCAB, write_json, write_tokenizer_json
 from .test_hf_tokenizer import byte_level_metadata
+from .test_session import GREEDY, restored_session, say
 
 IDS = [BOS] + [(37 * i) % 290 + 5 for i in range(63)]
 SHAPES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -125,6 +131,71 @@ def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path
     best, second = torch.topk(reference, 2).values.unbind(-1)
     clear = best - second > 0.2
     assert clear.sum() >= 16 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+def trained_descendant(directory, kind: str):
+    """descendant(kind) trained until it recites IDS (a few hundred Adam steps on one sequence,
+    a second or two), saved as a Hugging Face folder: logits as peaked as a trained model's."""
+    model = descendant(kind)
+    ids = torch.tensor([IDS])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(300):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(directory)
+    write_tokenizer_json(directory)
+    write_json(directory / "tokenizer_config.json", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    return model, loss.item()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
+def test_a_trained_descendant_packed_agrees_with_the_exact_path_on_top_1(tmp_path, kind):
+    """Teacher-forced over the text the model learned, the packed path's top token is the exact
+    path's at 98% of positions or more (a random model's near ties say little about this)."""
+    _, loss = trained_descendant(tmp_path, kind)
+    assert loss < 0.5  # it has learned the text
+    exact = llama_chat.load(tmp_path, device="cpu", quantize="none")
+    packed = llama_chat.load(tmp_path, device="cpu")
+    assert exact.quantization == "none" and packed.quantization != "none"
+    chosen = {}
+    for name, model in (("exact", exact), ("packed", packed)):
+        cache = model.new_cache(80)
+        prompt = model.runner(cache, IDS[:16], every_logits=True)
+        chosen[name] = torch.cat([prompt, torch.stack([model.runner(cache, [t]) for t in IDS[16:]])]).argmax(-1)
+    agreement = (chosen["exact"] == chosen["packed"]).float().mean()
+    assert agreement >= 0.98, agreement
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
+def test_a_descendant_speculates_and_resumes_as_llama_does(tmp_path, kind):
+    """Packed, from its folder, and again from the packed cache: prompt-lookup drafts leave the
+    greedy reply as it was, and a conversation saved with its cache and opened again
+    continues as the unbroken one."""
+    save_descendant(tmp_path / "model", kind)
+    first = llama_chat.load(tmp_path / "model", device="cpu")
+    assert any(entry_path("packed").iterdir())
+    model = llama_chat.load(tmp_path / "model", device="cpu")  # mapped from the packed cache
+    assert torch.equal(model.logits(IDS[:12]), first.logits(IDS[:12]))
+    greedy = SamplingSettings(temperature=0, max_tokens=24)
+    prompt = IDS[:20] * 2
+    replies = []
+    for speculation in (None, Speculation(lookup=4)):
+        generation = model.generate(prompt, greedy, stop_ids=(), speculation=speculation)
+        list(generation)
+        replies.append(generation)
+    assert replies[1].tokens == replies[0].tokens and replies[1].stats.drafted_tokens > 0
+    session = Session(model, GREEDY, model_path=tmp_path / "model")
+    say(session, "one")
+    path, cached = session.save(tmp_path / "chat.json")
+    opened, note = restored_session(model, path, tmp_path / "model")
+    assert note is None and cached > 0 and opened.cache.tokens == session.cache.tokens
+    resumed = say(opened, "two")
+    assert resumed.stats.reused_tokens == cached
+    assert resumed.generation.tokens == say(session, "two").generation.tokens
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
@@ -250,3 +321,12 @@ def test_phi4_minis_split_is_the_one_its_tokenizer_json_names():
     for text in [*MULTILINGUAL, "HelloWorld I'M 12345 3.14159", "path\n/usr/bin x=1;y=22\r\n\r\nz"]:
         assert ours.pre_tokenize_str(text) == reference.pre_tokenize_str(text), text
     assert [word for word, _ in ours.pre_tokenize_str("HelloWorld")] == ["Hello", "World"]
+
+
+def test_info_names_the_architecture_of_a_folder_and_of_a_file(tmp_path):
+    save_descendant(tmp_path / "phi3", "phi3")
+    rows = dict(model_info(tmp_path / "phi3"))
+    assert rows["architecture"] == "phi3" and rows["heads"] == "4 query, 2 key/value, 16 wide, 12 of them turning"
+    model = descendant("qwen2", vocab_size=len(GGUF_VOCAB))
+    path = write_gguf(tmp_path / "qwen2.gguf", model, architecture="qwen2", vocabulary=byte_level_metadata(pre="qwen2"))
+    assert dict(model_info(path))["architecture"] == "qwen2"
