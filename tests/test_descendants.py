@@ -247,10 +247,12 @@ def test_the_biases_split_between_ranks_with_their_heads(tmp_path):
 
 
 @pytest.mark.needs_compiler
-def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path):
-    """Qwen3's per-head norms in the packages compiled ahead of time, single tokens and a
-    verify-sized call, against the eager runner."""
-    save_descendant(tmp_path, "qwen3")
+@pytest.mark.parametrize("kind", ["qwen3", "phi3"])
+def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path, kind):
+    """Qwen3's per-head norms, and Phi-3's long factors (chosen by the cache after the packages
+    were built: they read the model's tables as they are), in the packages compiled ahead of
+    time, single tokens and a verify-sized call, against the eager runner."""
+    save_descendant(tmp_path, kind)
     model = llama_chat.load(tmp_path, device="cpu")
     background = compiled.BackgroundBuild(model.transformer, model.cache_dtype, tmp_path / "decode.pt2")
     background.wait()
