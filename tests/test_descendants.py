@@ -27,10 +27,11 @@ import llama_chat
 from llama_chat.chat.session import Session
 from llama_chat.disk_cache import entry_path
 from llama_chat.checkpoints.gguf import load_gguf
-from llama_chat.checkpoints.hf import load_hf_directory
+from llama_chat.checkpoints.hf import args_from_hf_config, load_hf_directory
 from llama_chat.engine import compiled
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
+from llama_chat.errors import LlamaChatError
 from llama_chat.model_info import model_info
 from llama_chat.parallel.sharding import Shard, is_sharded, shard_state
 from llama_chat.text.gguf_tokenizer import pre_tokenizer_for
@@ -131,6 +132,29 @@ def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path
     best, second = torch.topk(reference, 2).values.unbind(-1)
     clear = best - second > 0.2
     assert clear.sum() >= 16 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+PHI3_CONFIG = dict(model_type="phi3", hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=300,
+                  intermediate_size=96, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"partial_rotary_factor": 1e308}, "partial_rotary_factor is 1e+308; a share of each head from 0 to 1"),
+    ({"partial_rotary_factor": 0.1}, "the rotary width must be an even number from 2 to head_dim 16, got 1"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1] * 8, "long_factor": [1] * 7}},
+     "longrope needs 8 short and long factors (one per turning pair), got 8 and 7"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": "1", "long_factor": [1] * 8}},
+     "rope_scaling's short_factor is '1', where a list of numbers belongs"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1] * 8, "long_factor": [0] * 8}},
+     "long_factors must all be positive numbers"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1] * 8, "long_factor": [1] * 8,
+                       "original_max_position_embeddings": 1}},
+     "original_max_position_embeddings is 1; a context of 2 tokens or more belongs"),
+])
+def test_a_phi3_config_out_of_range_is_one_line(extra, message):
+    with pytest.raises(LlamaChatError) as refused:
+        args_from_hf_config({**PHI3_CONFIG, **extra})
+    assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
 def trained_descendant(directory, kind: str):

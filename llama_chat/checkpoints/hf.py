@@ -46,6 +46,8 @@ def args_from_hf_config(config: Mapping, source: object = "config.json") -> Mode
     parameters = scaling if isinstance(scaling, dict) else {}
     partial = real_number(_given(config, "partial_rotary_factor", parameters.get("partial_rotary_factor", 1.0)),
                           "partial_rotary_factor", source)
+    if not 0 < partial <= 1:
+        raise LlamaChatError(f"{source}: partial_rotary_factor is {partial}; a share of each head from 0 to 1 belongs")
     model_type = str(config.get("model_type"))
     return ModelArgs(
         dim=dim,
@@ -112,6 +114,8 @@ def _rope_scaling(scaling: object, config: Mapping, max_seq_len: int, source: ob
     if kind == "longrope":
         original = whole_number(scaling.get(original_key) or config.get(original_key) or max_seq_len,
                                 original_key, source)
+        if original < 2:  # its logarithm divides below
+            raise LlamaChatError(f"{source}: {original_key} is {original}; a context of 2 tokens or more belongs")
         # Phi-3's default attention factor, as transformers and llama.cpp's converter derive it.
         factor = real("factor") if scaling.get("factor") is not None else max_seq_len / original
         derived = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
