@@ -318,35 +318,35 @@ def test_a_descendants_gguf_gives_transformers_logits(tmp_path, kind):
     assert clear.sum() >= 16 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
 
 
-def test_qwen2s_split_is_the_one_its_tokenizer_json_names():
-    """The `qwen2` pre-tokenizer against a tokenizers pipeline built from Qwen2's
-    tokenizer.json settings (its split pattern written out here), on multilingual text."""
-    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    reference = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    ours = pre_tokenizer_for("qwen2")
-    for text in [*MULTILINGUAL, "I'm 12345 and 3.14159", "x=1;y=22\r\n\r\nz"]:
-        assert ours.pre_tokenize_str(text) == reference.pre_tokenize_str(text), text
-    assert pre_tokenizer_for("deepseek-r1-qwen").pre_tokenize_str("a 2024") == ours.pre_tokenize_str("a 2024")
-
-
-def test_phi4_minis_split_is_the_one_its_tokenizer_json_names():
-    """`gpt-4o` (tiktoken's o200k split, Phi-4-mini's) against a tokenizers pipeline built from
-    that tokenizer.json's settings (its pattern written out here whole), on multilingual text."""
-    pattern = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+# The split patterns of Qwen2's and Phi-4-mini's tokenizer.json, written out whole.
+TOKENIZER_JSON_SPLITS = {
+    "qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    "gpt-4o": (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZER_JSON_SPLITS))
+def test_a_split_is_the_one_its_models_tokenizer_json_names(name):
+    """`qwen2` (Qwen2's) and `gpt-4o` (tiktoken's o200k split, Phi-4-mini's) against a
+    tokenizers pipeline built from that tokenizer.json's settings, on multilingual text."""
     reference = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.Split(Regex(TOKENIZER_JSON_SPLITS[name]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
-    ours = pre_tokenizer_for("gpt-4o")
-    for text in [*MULTILINGUAL, "HelloWorld I'M 12345 3.14159", "path\n/usr/bin x=1;y=22\r\n\r\nz"]:
+    ours = pre_tokenizer_for(name)
+    for text in [*MULTILINGUAL, "HelloWorld I'M 12345 and 3.14159", "path\n/usr/bin x=1;y=22\r\n\r\nz"]:
         assert ours.pre_tokenize_str(text) == reference.pre_tokenize_str(text), text
-    assert [word for word, _ in ours.pre_tokenize_str("HelloWorld")] == ["Hello", "World"]
+
+
+def test_the_names_that_share_a_split_and_what_sets_o200k_apart():
+    same = pre_tokenizer_for("qwen2").pre_tokenize_str("a 2024")
+    assert pre_tokenizer_for("deepseek-r1-qwen").pre_tokenize_str("a 2024") == same
+    assert [word for word, _ in same] == ["a", "Ġ", "2", "0", "2", "4"]  # every digit a word of its own
+    assert [word for word, _ in pre_tokenizer_for("gpt-4o").pre_tokenize_str("HelloWorld 2024")] == [
+        "Hello", "World", "Ġ", "202", "4"]
 
 
 def test_info_names_the_architecture_of_a_folder_and_of_a_file(tmp_path):

@@ -111,7 +111,8 @@ def test_rotary_permutation_matches_meta_interleaved_rotation(rotary_dim):
     """Meta rotates (x0,x1),(x2,x3)... as complex numbers (over the first rotary_dim features
     of each head, the rest left alone); after the reordering, the half-split rotation must
     give the same values, in our order."""
-    args = ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=8, hidden_dim=8, max_seq_len=16, rotary_dim=rotary_dim)
+    args = ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=8, hidden_dim=8, max_seq_len=16,
+                     rotary_dim=rotary_dim)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(10, args.dim, generator=generator)
     meta_weight = torch.randn(args.dim, args.dim, generator=generator)

@@ -245,7 +245,9 @@ def _rope_scaling(
         original = whole_number(metadata.get(original_key, 8192), original_key, source)
         if ROPE_FREQS in rope_factors:
             if len(rope_factors) > 1:
-                raise LlamaChatError(f"{source} has both rope_freqs and longrope factors; it is not a model llama-chat knows")
+                raise LlamaChatError(
+                    f"{source} has both rope_freqs and longrope factors; it is not a model llama-chat knows"
+                )
             return llama3_scaling_from_factors(rope_factors[ROPE_FREQS], args, original, source)
         return _longrope_scaling(metadata, prefix, args, rope_factors, original, source)
     factor = metadata.get(factor_key)

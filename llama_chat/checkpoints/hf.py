@@ -121,7 +121,8 @@ def _rope_scaling(scaling: object, config: Mapping, max_seq_len: int, source: ob
         derived = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
         return RopeScaling(
             kind="longrope", short_factors=_factors(given("short_factor"), "short_factor", source),
-            long_factors=_factors(given("long_factor"), "long_factor", source), original_max_position_embeddings=original,
+            long_factors=_factors(given("long_factor"), "long_factor", source),
+            original_max_position_embeddings=original,
             attention_factor=real("attention_factor") if scaling.get("attention_factor") is not None else derived,
         )
     raise LlamaChatError(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from llama_chat.checkpoints.contents import Weight
-from llama_chat.checkpoints.stored import HeadRows, RowRange, StackedRows, StoredMatrix
+from llama_chat.checkpoints.stored import HeadRows, RowRange, StackedRows
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.rope import head_feature_order
 from llama_chat.errors import LlamaChatError

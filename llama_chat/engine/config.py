@@ -39,7 +39,9 @@ class RopeScaling:
             if not all(0 < value < float("inf") for value in getattr(self, name)):
                 raise LlamaChatError(f"rope scaling {name} must all be positive numbers")
         if not 0 < self.attention_factor < float("inf"):
-            raise LlamaChatError(f"rope scaling attention factor must be a positive number, got {self.attention_factor}")
+            raise LlamaChatError(
+                f"rope scaling attention factor must be a positive number, got {self.attention_factor}"
+            )
 
     def uses_long_factors(self, context: int) -> bool:
         """Whether a context of `context` tokens turns with longrope's long factors (as
@@ -111,9 +113,10 @@ class ModelArgs:
                 f"got {self.rotary_dim}"
             )
         scaling = self.rope_scaling
-        if scaling.kind == "longrope" and not len(scaling.short_factors) == len(scaling.long_factors) == self.rotary_dim // 2:
+        pairs = self.rotary_dim // 2
+        if scaling.kind == "longrope" and not len(scaling.short_factors) == len(scaling.long_factors) == pairs:
             raise LlamaChatError(
-                f"model config: longrope needs {self.rotary_dim // 2} short and long factors (one per turning pair), "
+                f"model config: longrope needs {pairs} short and long factors (one per turning pair), "
                 f"got {len(scaling.short_factors)} and {len(scaling.long_factors)}"
             )
         for name in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
