@@ -116,7 +116,8 @@ def test_rotary_permutation_matches_meta_interleaved_rotation(rotary_dim):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(10, args.dim, generator=generator)
     meta_weight = torch.randn(args.dim, args.dim, generator=generator)
-    angles = torch.outer(torch.arange(10, dtype=torch.float64), rope_inverse_frequencies(args)[: rotary_dim // 2]).float()
+    turning = rope_inverse_frequencies(args)[: rotary_dim // 2]
+    angles = torch.outer(torch.arange(10, dtype=torch.float64), turning).float()
     heads = (x @ meta_weight.T).view(10, args.n_heads, -1)
     meta_q = torch.view_as_complex(heads[..., :rotary_dim].reshape(10, args.n_heads, -1, 2).contiguous())
     meta_rotated = torch.view_as_real(meta_q * torch.polar(torch.ones_like(angles), angles)[:, None, :])
