@@ -299,6 +299,16 @@ def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeyp
     assert "min_p = 0.1 (set in the chat)" in text and "top_p = 0.95\n" in text
 
 
+def test_settings_show_a_model_files_float32_as_its_author_wrote_it(tmp_path, monkeypatch):
+    from .test_gguf import tiny_hf_model, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(seed=1),
+                      extra=lambda writer: writer.add_float32("general.sampling.temp", 0.15))
+    sessions, shown = typed_chats(monkeypatch, ["/settings", "/quit"])
+    assert main(["--model", str(path), "--compile", "off"]) == 0
+    assert "temperature = 0.15 (model file)\n" in shown.getvalue()
+
+
 @pytest.mark.parametrize("why", ["Not a directory", "Permission denied"])
 def test_a_cache_folder_that_cannot_be_written_is_reported_once_and_the_chat_goes_on(tmp_path, monkeypatch, capsys,
                                                                                     why):

@@ -396,7 +396,9 @@ def test_sampling_keys_are_the_models_recommendation(tmp_path):
     path = write_gguf(tmp_path / "sampling.gguf", tiny_hf_model(seed=1), extra=sampling)
     settings = load_gguf(path).sampling
     assert settings.keys() == {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
-    assert settings["top_k"] == 30 and settings["repeat_last_n"] == 128 and abs(settings["temperature"] - 0.15) < 1e-6
+    # The float32s the file stores, as the decimals written (0.15, not 0.15000000596046448).
+    assert settings == {"temperature": 0.15, "top_k": 30, "top_p": 0.8, "min_p": 0.02, "repeat_penalty": 1.05,
+                        "repeat_last_n": 128}
     assert load_gguf(write_gguf(tmp_path / "plain.gguf", tiny_hf_model(seed=1))).sampling == {}
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import SettingError
 
@@ -29,7 +31,15 @@ GENERATION_CONFIG_KEYS = {
 
 
 def from_gguf(metadata: Mapping) -> dict:
-    return _valid({ours: metadata[key] for key, ours in GGUF_KEYS.items() if key in metadata})
+    return _valid({ours: _as_written(metadata[key]) for key, ours in GGUF_KEYS.items() if key in metadata})
+
+
+def _as_written(value: object) -> object:
+    """A float32 the file stores (0.15000000596046448) as the shortest decimal that reads
+    back to it (0.15): what its author wrote, and what people should see."""
+    if isinstance(value, float) and math.isfinite(value) and float(np.float32(value)) == value:
+        return float(str(np.float32(value)))
+    return value
 
 
 def from_generation_config(config: Mapping) -> dict:
