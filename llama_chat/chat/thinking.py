@@ -131,3 +131,11 @@ def _partial_marker(text: str) -> int:
         if text.endswith(CLOSE[:length]):
             return length
     return 0
+
+
+def answer_of(reply: str) -> str:
+    """A whole reply's answer, its thinking left out (what a reader would copy)."""
+    splitter = ThinkingSplitter(opened=False)
+    splitter.feed(Piece(token_id=None, text=reply))
+    splitter.finish()
+    return splitter.answer

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llama_chat.chat.display import stats_line
 from llama_chat.chat.session import Session
+from llama_chat.chat.thinking import answer_of
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.engine.speculation import LOOKUP_AUTO, Speculation, parse_lookup
 from llama_chat.errors import LlamaChatError, UsageError
@@ -21,6 +23,7 @@ from llama_chat.llama import Llama
 from llama_chat.model_info import model_info
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
+from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
 from llama_chat.repl.render import Renderer
 
 STOP = True  # what a handler returns to end the chat (others return None)
@@ -203,6 +206,27 @@ def run_open(state: ChatState, text: str) -> None:
     state.renderer.note(f"opened {text}: {exchanges(len(state.session.exchanges))}")
 
 
+def run_copy(state: ChatState, text: str) -> None:
+    what = text.strip()
+    if what not in ("", "code"):
+        raise CommandError(f"/copy takes nothing (the last reply) or 'code' (its last code block), not {what!r}")
+    if not state.session.exchanges:
+        raise CommandError("no reply to copy yet")
+    copied = answer_of(state.session.exchanges[-1].reply)
+    if what == "code":
+        copied = last_code_block(copied)
+        if copied is None:
+            raise CommandError("the last reply has no code block (between ``` fences) to copy")
+    if not state.renderer.send_to_terminal(osc52(copied)):
+        raise CommandError("the output is not a terminal: /copy puts text on the clipboard through the terminal")
+    note = f"copied {len(copied)} characters to the clipboard"
+    if not known_to_accept():
+        term = os.environ.get("TERM_PROGRAM") or os.environ.get("TERM") or "unknown"
+        note += (f"; this terminal ({term}) is not known to accept it (OSC 52): if nothing was copied, "
+                 "select the text on screen")
+    state.renderer.note(note)
+
+
 def run_stats(state: ChatState, text: str) -> None:
     session = state.session
     stats = session.last_stats
@@ -352,6 +376,8 @@ COMMANDS: list[Command] = [
             needs_argument(run_lookup, "a number of tokens or auto"), choices=("auto", "0")),
     Command("draft", "PATH|off", "draft with a smaller model of the same vocabulary (off: prompt lookup again)",
             needs_argument(run_draft, "a model path or off"), takes_path=True),
+    Command("copy", "[code]", "put the last reply (code: its last code block) on the clipboard, through the terminal",
+            run_copy, choices=("code",)),
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),
     _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),

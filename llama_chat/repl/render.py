@@ -50,6 +50,14 @@ class Renderer:
     def error(self, text: str) -> None:
         self.line(text, "red")
 
+    def send_to_terminal(self, sequence: str) -> bool:
+        """Write an escape sequence for the terminal itself; False where the output is no terminal."""
+        if not self.console.is_terminal:
+            return False
+        self.console.file.write(sequence)
+        self.console.file.flush()
+        return True
+
     def play(self, turn: Turn) -> None:
         """Stream a reply; Ctrl-C stops it (the partial reply stays); then the stats line."""
         if turn.dropped:
