@@ -2,17 +2,24 @@
 files read into a message."""
 
 import base64
-import os
 import re
 import sys
 
 import pytest
 from gguf import GGMLQuantizationType as QType
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.document import Document
 
+from llama_chat.chat.attachments import Attachment
+from llama_chat.chat.session import Session
+from llama_chat.cli import main
+from llama_chat.repl.app import ChatCompleter
 from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
 
 from .terminal import Terminal
 from .test_gguf import tiny_hf_model, write_gguf
+from .test_repl import chat
+from .test_session import GREEDY, chat_model
 
 REPLY = "Here:\n```python\nprint('a')\n```\nand\n~~~\nfirst = 1\nsecond = 2\n~~~\ndone"
 
@@ -74,3 +81,84 @@ def test_copy_writes_the_last_reply_as_osc_52(tmp_path, term, note):
         assert b"\x1b]52" not in chat.output[sent:]
     finally:
         chat.kill()
+
+
+# --- files read into a message -------------------------------------------------------------
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "notes.txt").write_text("the sky is blue\n")
+    (tmp_path / "code.py").write_text("x = '```'\nprint(x)\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (tmp_path / "big.txt").write_text("word " * 5000)
+    (tmp_path / "folder").mkdir()
+    return tmp_path
+
+
+def test_read_puts_each_file_into_the_next_message_with_its_name(files):
+    session = Session(chat_model(), GREEDY, context_size=512)
+    code, shown = chat(session, f"/read {files}/notes.txt {files}/code.py", "/read", "what is in them?", "/quit")
+    assert code == 0
+    assert re.search(r"read \S*notes.txt: \d+ tokens for the next message; \d+ tokens of room left", shown)
+    assert "read for the next message: " in shown and "code.py (" in shown
+    sent = session.exchanges[0].user
+    assert sent.startswith(f"{files}/notes.txt:\n```\nthe sky is blue\n```\n")
+    # A fence longer than the backticks inside the file.
+    assert f"{files}/code.py:\n````\nx = '```'\nprint(x)\n````\n" in sent and sent.endswith("\nwhat is in them?")
+    tokens = [int(t) for t in re.findall(r": (\d+) tokens for the next message", shown)]
+    blocks = [Attachment(str(files / name), (files / name).read_text(), 0).block() for name in ("notes.txt", "code.py")]
+    assert tokens == [len(session.model.tokenizer.encode(block)) for block in blocks]
+    _, shown = chat(session, "/read", "again", "/quit")
+    assert "no files read for the next message" in shown and session.exchanges[1].user == "again"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("image.png", r"image.png holds NUL bytes: it is a binary file, not text"),
+    ("latin1.txt", r"latin1.txt is not UTF-8 text \(byte 3 is not\); /read takes text files"),
+    ("missing.txt", r"missing.txt: no such file"),
+    ("folder", r"folder is a folder; /read takes text files"),
+    ("big.txt", r"big.txt is 250\d\d tokens; the context has room for \d+ more"),
+    ("*.csv", r"\*.csv: no file matches"),
+])
+def test_read_refuses_in_one_line_and_nothing_is_added(files, name, message):
+    session = Session(chat_model(), GREEDY, context_size=512)
+    code, shown = chat(session, f"/read {files}/{name}", "hello", "/quit")
+    assert code == 0 and re.search(message, shown), shown
+    assert session.exchanges[0].user == "hello" and "Traceback" not in shown
+
+
+def test_read_takes_globs_and_quoted_paths_and_clear_lets_go(files):
+    (files / "with space.txt").write_text("spaced\n")
+    session = Session(chat_model(), GREEDY, context_size=512)
+    _, shown = chat(session, f"/read {files}/*.py '{files}/with space.txt'", "/read clear", "hi", "/quit")
+    assert shown.count("for the next message;") == 2 and "no files read for the next message" in shown
+    assert session.exchanges[0].user == "hi"
+
+
+def test_a_message_refused_for_length_keeps_the_files_read(files):
+    session = Session(chat_model(), GREEDY, context_size=128)
+    _, shown = chat(session, f"/read {files}/notes.txt", "x " * 400, "short", "/quit")
+    assert "more than the context" in shown
+    assert session.exchanges[0].user.startswith(f"{files}/notes.txt:") and session.exchanges[0].user.endswith("short")
+
+
+def test_paths_complete_for_the_last_word_of_read(files):
+    completer = ChatCompleter()
+    text = f"/read {files}/notes.txt {files}/co"
+    completions = list(completer.get_completions(Document(text), CompleteEvent()))
+    assert [completion.text for completion in completions] == ["de.py"]
+
+
+def test_file_flag_goes_into_the_one_shot_message(files, monkeypatch, capsys):
+    sent = []
+    real_send = Session.send
+    monkeypatch.setattr(Session, "send", lambda self, text: sent.append(text) or real_send(self, text))
+    model_file = write_gguf(files / "tiny.gguf", tiny_hf_model(seed=5), qtype=QType.F32)
+    argv = ["-m", str(model_file), "--compile", "off", "--max-tokens", "2", "-p", "summarise"]
+    assert main([*argv, "-f", str(files / "notes.txt")]) == 0
+    assert sent == [f"{files}/notes.txt:\n```\nthe sky is blue\n```\n\nsummarise"]
+    assert f"llama-chat: read {files}/notes.txt: " in capsys.readouterr().err
+    assert main([*argv, "-f", str(files / "image.png")]) == 1
+    assert "image.png holds NUL bytes" in capsys.readouterr().err and len(sent) == 1

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from llama_chat.chat.attachments import PendingFiles, read_into
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.session import Session
 from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
@@ -39,6 +40,8 @@ def chat_parser() -> argparse.ArgumentParser:
     add_model_arguments(parser)
     parser.add_argument("--prompt", "-p", help="answer this one message, print the reply and exit")
     parser.add_argument("--raw", action="store_true", help="plain completion of the prompt, no chat template")
+    parser.add_argument("--file", "-f", action="append", metavar="PATH",
+                        help="put a text file (or a glob's files) into the first message, with its name; repeatable")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--ctx-size", type=int, help="context length in tokens (default: the model's, at most 4096)")
     parser.add_argument("--compile", default="auto", choices=COMPILE_CHOICES,
@@ -175,15 +178,16 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
             open_conversation(session, options, argv)
+            files = read_files(session, options.file or [])
             if prompt is not None:
-                code = answer_once(session, prompt, options.stats, options.think == "show")
+                code = answer_once(session, files.message(prompt), options.stats, options.think == "show")
             else:
                 from llama_chat.repl.app import ConversationKeeper, run_repl
                 from llama_chat.repl.render import Renderer
 
                 renderer = Renderer(show_thinking=options.think == "show")
                 code = run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
-                                keeper=ConversationKeeper(kept_conversation_path()))
+                                keeper=ConversationKeeper(kept_conversation_path()), files=files)
             if options.save:
                 session.save(options.save)
             return code
@@ -193,6 +197,16 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     return run_in_group(options.tp, argv, lambda shard: OptionsLoader(model_options, shard), chat,
                         group_timeout())
+
+
+def read_files(session: Session, patterns: list[str]) -> PendingFiles:
+    """The -f files, read for the first message (one line on stderr each); one that cannot
+    be read or does not fit ends the run in one line."""
+    files = PendingFiles()
+    for pattern in patterns:
+        for attachment in read_into(files, pattern, session):
+            print(f"llama-chat: read {attachment.name}: {attachment.tokens} tokens", file=sys.stderr)
+    return files
 
 
 def kernels_wanting(model: Llama, kernels: KernelOptions) -> str | None:

@@ -33,6 +33,7 @@ from prompt_toolkit.input import Input
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import Output, create_output
 
+from llama_chat.chat.attachments import PendingFiles
 from llama_chat.chat.session import Session
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
@@ -55,7 +56,7 @@ def open_history() -> History:
 
 
 class ChatCompleter(Completer):
-    """Completes command names after "/", argument words, and paths after /load /save /open."""
+    """Completes command names after "/", argument words, and paths after /load /save /open /read."""
 
     def __init__(self) -> None:
         self.paths = PathCompleter(expanduser=True)
@@ -74,6 +75,8 @@ class ChatCompleter(Completer):
         if command is None:
             return
         argument = argument.lstrip()
+        if command.several:
+            argument = argument.rpartition(" ")[2]
         if command.takes_path:
             yield from self.paths.get_completions(Document(argument), complete_event)
         for choice in command.choices:
@@ -138,8 +141,9 @@ def handle(state: ChatState, text: str) -> bool:
         state.renderer.note(undecodable_note("the input", undecodable))
     if text.startswith("/") and not text.startswith("//"):
         return commands.dispatch(state, text)
-    message = text[1:] if text.startswith("//") else text
-    state.renderer.play(state.session.send(message))
+    turn = state.session.send(state.files.message(text[1:] if text.startswith("//") else text))
+    state.files.clear()  # sent: a message refused (too long) keeps them for the next try
+    state.renderer.play(turn)
     return True
 
 
@@ -201,10 +205,11 @@ def run_repl(
     output: Output | None = None,
     history: History | None = None,
     keeper: ConversationKeeper | None = None,
+    files: PendingFiles | None = None,
 ) -> int:
     """Chat until /quit or Ctrl-D; returns the exit code (0). With a keeper, the conversation
-    is kept after every input (for --resume)."""
-    state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model)
+    is kept after every input (for --resume); `files` (-f) go into the first message."""
+    state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model, files or PendingFiles())
     prompt = prompt_session(state, input=input, output=output, history=history)
     model = session.model
     state.renderer.note(

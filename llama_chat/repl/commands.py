@@ -10,9 +10,11 @@ import dataclasses
 import difflib
 import math
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llama_chat.chat.attachments import PendingFiles, read_into, room_for_files
 from llama_chat.chat.display import stats_line
 from llama_chat.chat.session import Session
 from llama_chat.chat.thinking import answer_of
@@ -41,6 +43,7 @@ class ChatState:
     renderer: Renderer
     load_model: Callable[[str], Llama]  # the command line's device, dtype and chat format applied
     load_draft: Callable[[str], Llama]  # a draft model: the command line's device, default weights
+    files: PendingFiles = dataclasses.field(default_factory=PendingFiles)  # read for the next message
 
 
 Handler = Callable[[ChatState, str], "bool | None"]
@@ -55,6 +58,7 @@ class Command:
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()  # argument words offered by completion
     takes_path: bool = False  # the argument is a file path (completed as one)
+    several: bool = False  # it takes several arguments (the last one is completed)
 
 
 # Sampling settings, each a command with one number: (field, kind, argument name, help, aliases).
@@ -204,6 +208,29 @@ def run_open(state: ChatState, text: str) -> None:
     if note:
         state.renderer.note(note)
     state.renderer.note(f"opened {text}: {exchanges(len(state.session.exchanges))}")
+
+
+def run_read(state: ChatState, text: str) -> None:
+    files = state.files
+    if text.strip() in ("", "clear"):
+        if text.strip() == "clear":
+            files.clear()
+        held = ", ".join(f"{a.name} ({a.tokens} tokens)" for a in files.attachments)
+        state.renderer.line(f"read for the next message: {held}" if held else "no files read for the next message")
+        return
+    try:
+        patterns = shlex.split(text)
+    except ValueError as error:
+        raise CommandError(f"/read: {error} (quote a path with spaces)") from None
+    session = state.session
+    for pattern in patterns:
+        try:
+            for attachment in read_into(files, pattern, session):
+                left = room_for_files(session) - files.tokens()
+                state.renderer.note(f"read {attachment.name}: {attachment.tokens} tokens for the next message; "
+                                    f"{left} tokens of room left")
+        except LlamaChatError as error:
+            state.renderer.error(str(error))
 
 
 def run_copy(state: ChatState, text: str) -> None:
@@ -376,6 +403,8 @@ COMMANDS: list[Command] = [
             needs_argument(run_lookup, "a number of tokens or auto"), choices=("auto", "0")),
     Command("draft", "PATH|off", "draft with a smaller model of the same vocabulary (off: prompt lookup again)",
             needs_argument(run_draft, "a model path or off"), takes_path=True),
+    Command("read", "PATH...|clear", "put text files (globs too) into the next message, each with its name",
+            run_read, choices=("clear",), takes_path=True, several=True),
     Command("copy", "[code]", "put the last reply (code: its last code block) on the clipboard, through the terminal",
             run_copy, choices=("code",)),
     _plain("stats", "statistics of the last reply and the context", run_stats),
