@@ -138,11 +138,12 @@ def _holds_in_order(text: str, parts: Sequence[str]) -> bool:
 def _dumps(data: dict) -> str:
     """Indented JSON with one message per line (token id lists would take a line per id),
     then one fork per line, if any."""
-    lines = {"messages", "branches"}
-    header = json.dumps({key: value for key, value in data.items() if key not in lines}, ensure_ascii=False, indent=1)
-    text = header[: -len("\n}")]
-    for key in ("messages", "branches") if data["branches"] else ("messages",):
-        text += f',\n "{key}": [\n  ' + ",\n  ".join(json.dumps(item, ensure_ascii=False) for item in data[key]) + "\n ]"
+    listed = ["messages", "branches"] if data["branches"] else ["messages"]
+    kept = {key: value for key, value in data.items() if key not in ("messages", "branches")}
+    text = json.dumps(kept, ensure_ascii=False, indent=1)[: -len("\n}")]
+    for key in listed:
+        items = ",\n  ".join(json.dumps(item, ensure_ascii=False) for item in data[key])
+        text += f',\n "{key}": [\n  {items}\n ]'
     return text + "\n}\n"
 
 
