@@ -193,6 +193,7 @@ class Session:
             raise
 
     def no_message(self, number: int) -> str:
+        """Why user message `number` cannot be edited, in one line."""
         if not self.exchanges:
             return "nothing to edit yet: send a message first"
         return f"there is no message {number}: the user messages are numbered from 1 to {len(self.exchanges)}"
