@@ -3,6 +3,13 @@
 JSON: the kind and version, the model it was made with, the sampling settings, the
 token ids before the first exchange, then one message a line (a reply's token ids on its
 line). Token ids let /open continue with the cache exactly where the conversation was.
+
+Where the conversation forks (see branches), "branches" follows, one fork a line:
+{"exchange": N, "version": V, "others": [{"messages": [...], "branches": [...]}, ...]}:
+at exchange N (from 1) of its list of messages, the other versions from there on, each
+messages as above (that may fork again), and V (from 0) the place among them of the
+version in the messages. Optional: a file without it has one version; one where it is
+malformed opens without the other versions, and a note says why in one line.
 """
 
 from __future__ import annotations
@@ -36,23 +43,19 @@ class SavedConversation:
     head_ids: list[int] | None  # the ids before the first exchange; None: not known
     settings: SamplingSettings
     model: dict  # path, name, chat_format and vocab_size of the model it was made with
+    note: str | None = None  # why the other versions were not opened, when they were not
 
 
 def write_conversation(path: Path, saved: SavedConversation) -> None:
     messages: list[dict] = [{"role": "system", "content": saved.system}] if saved.system else []
-    for exchange in saved.exchanges:
-        messages.append({"role": "user", "content": exchange.user, "token_ids": exchange.user_ids})
-        messages.append({
-            "role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
-            "token_ids": exchange.reply_ids,
-        })
     data = {
         "kind": FILE_KIND,
         "version": FILE_VERSION,
         "model": saved.model,
         "settings": dataclasses.asdict(saved.settings),
         "head_ids": saved.head_ids,
-        "messages": messages,
+        "messages": messages + _messages_of(saved.exchanges),
+        "branches": _branches_of(saved.exchanges),
     }
     try:
         with staged(path) as staging:  # whole or not at all: a crash mid-write keeps the file before
@@ -61,12 +64,44 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
 
 
+def _messages_of(exchanges: Sequence[Exchange]) -> list[dict]:
+    messages = []
+    for exchange in exchanges:
+        messages.append({"role": "user", "content": exchange.user, "token_ids": exchange.user_ids})
+        messages.append({
+            "role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
+            "token_ids": exchange.reply_ids,
+        })
+    return messages
+
+
+def _branches_of(exchanges: Sequence[Exchange]) -> list[dict]:
+    """The forks of these exchanges, with every other version (and the forks in it)."""
+    return [
+        {"exchange": number, "version": exchange.version, "others": [
+            {"messages": _messages_of(version), "branches": _branches_of(version)} for version in exchange.others
+        ]}
+        for number, exchange in enumerate(exchanges, 1) if exchange.others
+    ]
+
+
 def read_conversation(path: Path) -> SavedConversation:
-    """A saved conversation, every part checked; one clear error for a file that is not one."""
+    """A saved conversation, every part checked; one clear error for a file that is not one.
+    Malformed "branches" leave the conversation without its other versions, and a note."""
     data = _read_json(path)
     system, exchanges, head_ids = _conversation_from(data, path)
     settings = _settings_from(data.get("settings"), path)
-    return SavedConversation(system, exchanges, head_ids, settings, _model_from(data.get("model"), path))
+    model = _model_from(data.get("model"), path)
+    note = None
+    try:
+        forks = _forks_from(data.get("branches", []), len(exchanges), path)
+    except LlamaChatError as error:
+        reason = str(error).removeprefix(f"{path}: ")
+        note = f"{path}: its other versions were not opened ('branches': {reason})"
+    else:
+        for number, place, others in forks:
+            exchanges[number - 1].others, exchanges[number - 1].version = others, place
+    return SavedConversation(system, exchanges, head_ids, settings, model, note)
 
 
 def ids_hold_text(
@@ -101,10 +136,15 @@ def _holds_in_order(text: str, parts: Sequence[str]) -> bool:
 
 
 def _dumps(data: dict) -> str:
-    """Indented JSON with one message per line (token id lists would take a line per id)."""
-    header = json.dumps({key: value for key, value in data.items() if key != "messages"}, ensure_ascii=False, indent=1)
-    messages = ",\n  ".join(json.dumps(message, ensure_ascii=False) for message in data["messages"])
-    return header[: -len("\n}")] + ',\n "messages": [\n  ' + messages + "\n ]\n}\n"
+    """Indented JSON with one message per line (token id lists would take a line per id),
+    then one fork per line, if any."""
+    listed = ["messages", "branches"] if data["branches"] else ["messages"]
+    kept = {key: value for key, value in data.items() if key not in ("messages", "branches")}
+    text = json.dumps(kept, ensure_ascii=False, indent=1)[: -len("\n}")]
+    for key in listed:
+        items = ",\n  ".join(json.dumps(item, ensure_ascii=False) for item in data[key])
+        text += f',\n "{key}": [\n  {items}\n ]'
+    return text + "\n}\n"
 
 
 def _read_json(path: Path) -> dict:
@@ -139,6 +179,15 @@ def _token_ids(value: object, path: Path) -> list[int] | None:
 def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchange], list[int] | None]:
     """System prompt, exchanges and head ids from a saved conversation, checked."""
     messages = data.get("messages")
+    _check_messages(messages, path)
+    system = None
+    if messages and messages[0].get("role") == "system":
+        system, messages = messages[0]["content"], messages[1:]
+    return system, _exchanges_from(messages, path), _token_ids(data.get("head_ids"), path)
+
+
+def _check_messages(messages: object, path: Path) -> None:
+    """Each message an object with text content (roles are _exchanges_from's to check)."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise LlamaChatError(f"{path}: 'messages' must be a list of messages")
     if not all(isinstance(m.get("content"), str) for m in messages):
@@ -150,22 +199,52 @@ def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchang
             raise LlamaChatError(
                 f"{path}: message {number} holds characters that are not text (lone surrogates); not opened"
             )
-    system = None
-    if messages and messages[0].get("role") == "system":
-        system, messages = messages[0]["content"], messages[1:]
+
+
+def _exchanges_from(messages: list[dict], path: Path) -> list[Exchange]:
     roles = [m.get("role") for m in messages]
     if len(roles) % 2 or roles != ["user", "assistant"] * (len(roles) // 2):
         raise LlamaChatError(
             f"{path}: after an optional system message, messages must alternate user, assistant"
         )
-    exchanges = [
+    return [
         Exchange(
             user=asked["content"], reply=answered["content"], interrupted=answered.get("interrupted", False),
             user_ids=_token_ids(asked.get("token_ids"), path), reply_ids=_token_ids(answered.get("token_ids"), path),
         )
         for asked, answered in zip(messages[::2], messages[1::2])
     ]
-    return system, exchanges, _token_ids(data.get("head_ids"), path)
+
+
+def _forks_from(value: object, count: int, path: Path) -> list[tuple[int, int, list[list[Exchange]]]]:
+    """(exchange number, place, other versions) of each fork in a list of `count` exchanges."""
+    if not isinstance(value, list) or not all(isinstance(fork, dict) for fork in value):
+        raise LlamaChatError(f"{path}: 'branches' must be a list of forks")
+    forks = []
+    for fork in value:
+        number, place, others = fork.get("exchange"), fork.get("version"), fork.get("others")
+        if type(number) is not int or not 1 <= number <= count or number in [seen for seen, _, _ in forks]:
+            raise LlamaChatError(
+                f"{path}: a fork's 'exchange' must be one of its messages' exchanges (1 to {count}), once"
+            )
+        if not isinstance(others, list) or not others or not all(isinstance(other, dict) for other in others):
+            raise LlamaChatError(f"{path}: a fork's 'others' must be a list of versions")
+        if type(place) is not int or not 0 <= place <= len(others):
+            raise LlamaChatError(f"{path}: a fork's 'version' must be from 0 to {len(others)}")
+        forks.append((number, place, [_version_from(other, path) for other in others]))
+    return forks
+
+
+def _version_from(data: dict, path: Path) -> list[Exchange]:
+    """Another version's exchanges, with their own forks."""
+    messages = data.get("messages")
+    _check_messages(messages, path)
+    exchanges = _exchanges_from(messages, path)
+    if not exchanges:
+        raise LlamaChatError(f"{path}: a version in 'branches' needs messages")
+    for number, place, others in _forks_from(data.get("branches", []), len(exchanges), path):
+        exchanges[number - 1].others, exchanges[number - 1].version = others, place
+    return exchanges
 
 
 def _settings_from(values: object, path: Path) -> SamplingSettings:

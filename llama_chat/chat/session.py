@@ -9,6 +9,12 @@ tokens. When the prompt and the reserve do not fit, the oldest exchanges are dro
 system prompt stays) until they do, and the kept ids are rebuilt by rendering. A message
 that leaves no room even with every earlier exchange dropped is refused; a message that
 fits but leaves less than the reserve gets the room there is.
+
+Versions
+--------
+/retry and /edit start a new version of the conversation from an exchange on, and keep
+the one it replaces beside it (see branches). Switching to another version keeps the
+cache's positions that the two have in common: those before the fork, at least.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from llama_chat.chat.branches import Version, all_exchanges, fork, switched, versions
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
 from llama_chat.chat.cache_file import identity as cache_identity
 from llama_chat.chat.cache_file import model_source as cache_model_source
@@ -36,11 +43,14 @@ class Turn:
     """One reply being generated. `run()` streams it; however it ends (done, Ctrl-C, an
     error) it is then recorded in the session as an exchange."""
 
-    def __init__(self, session: Session, text: str, plan: TurnPlan, dropped: int) -> None:
+    def __init__(
+        self, session: Session, text: str, plan: TurnPlan, dropped: int, replaced: list[Exchange] | None = None
+    ) -> None:
         self.session = session
         self.user = text
         self.plan = plan
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
+        self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
         self.generation: Generation = session.model.generate(
             plan.prompt, session.settings, cache=session.cache, speculation=session.speculation
         )
@@ -88,6 +98,8 @@ class Turn:
                 user_ids=user_ids,
                 reply_ids=reply_ids,
             )
+            if self.replaced:
+                fork(self.replaced, self.exchange)
             self.session.exchanges.append(self.exchange)
             self.session.last_stats = generation.stats
         return self.exchange
@@ -161,18 +173,45 @@ class Session:
         return self._start(text)
 
     def retry(self) -> Turn:
-        """Start a new reply to the last user message, in place of the last reply."""
+        """Start a new reply to the last user message, in place of the last reply (kept as
+        another version)."""
         if not self.exchanges:
             raise LlamaChatError("nothing to retry yet: send a message first")
-        last = self.exchanges.pop()
+        return self.edit(len(self.exchanges), self.exchanges[-1].user)
+
+    def edit(self, number: int, text: str) -> Turn:
+        """Start the reply to `text` in place of user message `number` (from 1): a new
+        version of the conversation from there; the exchanges it replaces stay another."""
+        if not 1 <= number <= len(self.exchanges):
+            raise LlamaChatError(self.no_message(number))
+        replaced = self.exchanges[number - 1:]
+        del self.exchanges[number - 1:]
         try:
-            return self._start(last.user)
+            return self._start(text, replaced)
         except BaseException:
-            self.exchanges.append(last)
+            self.exchanges += replaced
             raise
 
+    def no_message(self, number: int) -> str:
+        """Why user message `number` cannot be edited, in one line."""
+        if not self.exchanges:
+            return "nothing to edit yet: send a message first"
+        return f"there is no message {number}: the user messages are numbered from 1 to {len(self.exchanges)}"
+
+    def versions(self) -> list[Version]:
+        """The versions at each fork of the conversation, numbered (see branches)."""
+        return versions(self.exchanges)
+
+    def switch_version(self, number: int) -> None:
+        """Follow version `number` instead (LlamaChatError for one there is not, nothing
+        changed); the cache keeps what the two versions have in common."""
+        self.exchanges = switched(self.exchanges, number)
+        if not self._ids_hold_the_text():  # unknown, or saved by hand: rendered anew
+            self._rebuild_ids()
+        self._trim_cache()
+
     def undo(self) -> Exchange:
-        """Remove the last exchange."""
+        """Remove the last exchange (with its other versions)."""
         if not self.exchanges:
             raise LlamaChatError("nothing to undo: the conversation is empty")
         exchange = self.exchanges.pop()
@@ -220,16 +259,16 @@ class Session:
             check_same_vocabulary(self.model, draft)
         self.speculation.draft = None if draft is None else DraftModel(draft, _absolute(path) or "")
 
-    def _start(self, text: str) -> Turn:
+    def _start(self, text: str, replaced: list[Exchange] | None = None) -> Turn:
         plan = self._plan(text)
         if self._fits(plan.prompt):
-            return Turn(self, text, plan, dropped=0)
+            return Turn(self, text, plan, dropped=0, replaced=replaced)
         dropped = self._exchanges_to_drop(text)
         if dropped:
             del self.exchanges[:dropped]
             self._rebuild_ids()
             plan = self._plan(text)
-        return Turn(self, text, plan, dropped)
+        return Turn(self, text, plan, dropped, replaced)
 
     def _fits(self, prompt: Sequence[int]) -> bool:
         return len(prompt) + self.reserve() <= self.capacity
@@ -260,7 +299,10 @@ class Session:
 
     def _rebuild_ids(self) -> None:
         """Ids for every message from renders of the conversation; left unknown if the
-        format lacks the prefix property."""
+        format lacks the prefix property. Other versions' ids followed what came before
+        them: they are rendered anew when followed."""
+        for exchange in self.exchanges:
+            _forget_ids(exchange.others)
         rendered = rendered_ids(self.model.chat_format, self._system_messages(), self.exchanges)
         if rendered is None:
             self.head_ids = None
@@ -305,11 +347,10 @@ class Session:
         same_model = self._is_same_model(saved.model)
         if not same_model:  # another tokenizer's ids mean nothing here
             head_ids = None
-            for exchange in exchanges:
-                exchange.user_ids = exchange.reply_ids = None
+            _forget_ids([exchanges])
         self.system, self.exchanges, self.settings, self.head_ids = saved.system, exchanges, saved.settings, head_ids
         self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
-        notes = []
+        notes = [saved.note] if saved.note else []
         if not self._ids_hold_the_text():  # ids by hand, or for other text: the model is to read what is shown
             if same_model and self.ids is not None and exchanges:
                 notes.append(f"{path}: its token ids do not hold its text; they were rebuilt from the text")
@@ -349,6 +390,13 @@ class Session:
             and all(0 <= token < self.model.tokenizer.vocab_size for token in ids)
             and ids_hold_text(self.system, self.exchanges, self.head_ids, self.model.tokenizer.decode)
         )
+
+
+def _forget_ids(versions: list[list[Exchange]]) -> None:
+    """Mark the ids of every exchange of these versions (and of theirs) unknown."""
+    for version in versions:
+        for exchange in all_exchanges(version):
+            exchange.user_ids = exchange.reply_ids = None
 
 
 def _absolute(path: str | Path | None) -> str | None:

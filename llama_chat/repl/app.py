@@ -1,6 +1,8 @@
 """The interactive chat: a prompt_toolkit input loop. Lines starting with "/" go to the
 slash commands, others to the session; replies go to the renderer.
 
+After /edit the line holds the message to change and resend (Ctrl-C cancels).
+
 Keys: Enter sends, Esc then Enter (Alt+Enter) starts a new line, a pasted block stays one
 message, Up/Down and Ctrl-R search the history (kept in the XDG state directory), Tab
 completes commands and paths, Ctrl-C clears the line or stops a reply, Ctrl-D leaves.
@@ -147,6 +149,18 @@ def handle(state: ChatState, text: str) -> bool:
     return True
 
 
+def resend(state: ChatState, number: int, text: str) -> None:
+    """Send the edited user message `number`: a new version from there on. An empty line
+    changes nothing."""
+    if not text.strip():
+        state.renderer.note("edit cancelled")
+        return
+    text, undecodable = replace_undecodable(text)
+    if undecodable:
+        state.renderer.note(undecodable_note("the input", undecodable))
+    state.renderer.play(state.session.edit(number, text))
+
+
 @contextmanager
 def keys_held_back(stream: TextIO | None = None) -> Iterator[None]:
     """While the chat holds the terminal outside its prompt (a reply streams, a command runs,
@@ -220,14 +234,21 @@ def run_repl(
     # between a reply's end and the next prompt (Ctrl-D, say) meets the line discipline.
     with keys_held_back():
         while True:
+            editing, state.editing = state.editing, None
+            # After /edit the line holds that message, sent as it is (a leading / included).
+            default = state.session.exchanges[editing - 1].user if editing else ""
             try:
-                text = prompt.prompt()
+                text = prompt.prompt(message="edit> " if editing else "> ", default=default)
             except KeyboardInterrupt:
+                if editing:
+                    state.renderer.note("edit cancelled")
                 continue  # the line is cleared
             except EOFError:
                 return 0
             try:
-                if not handle(state, text):
+                if editing:
+                    resend(state, editing, text)
+                elif not handle(state, text):
                     return 0
             except KeyboardInterrupt:
                 state.renderer.note("interrupted")

@@ -44,6 +44,7 @@ class ChatState:
     load_model: Callable[[str], Llama]  # the command line's device, dtype and chat format applied
     load_draft: Callable[[str], Llama]  # a draft model: the command line's device, default weights
     files: PendingFiles = dataclasses.field(default_factory=PendingFiles)  # read for the next message
+    editing: int | None = None  # the user message /edit put back in the next prompt (from 1)
 
 
 Handler = Callable[[ChatState, str], "bool | None"]
@@ -141,6 +142,37 @@ def run_retry(state: ChatState, text: str) -> None:
 def run_undo(state: ChatState, text: str) -> None:
     removed = state.session.undo()
     state.renderer.note(f"removed the last exchange ({shorten(removed.user)})")
+
+
+def run_edit(state: ChatState, text: str) -> None:
+    session = state.session
+    number = parse_number(int, "edit", text) if text else len(session.exchanges)
+    if not 1 <= number <= len(session.exchanges):
+        raise CommandError(session.no_message(number))
+    state.editing = number  # the prompt shows it next; sending it makes a new version
+
+
+def run_branches(state: ChatState, text: str) -> None:
+    session = state.session
+    if text:
+        number = parse_number(int, "branches", text)
+        session.switch_version(number)
+        last = session.exchanges[-1]
+        state.renderer.note(f"following version {number}: {exchanges(len(session.exchanges))}, the last "
+                            f"{shorten(last.user)} -> {shorten(last.reply)}")
+        return
+    listed = session.versions()
+    if not listed:
+        state.renderer.line("the conversation has one version: /retry and /edit make others")
+    fork = None
+    for version in listed:
+        if version.position != fork:
+            fork = version.position
+            state.renderer.line(f"at message {fork + 1}:")
+        first, more = version.exchanges[0], len(version.exchanges) - 1
+        then = f" (then {exchanges(more)})" if more else ""
+        mark = "*" if version.current else " "
+        state.renderer.line(f"{mark} {version.number:>2}  {shorten(first.user)} -> {shorten(first.reply)}{then}")
 
 
 def run_load(state: ChatState, text: str) -> None:
@@ -393,6 +425,11 @@ COMMANDS: list[Command] = [
     _plain("clear", "start over (the system prompt stays)", run_clear),
     _plain("retry", "generate the last reply again", run_retry),
     _plain("undo", "remove the last exchange", run_undo),
+    Command("edit", "[N]", "put user message N (from 1; default: the last) back in the line to change and "
+            "resend; the replies from there on stay another version (Ctrl-C or an empty line: no change)",
+            run_edit),
+    Command("branches", "[N]", "list the versions where /retry and /edit forked the conversation (* the one "
+            "followed), or follow version N", run_branches),
     Command("load", "PATH", "load other weights; the conversation goes on",
             needs_argument(run_load, "a model path"), takes_path=True),
     Command("save", "FILE", "save the conversation, settings and model path as JSON",
