@@ -73,6 +73,13 @@ class Terminal:
     def type(self, keys: bytes) -> None:
         os.write(self.fd, keys)
 
+    def answer(self, keys: bytes, marker: bytes, seconds: float) -> bytes:
+        """Type `keys` and read until `marker` shows in what follows; returns that output."""
+        sent = len(self.output)
+        self.type(keys)
+        assert self.read_until(marker, seconds, after=sent), self.text()
+        return self.output[sent:]
+
     def children(self) -> list[int]:
         """The chat's child processes, leaving out its chat template's renderer."""
         pids = [int(pid) for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()]

@@ -59,26 +59,16 @@ def chat_in_terminal(tmp_path, environment: dict[str, str]) -> Terminal:
 def test_copy_writes_the_last_reply_as_osc_52(tmp_path, term, note):
     chat = chat_in_terminal(tmp_path, {"TERM": term})
     try:
-        sent = len(chat.output)
-        chat.type(b"/copy\r")
-        assert chat.read_until(b"no reply to copy yet", 30, after=sent), chat.text()
-        sent = len(chat.output)
-        chat.type(b"hello\r")
-        assert chat.read_until(b"tok/s", 60, after=sent), chat.text()
-        assert chat.read_prompt(30, after=chat.output.index(b"tok/s", sent))
-        sent = len(chat.output)
-        chat.type(b"/copy\r")
-        assert chat.read_until(b"to the clipboard", 30, after=sent), chat.text()
-        written = chat.output[sent:]
+        chat.answer(b"/copy\r", b"no reply to copy yet", 30)
+        chat.answer(b"hello\r", b"tok/s", 60)
+        assert chat.read_prompt(30, after=chat.output.rindex(b"tok/s"))
+        written = chat.answer(b"/copy\r", b"to the clipboard", 30)
         sequence = re.search(rb"\x1b\]52;c;([A-Za-z0-9+/=]*)\x07", written)
         assert sequence is not None, written
         copied = base64.b64decode(sequence[1]).decode()
         assert copied and f"copied {len(copied)} characters to the clipboard".encode() in written
         assert (b"not known to accept it (OSC 52)" in written) is note
-        sent = len(chat.output)
-        chat.type(b"/copy code\r")
-        assert chat.read_until(b"no code block", 30, after=sent), chat.text()
-        assert b"\x1b]52" not in chat.output[sent:]
+        assert b"\x1b]52" not in chat.answer(b"/copy code\r", b"no code block", 30)
     finally:
         chat.kill()
 
