@@ -222,6 +222,19 @@ def test_a_descendant_speculates_and_resumes_as_llama_does(tmp_path, kind):
     assert resumed.generation.tokens == say(session, "two").generation.tokens
 
 
+def test_a_saved_phi3_cache_is_used_only_under_the_factors_it_was_turned_with(tmp_path):
+    save_descendant(tmp_path / "model", "phi3")
+    model = llama_chat.load(tmp_path / "model", device="cpu")
+    session = Session(model, GREEDY, model_path=tmp_path / "model", context_size=40)  # short factors
+    say(session, "one")
+    path, cached = session.save(tmp_path / "chat.json")
+    same = Session(model, GREEDY, model_path=tmp_path / "model", context_size=40)
+    assert same.open(path) is None and len(same.cache) == cached > 0
+    longer = Session(model, GREEDY, model_path=tmp_path / "model", context_size=80)  # beyond 48: long factors
+    note = longer.open(path)
+    assert "its saved cache was not used" in note and len(longer.cache) == 0
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
 def test_a_descendant_resaved_by_convert_reads_back_the_same(tmp_path, kind):
     from llama_chat.checkpoints.hf_writer import write_hf_directory

@@ -50,13 +50,16 @@ def model_source(model, model_path: str | None) -> list:
 def identity(model, source: list, system: str | None) -> dict:
     """What a saved cache depends on: the keys and values of the same ids differ with any of it."""
     args = model.args
-    return {
+    depends_on = {
         "model file": source,
         "weights mode": [model.quantization, str(model.dtype).removeprefix("torch."), model.arithmetic],
         "chat format": model.chat_format.name,
         "system prompt": system or "",
         "shape": [args.n_layers, args.n_kv_heads, args.head_dim],
     }
+    if args.rope_scaling.kind == "longrope":  # the keys turned with the factors the context chose
+        depends_on["rotary factors"] = "long" if model.transformer.long_rope else "short"
+    return depends_on
 
 
 def save_cache(
