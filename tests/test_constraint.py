@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from llama_chat import Llama, SamplingSettings
-from llama_chat.engine.constraint import Format, engine_tokenizer
+from llama_chat.engine.constraint import Format, FormatError, engine_tokenizer
 from llama_chat.engine.sampling import Sampler
 from llama_chat.engine.speculation import Speculation
-from llama_chat.errors import UsageError
 
 from .conftest import tiny_args
 
@@ -112,7 +111,7 @@ def test_greedy_replies_are_the_same_with_prompt_lookup_under_a_format(model):
 )
 def test_a_bad_format_is_one_line(format, message, model):
     for tokenizer in (None, model.tokenizer):
-        with pytest.raises(UsageError) as raised:
+        with pytest.raises(FormatError) as raised:
             format.check(tokenizer)
         assert str(raised.value).startswith(message)
         assert "\n" not in str(raised.value)

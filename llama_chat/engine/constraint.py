@@ -20,12 +20,17 @@ import llguidance
 import numpy
 import torch
 
-from llama_chat.errors import UsageError
+from llama_chat.errors import LlamaChatError
+from llama_chat.paths import expanded
 from llama_chat.text.tokenizer import Tokenizer
 
 FORMAT_KINDS = ("json", "schema", "regex", "grammar")
 ANY_JSON_OBJECT = '{"type": "object"}'
 _SPECIAL = b"\xff"  # how llguidance tells a control token from text
+
+class FormatError(LlamaChatError):
+    """A JSON schema, regex or grammar that cannot be read or used (one line)."""
+
 
 _engine_tokenizers: weakref.WeakKeyDictionary[Tokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 
@@ -75,7 +80,7 @@ class Format:
     source: str = ""
 
     def grammar(self) -> str:
-        """llguidance's grammar for this format; a schema that is not JSON raises UsageError."""
+        """llguidance's grammar for this format; a schema that is not JSON raises FormatError."""
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.text)
         if self.kind == "grammar":
@@ -84,22 +89,22 @@ class Format:
         try:
             schema = json.loads(text)
         except json.JSONDecodeError as error:
-            raise UsageError(f"the JSON schema {self._shown()} is not JSON ({error}): {_ADVICE['schema']}") from None
+            raise FormatError(f"the JSON schema {self._shown()} is not JSON ({error}): {_ADVICE['schema']}") from None
         if not isinstance(schema, dict):
-            raise UsageError(f"the JSON schema {self._shown()} is not a JSON object: {_ADVICE['schema']}")
+            raise FormatError(f"the JSON schema {self._shown()} is not a JSON object: {_ADVICE['schema']}")
         # Compact JSON (no whitespace between items): fewer tokens, and no room for a small
         # model to wander into blank lines; a schema's own "x-guidance" options come first.
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
 
     def check(self, tokenizer: Tokenizer | None = None) -> None:
-        """Refuse, in one line (UsageError), a schema, regex or grammar the engine cannot use
+        """Refuse, in one line (FormatError), a schema, regex or grammar the engine cannot use
         (with no tokenizer, before a model is loaded: what can be told from the text alone)."""
         engine = None if tokenizer is None else engine_tokenizer(tokenizer)
         error = llguidance.LLMatcher.validate_grammar(self.grammar(), engine)
         if error:
             what = "JSON schema" if self.kind == "schema" else self.kind
             reason = " ".join(error.split())
-            raise UsageError(f"the {what} {self._shown()} cannot be used ({reason}): {_ADVICE[self.kind]}")
+            raise FormatError(f"the {what} {self._shown()} cannot be used ({reason}): {_ADVICE[self.kind]}")
 
     def start(self, tokenizer: Tokenizer) -> Constraint:
         """A new reply's constraint (the engine reads the grammar as it goes: this is quick)."""
@@ -123,6 +128,22 @@ _ADVICE = {
     "regex": "give a regular expression (Rust regex syntax: no lookaround or backreferences)",
     "grammar": "give a grammar in llguidance's Lark syntax, starting from a rule named start",
 }
+
+
+def read_format(kind: str, value: str = "") -> Format:
+    """A format from a flag or /format's words: json (any object), a schema as JSON text or
+    a file, a regex as itself, a grammar from a file. Checked as far as the text alone tells."""
+    if kind in ("json", "regex") or (kind == "schema" and value.lstrip().startswith("{")):
+        chosen = Format(kind, value)
+    else:
+        try:
+            chosen = Format(kind, expanded(value).read_text(encoding="utf-8"), source=value)
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else "not UTF-8 text"
+            what = "JSON schema" if kind == "schema" else kind
+            raise FormatError(f"cannot read the {what} file {value} ({reason}): give a readable file") from None
+    chosen.check()
+    return chosen
 
 
 class Constraint:
