@@ -63,7 +63,8 @@ def chat_parser() -> argparse.ArgumentParser:
     answers = parser.add_argument_group("structured answers (at most one; /format in the chat)")
     answers.add_argument("--json-schema", metavar="FILE|JSON", help="every reply is JSON valid for this JSON Schema")
     answers.add_argument("--regex", metavar="PATTERN", help="every reply matches this regular expression, whole")
-    answers.add_argument("--grammar", metavar="FILE", help="every reply follows this grammar (llguidance's Lark syntax)")
+    answers.add_argument("--grammar", metavar="FILE",
+                         help="every reply follows this grammar (llguidance's Lark syntax)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)

@@ -24,7 +24,6 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.paths import expanded
 from llama_chat.text.tokenizer import Tokenizer
 
-FORMAT_KINDS = ("json", "schema", "regex", "grammar")
 ANY_JSON_OBJECT = '{"type": "object"}'
 _SPECIAL = b"\xff"  # how llguidance tells a control token from text
 
@@ -189,6 +188,15 @@ class Constraint:
         count = self.matcher.validate_tokens(list(tokens))
         self.seconds += time.perf_counter() - started
         return count
+
+    def forced(self) -> list[int]:
+        """Tokens spelling the bytes the format forces next (a JSON key and its quotes): drafts
+        that are almost always kept. The engine leaves out a last token that what follows
+        could still change, and the model may still spell the same bytes otherwise."""
+        started = time.perf_counter()
+        tokens = self.matcher.compute_ff_tokens()
+        self.seconds += time.perf_counter() - started
+        return tokens
 
     @property
     def finished(self) -> bool:

@@ -158,7 +158,7 @@ class Generation:
         for step in range(self.settings.max_tokens):
             token = next(tokens, None)
             if token is None:
-                reason = "context_full"
+                reason = "format_complete" if self._format_complete() else "context_full"
                 break
             now = time.perf_counter()
             if first_token_at is None:
@@ -176,9 +176,8 @@ class Generation:
             if hit_stop_string:
                 reason = "stop_string"
                 break
-            if self.constraint is not None and self.constraint.finished:
-                reason = "format_complete"
-                break
+        if reason == "max_tokens" and self._format_complete():  # with the last token allowed
+            reason = "format_complete"
         if self.constraint is not None:
             self.stats.constraint_seconds = self.constraint.seconds
             self.stats.constraint_masks = self.constraint.masks
@@ -192,7 +191,7 @@ class Generation:
 
     def _next_tokens(self, logits: torch.Tensor, sampler: Sampler) -> Iterator[int]:
         """The reply's tokens in order, each fed to the model only once the next one is wanted
-        (ending when the context has no room for it). With speculation, a token and the
+        (ending when the context has no room for it, or the format is complete). With speculation, a token and the
         drafts after it are fed in one verify step, and the drafts the model keeps follow
         without a step of their own."""
         history = list(self.prompt_ids)
@@ -204,16 +203,20 @@ class Generation:
                 self.constraint.advance(token)
             history.append(token)
             yield token
-            if self.cache.room() == 0:
+            if self.cache.room() == 0 or self._format_complete():
                 return
             started = time.perf_counter()
             still_wanted = self.settings.max_tokens - (len(history) - len(self.prompt_ids))
-            count = 0
-            if planner is not None:
-                count = min(planner.length(self._draft_seconds()), still_wanted - 1, self.cache.room() - 1)
-            drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
-            if self.constraint is not None and drafted.tokens:
-                drafted = self._within_format(drafted)
+            room = min(still_wanted - 1, self.cache.room() - 1)
+            # What the format forces next (a JSON key, its quotes) is drafted first: the verify
+            # step then keeps the model's own choices, one step for the lot.
+            drafted = Draft(self.constraint.forced()[:room]) if self.constraint is not None else Draft([])
+            forced = bool(drafted.tokens)
+            if not forced and planner is not None:
+                count = min(planner.length(self._draft_seconds()), room)
+                drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
+                if self.constraint is not None and drafted.tokens:
+                    drafted = self._within_format(drafted)
             if not drafted.tokens:
                 token = self._sample(sampler, self.runner(self.cache, [token]), history)
                 if planner is not None:
@@ -224,13 +227,20 @@ class Generation:
             masks = None if self.constraint is None else self._verify_masks(drafted)
             kept, token = accept(drafted, verified, sampler, history, masks)
             self.cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
-            planner.record(len(drafted.tokens), kept)
-            planner.record_round(True, time.perf_counter() - started, kept + 1)
+            if not forced:  # the planner weighs the drafters' guesses, not the format's
+                planner.record(len(drafted.tokens), kept)
+                planner.record_round(True, time.perf_counter() - started, kept + 1)
             self.stats.drafted_tokens += len(drafted.tokens)
             self.stats.accepted_tokens += kept
             for accepted in drafted.tokens[:kept]:
                 history.append(accepted)
                 yield accepted
+            if self._format_complete():  # the format has taken the kept drafts, and no more
+                return
+
+    def _format_complete(self) -> bool:
+        """Whether the format is complete and allows nothing more: the reply ends there."""
+        return self.constraint is not None and self.constraint.finished
 
     def _sample(self, sampler: Sampler, logits: torch.Tensor, history: list[int]) -> int:
         return sampler(logits if self.constraint is None else self.constraint.mask(logits), history)
