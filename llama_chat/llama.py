@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from llama_chat.engine.speculation import Speculation
 from llama_chat.text.builtin_formats import PlainFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
+
+if TYPE_CHECKING:  # the grammar engine loads only when a reply has a format
+    from llama_chat.engine.constraint import Constraint
 
 DEFAULT_CONTEXT = 4096
 
@@ -103,17 +107,21 @@ class Llama:
         stop_ids: Iterable[int] | None = None,
         stop_strings: Iterable[str] = (),
         speculation: Speculation | None = None,
+        constraint: Constraint | None = None,
     ) -> Generation:
         """A streaming reply to prompt_ids: iterate it for Pieces; see Generation.
 
         With a cache from an earlier call, the longest common prefix is reused and only
-        the rest of the prompt is fed through the model.
+        the rest of the prompt is fed through the model. A constraint holds the reply to a
+        format (see engine/constraint).
         """
         settings = settings or SamplingSettings()
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
-        return Generation(self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation)
+        return Generation(
+            self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation, constraint
+        )
 
 
 def init_random_weights(transformer: Transformer, seed: int) -> None:

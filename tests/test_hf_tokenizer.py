@@ -285,3 +285,18 @@ def test_known_split_names_do_not_warn():
         warnings.simplefilter("error")
         for name in ("default", "gpt-2", "llama-bpe", "llama3", "smollm", "smaug-bpe", "starcoder"):
             pre_tokenizer_for(name)
+
+
+def text_bytes(tokenizer, text: str) -> bytes:
+    return b"".join(tokenizer.token_bytes(token) for token in tokenizer.encode(text))
+
+
+def test_token_bytes_spell_the_text_in_both_kinds_of_vocabulary(sentencepiece_model):
+    byte_level = tokenizer_from_gguf_metadata(byte_level_metadata())
+    assert text_bytes(byte_level, " the in 123\n\té🙂") == " the in 123\n\té🙂".encode()
+    assert byte_level.token_bytes(2) is None  # <|im_end|>, a control token
+    spm = tokenizer_from_gguf_metadata(spm_metadata(sentencepiece_model))
+    for text in SPM_TEXTS:
+        # The dummy prefix is a space before the text, which decoding strips again.
+        assert text_bytes(spm, text) == (" " + text if text else "").encode(), repr(text)
+    assert spm.token_bytes(2) is None  # </s>

@@ -130,3 +130,10 @@ def test_unreadable_model_file(tmp_path):
     path.write_bytes(b"\x00not a model")
     with pytest.raises(LlamaChatError, match="not a readable SentencePiece model"):
         SentencePieceTokenizer.from_file(path)
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_token_bytes_spell_the_text(tokenizer, text):
+    spelled = b"".join(tokenizer.token_bytes(token) for token in tokenizer.encode(text))
+    assert spelled == (" " + text).encode()  # with SentencePiece's dummy prefix
+    assert tokenizer.token_bytes(tokenizer.eos_id) is None

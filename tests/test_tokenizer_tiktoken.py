@@ -137,3 +137,9 @@ def test_malformed_file_is_refused(tmp_path):
     path.write_text("IQ== 0\nnot base64! 1\n")
     with pytest.raises(LlamaChatError, match="line 2"):
         read_tiktoken_ranks(path)
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_token_bytes_spell_the_text(tokenizer, text):
+    assert b"".join(tokenizer.token_bytes(token) for token in tokenizer.encode(text)) == text.encode()
+    assert tokenizer.token_bytes(tokenizer.token_id("<|eot_id|>")) is None

@@ -28,4 +28,7 @@ def stats_line(stats: GenerationStats) -> str:
     if stats.drafted_tokens:
         line += (f", drafted {stats.drafted_tokens}, accepted {stats.accepted_tokens} "
                  f"({stats.accepted_tokens / stats.drafted_tokens:.0%})")
+    if stats.constraint_masks:
+        line += (f", format {stats.constraint_seconds_per_token * 1000:.2f} ms/token "
+                 f"({stats.constraint_share:.1%} of a step)")
     return f"[{ending}] {line}" if ending else line

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llama_chat.chat.branches import Version, all_exchanges, fork, switched, versions
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
@@ -38,6 +39,9 @@ from llama_chat.errors import ContextOverflowError, LlamaChatError, UsageError, 
 from llama_chat.llama import Llama
 from llama_chat.paths import expanded
 
+if TYPE_CHECKING:  # the grammar engine loads only when a format is chosen
+    from llama_chat.engine.constraint import Format
+
 
 class Turn:
     """One reply being generated. `run()` streams it; however it ends (done, Ctrl-C, an
@@ -51,8 +55,9 @@ class Turn:
         self.plan = plan
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
         self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
+        constraint = session.format.start(session.model.tokenizer) if session.format is not None else None
         self.generation: Generation = session.model.generate(
-            plan.prompt, session.settings, cache=session.cache, speculation=session.speculation
+            plan.prompt, session.settings, cache=session.cache, speculation=session.speculation, constraint=constraint
         )
         # The opening thinking marker when the template's cue wrote it: the reply starts
         # inside the thinking, and is kept with the marker, whole.
@@ -128,6 +133,7 @@ class Session:
         self.head_ids: list[int] | None = None  # ids before the first exchange; None: not known
         self.last_stats: GenerationStats | None = None
         self.speculation = Speculation()  # prompt lookup, auto; or a draft model
+        self.format: Format | None = None  # what replies must look like (engine/constraint)
         self._model_source: list | None = None  # the model file's identity, for saved caches
         self.cache = model.new_cache(context_size)
         self._rebuild_ids()

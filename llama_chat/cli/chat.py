@@ -63,6 +63,11 @@ def chat_parser() -> argparse.ArgumentParser:
     parser.add_argument("--think", default="hide", choices=("show", "hide"),
                         help="a reasoning model's <think> part: show it, or hide it (folded to one line in the chat; "
                         "left out of -p's output) (default: hide)")
+    answers = parser.add_argument_group("structured answers (at most one; /format in the chat)")
+    answers.add_argument("--json-schema", metavar="FILE|JSON", help="every reply is JSON valid for this JSON Schema")
+    answers.add_argument("--regex", metavar="PATTERN", help="every reply matches this regular expression, whole")
+    answers.add_argument("--grammar", metavar="FILE",
+                         help="every reply follows this grammar (llguidance's Lark syntax)")
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)
@@ -81,6 +86,19 @@ def settings_from(options: argparse.Namespace) -> SamplingSettings:
         return SamplingSettings(seed=options.seed, **{name: getattr(options, name) for name in SETTING_HELP})
     except SettingError as error:
         raise UsageError(str(error)) from None
+
+
+def format_from(options: argparse.Namespace):
+    """The answer format the flags ask for (a Format, see engine/constraint), or None."""
+    given = [(kind, value) for kind, value in (("schema", options.json_schema), ("regex", options.regex),
+                                               ("grammar", options.grammar)) if value is not None]
+    if len(given) > 1:
+        raise UsageError("--json-schema, --regex and --grammar each set the replies' format: give one")
+    if not given:
+        return None
+    from llama_chat.engine.constraint import read_format  # the grammar engine loads only when asked for
+
+    return read_format(*given[0])
 
 
 def read_prompt(options: argparse.Namespace) -> str | None:
@@ -151,6 +169,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         options.device = "cpu"
 
     lookup = parse_lookup(options.lookup)
+    answer_format = format_from(options)
     model_options = load_options(options)
     if options.raw:
         model_options = model_options.replaced(chat_format="plain")
@@ -175,6 +194,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             session.apply_settings(model.sampling_defaults, "model file")
             session.apply_settings(given_settings(argv), "command line")
             session.speculation.lookup = lookup
+            session.format = answer_format
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
             open_conversation(session, options, argv)

@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +16,9 @@ from llama_chat.engine.speculation import Draft, PromptLookup, Speculation, acce
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
 from llama_chat.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the grammar engine loads only when a reply has a format
+    from llama_chat.engine.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,21 @@ class GenerationStats:
     time_to_first_token: float = 0.0
     generated_tokens: int = 0
     decode_seconds: float = 0.0  # from the first generated token to the last
-    stop_reason: str = ""  # stop_token, stop_string, max_tokens, context_full, interrupted
+    stop_reason: str = ""  # stop_token, stop_string, format_complete, max_tokens, context_full, interrupted
     drafted_tokens: int = 0  # tokens proposed by speculation (prompt lookup or a draft model)
     accepted_tokens: int = 0  # of those, the ones the model kept
+    constraint_seconds: float = 0.0  # spent on a format's masks and draft checks
+    constraint_masks: int = 0  # masks computed: one a sampled token
+
+    @property
+    def constraint_seconds_per_token(self) -> float:
+        return self.constraint_seconds / self.constraint_masks if self.constraint_masks else 0.0
+
+    @property
+    def constraint_share(self) -> float:
+        """The format's time against a decode step's (what a token takes, the format's share included)."""
+        rate = self.decode_tokens_per_second
+        return self.constraint_seconds_per_token * rate if rate else 0.0
 
     @property
     def prefilled_tokens(self) -> int:
@@ -102,6 +118,7 @@ class Generation:
         stop_ids: Iterable[int],
         stop_strings: Iterable[str] = (),
         speculation: Speculation | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("generation needs at least one prompt token")
@@ -118,6 +135,7 @@ class Generation:
         self.stop_ids = frozenset(stop_ids)
         self.stop_strings = list(stop_strings)
         self.speculation = speculation
+        self.constraint = constraint  # the reply's format, if it has one
         # A draft model draws from a generator of its own, with the same settings.
         self.draft_sampler = None
         if speculation is not None and speculation.draft is not None:
@@ -140,7 +158,7 @@ class Generation:
         for step in range(self.settings.max_tokens):
             token = next(tokens, None)
             if token is None:
-                reason = "context_full"
+                reason = "format_complete" if self._format_complete() else "context_full"
                 break
             now = time.perf_counter()
             if first_token_at is None:
@@ -158,6 +176,11 @@ class Generation:
             if hit_stop_string:
                 reason = "stop_string"
                 break
+        if reason == "max_tokens" and self._format_complete():  # with the last token allowed
+            reason = "format_complete"
+        if self.constraint is not None:
+            self.stats.constraint_seconds = self.constraint.seconds
+            self.stats.constraint_masks = self.constraint.masks
         self.stats.stop_reason = reason
         if reason != "stop_string":
             rest, _ = stops.feed(detokenizer.flush())
@@ -168,40 +191,81 @@ class Generation:
 
     def _next_tokens(self, logits: torch.Tensor, sampler: Sampler) -> Iterator[int]:
         """The reply's tokens in order, each fed to the model only once the next one is wanted
-        (ending when the context has no room for it). With speculation, a token and the
+        (ending when the context has no room for it, or the format is complete). With speculation, a token and the
         drafts after it are fed in one verify step, and the drafts the model keeps follow
         without a step of their own."""
         history = list(self.prompt_ids)
         planner = self.speculation.planner(self.runner) if self.speculation is not None else None
         lookup = PromptLookup()
-        token = sampler(logits, history)
+        token = self._sample(sampler, logits, history)
         while True:
+            if self.constraint is not None:
+                self.constraint.advance(token)
             history.append(token)
             yield token
-            if self.cache.room() == 0:
+            if self.cache.room() == 0 or self._format_complete():
                 return
             started = time.perf_counter()
             still_wanted = self.settings.max_tokens - (len(history) - len(self.prompt_ids))
-            count = 0
-            if planner is not None:
-                count = min(planner.length(self._draft_seconds()), still_wanted - 1, self.cache.room() - 1)
-            drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
+            room = min(still_wanted - 1, self.cache.room() - 1)
+            # What the format forces next (a JSON key, its quotes) is drafted first: the verify
+            # step then keeps the model's own choices, one step for the lot.
+            drafted = Draft(self.constraint.forced()[:room]) if self.constraint is not None else Draft([])
+            forced = bool(drafted.tokens)
+            if not forced and planner is not None:
+                count = min(planner.length(self._draft_seconds()), room)
+                drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
+                if self.constraint is not None and drafted.tokens:
+                    drafted = self._within_format(drafted)
             if not drafted.tokens:
-                token = sampler(self.runner(self.cache, [token]), history)
+                token = self._sample(sampler, self.runner(self.cache, [token]), history)
                 if planner is not None:
                     planner.record_round(False, time.perf_counter() - started, 1)
                 continue
             start = len(self.cache)
             verified = self.runner(self.cache, [token, *drafted.tokens], every_logits=True)
-            kept, token = accept(drafted, verified, sampler, history)
+            masks = None if self.constraint is None else self._verify_masks(drafted)
+            kept, token = accept(drafted, verified, sampler, history, masks)
             self.cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
-            planner.record(len(drafted.tokens), kept)
-            planner.record_round(True, time.perf_counter() - started, kept + 1)
+            if not forced:  # the planner weighs the drafters' guesses, not the format's
+                planner.record(len(drafted.tokens), kept)
+                planner.record_round(True, time.perf_counter() - started, kept + 1)
             self.stats.drafted_tokens += len(drafted.tokens)
             self.stats.accepted_tokens += kept
             for accepted in drafted.tokens[:kept]:
                 history.append(accepted)
                 yield accepted
+            if self._format_complete():  # the format has taken the kept drafts, and no more
+                return
+
+    def _format_complete(self) -> bool:
+        """Whether the format is complete and allows nothing more: the reply ends there."""
+        return self.constraint is not None and self.constraint.finished
+
+    def _sample(self, sampler: Sampler, logits: torch.Tensor, history: list[int]) -> int:
+        return sampler(logits if self.constraint is None else self.constraint.mask(logits), history)
+
+    def _within_format(self, drafted: Draft) -> Draft:
+        """The drafts up to the first the format refuses: one the model could never keep.
+        Drafts drawn from a distribution stay whole: their refusal by the sampling rule,
+        and the draw that replaces them, keep replies distributed as without drafts."""
+        if drafted.probabilities is not None:
+            return drafted
+        return Draft(drafted.tokens[: self.constraint.allowed_prefix(drafted.tokens)])
+
+    def _verify_masks(self, drafted: Draft):
+        """Masks for the verify step's rows in order, row i after the first i drafts: the
+        format takes each draft only when the model has kept it, so nothing is taken back."""
+        taken = 0
+
+        def masked(logits: torch.Tensor, row: int) -> torch.Tensor:
+            nonlocal taken
+            for draft in drafted.tokens[taken:row]:
+                self.constraint.advance(draft)
+            taken = row
+            return self.constraint.mask(logits)
+
+        return masked
 
     def _draft(self, lookup: PromptLookup, history: list[int], count: int) -> Draft:
         draft_model = self.speculation.draft

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -139,20 +139,26 @@ def check_same_vocabulary(target, draft) -> None:
 
 
 def accept(
-    drafted: Draft, logits: torch.Tensor, sampler: Sampler, history: Sequence[int]
+    drafted: Draft, logits: torch.Tensor, sampler: Sampler, history: Sequence[int],
+    mask: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> tuple[int, int]:
     """How many drafts the model keeps, and the token it chooses after them (in place of the
     first refused draft, or after the last one). logits [len(drafts) + 1, vocab] are the
-    verify step's, row i after the i-th draft; history is everything before the drafts."""
+    verify step's, row i after the i-th draft; history is everything before the drafts.
+    `mask(row logits, i)`, given, forbids tokens (a format's); rows are asked for in order."""
     greedy = sampler.settings.temperature == 0
     context = list(history)
+
+    def row(index: int) -> torch.Tensor:
+        return logits[index] if mask is None else mask(logits[index], index)
+
     for index, token in enumerate(drafted.tokens):
         if greedy:
-            chosen = sampler(logits[index], context)
+            chosen = sampler(row(index), context)
             if chosen != token:
                 return index, chosen
         else:
-            p = sampler.probabilities(logits[index], context)
+            p = sampler.probabilities(row(index), context)
             q = drafted.probabilities[index] if drafted.probabilities is not None else None
             drafted_with = 1.0 if q is None else float(q[token])
             if sampler.uniform() * drafted_with >= float(p[token]):  # refused: min(1, p/q) not met
@@ -163,7 +169,7 @@ def accept(
                     residual = (p - q).clamp_(min=0.0)
                 return index, sampler.draw(residual if float(residual.sum()) > 0 else p)
         context.append(token)
-    return len(drafted.tokens), sampler(logits[len(drafted.tokens)], context)
+    return len(drafted.tokens), sampler(row(len(drafted.tokens)), context)
 
 
 @dataclass

@@ -118,6 +118,7 @@ def run_settings(state: ChatState, text: str) -> None:
     state.renderer.line(f"draft = {draft.path or draft.model.name}" if draft else "draft = off")
     drafts_instead = " (the draft model drafts instead)" if draft else ""
     state.renderer.line(f"lookup = {describe_lookup(session.speculation)}{drafts_instead}")
+    state.renderer.line(f"format = {describe_format(session)}")
 
 
 def run_system(state: ChatState, text: str) -> None:
@@ -219,6 +220,30 @@ def run_draft(state: ChatState, text: str) -> None:
     except UsageError as error:
         raise CommandError(str(error)) from None
     state.renderer.note(f"drafting with {draft.name} on {describe_briefly(draft)}")
+
+
+def run_format(state: ChatState, text: str) -> None:
+    from llama_chat.engine.constraint import FormatError, read_format  # the grammar engine loads only when asked for
+
+    session = state.session
+    kind, _, value = text.partition(" ")
+    value = value.strip()
+    if kind == "off" and not value:
+        session.format = None
+    elif (kind == "json" and not value) or (kind in ("schema", "regex", "grammar") and value):
+        try:
+            chosen = read_format(kind, value)
+            chosen.check(session.model.tokenizer)
+        except FormatError as error:
+            raise CommandError(str(error)) from None
+        session.format = chosen
+    elif kind:
+        raise CommandError(f"/format takes json, schema FILE|JSON, regex PATTERN, grammar FILE or off, not {text!r}")
+    state.renderer.note(f"format: {describe_format(session)}")
+
+
+def describe_format(session: Session) -> str:
+    return "off" if session.format is None else session.format.describe()
 
 
 def describe_lookup(speculation: Speculation) -> str:
@@ -444,6 +469,9 @@ COMMANDS: list[Command] = [
             run_read, choices=("clear",), takes_path=True, several=True),
     Command("copy", "[code]", "put the last reply (code: its last code block) on the clipboard, through the terminal",
             run_copy, choices=("code",)),
+    Command("format", "json|schema FILE|regex PATTERN|grammar FILE|off",
+            "hold replies to a format: any JSON object, a JSON Schema, a regex or a grammar (no argument: show it)",
+            run_format, choices=("json", "schema", "regex", "grammar", "off")),
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),
     _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),

@@ -7,12 +7,28 @@ file or from a tokenizer.json.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import tokenizers
 
 from llama_chat.text.tokenizer import Tokenizer
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback pieces
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as a printable character: printable Latin-1
+    bytes as themselves, the others as the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    alphabet = {chr(byte): byte for byte in printable}
+    alphabet.update({chr(256 + index): byte for index, byte in enumerate(others)})
+    return alphabet
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
 
 
 class HFTokenizer(Tokenizer):
@@ -84,6 +100,19 @@ class HFTokenizer(Tokenizer):
 
     def special_token_names(self) -> list[str]:
         return list(self._control_names.values())
+
+    def token_bytes(self, token: int) -> bytes | None:
+        piece = self.tokenizer.id_to_token(token)
+        if piece is None or token in self._control_names:
+            return None
+        if self._named.get(piece) == token:  # an added token is written as its text
+            return piece.encode("utf-8")
+        if isinstance(self.tokenizer.decoder, tokenizers.decoders.ByteLevel):
+            return bytes(_BYTE_LEVEL[char] for char in piece)
+        byte = _BYTE_PIECE.fullmatch(piece)
+        if byte is not None:
+            return bytes([int(byte.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
 
     def save(self, directory: Path) -> dict:
         tokenizer = self.tokenizer

@@ -93,6 +93,17 @@ class SentencePieceTokenizer(Tokenizer):
         ]
         return [*controls, *self.added_tokens]
 
+    def token_bytes(self, token: int) -> bytes | None:
+        processor = self.processor
+        if not 0 <= token < self._piece_count or token in self._added_names:
+            return None
+        if processor.IsControl(token) or processor.IsUnknown(token):
+            return None
+        piece = processor.id_to_piece(token)
+        if processor.IsByte(token):  # written <0xAB>
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
     def save(self, directory: Path) -> dict:
         (Path(directory) / "tokenizer.model").write_bytes(self.processor.serialized_model_proto())
         return {

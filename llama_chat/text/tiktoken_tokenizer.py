@@ -142,6 +142,11 @@ class TiktokenTokenizer(Tokenizer):
     def special_token_names(self) -> list[str]:
         return list(self.special_tokens)
 
+    def token_bytes(self, token: int) -> bytes | None:
+        if token in self.special_tokens.values() or not 0 <= token < len(self.mergeable_ranks):
+            return None
+        return self.encoding.decode_single_token_bytes(token)
+
     def save(self, directory: Path) -> dict:
         """tokenizer.model in Meta's tiktoken format: base64 of each token's bytes, then its rank."""
         lines = [

@@ -45,6 +45,11 @@ class Tokenizer(ABC):
     def special_token_names(self) -> Iterable[str]:
         """Names of all control tokens (what a chat template may write to mean one)."""
 
+    @abstractmethod
+    def token_bytes(self, token: int) -> bytes | None:
+        """The bytes of text a token stands for (part of a character, maybe); None for a
+        control token or an id with no text (what a grammar may never produce)."""
+
     @property
     def stop_ids(self) -> frozenset[int]:
         """Ids that end a reply (end-of-sequence and end-of-turn tokens)."""
@@ -100,6 +105,9 @@ class ByteTokenizer(Tokenizer):
 
     def token_id(self, name: str) -> int | None:
         return 256 + self.specials.index(name) if name in self.specials else None
+
+    def token_bytes(self, token: int) -> bytes | None:
+        return bytes([token]) if 0 <= token < 256 else None
 
     def special_token_names(self) -> list[str]:
         return list(self.specials)

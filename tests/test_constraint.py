@@ -1,0 +1,239 @@
+"""Structured answers (engine/constraint.py): replies held to a JSON schema or a regex, the
+mask at every temperature, speculation under a format, and one line for a bad format."""
+
+import json
+import re
+
+import pytest
+import torch
+
+import llama_chat.cli.chat
+from llama_chat import Llama, SamplingSettings
+from llama_chat.chat.session import Session
+from llama_chat.cli import main
+from llama_chat.default_model import download_default_model
+from llama_chat.engine.constraint import Format, FormatError, engine_tokenizer
+from llama_chat.engine.sampling import Sampler
+from llama_chat.engine.speculation import Speculation
+
+from .conftest import tiny_args
+from .test_repl import chat
+from .test_session import GREEDY, chat_model
+
+DIGITS_THEN_LETTERS = r"[0-9]{2,4}-[a-z]{1,5}"
+
+
+@pytest.fixture(scope="module")
+def model() -> Llama:
+    return Llama.random(tiny_args(max_seq_len=256), seed=0)
+
+
+def test_the_mask_forbids_tokens_when_sampling(model):
+    constraint = Format("regex", "[ab]+").start(model.tokenizer)
+    logits = torch.randn(model.args.vocab_size, generator=torch.Generator().manual_seed(0)) * 4
+    sampler = Sampler(SamplingSettings(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=0))
+    masked = constraint.mask(logits)
+    drawn = {sampler(masked) for _ in range(500)}
+    assert drawn == {ord("a"), ord("b")}  # both drawn, nothing else ever
+    assert masked[model.tokenizer.eos_id] == float("-inf")  # an empty answer may not end
+
+
+def test_a_stop_token_is_allowed_only_where_the_format_may_end(model):
+    constraint = Format("regex", "ab?").start(model.tokenizer)
+    eos = model.tokenizer.eos_id
+    logits = torch.zeros(model.args.vocab_size)
+    assert constraint.mask(logits)[eos] == float("-inf")
+    constraint.advance(ord("a"))
+    allowed = torch.isfinite(constraint.mask(logits)).nonzero().flatten().tolist()
+    assert allowed == [ord("b"), eos]
+    constraint.advance(ord("b"))
+    assert constraint.finished
+
+
+def test_the_engine_tokenizer_is_built_once_per_tokenizer(model):
+    assert engine_tokenizer(model.tokenizer) is engine_tokenizer(model.tokenizer)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_sampled_reply_matches_the_regex(model, seed):
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=20)
+    constraint = Format("regex", DIGITS_THEN_LETTERS).start(model.tokenizer)
+    generation = model.generate(model.tokenizer.encode("answer:"), settings, constraint=constraint)
+    text = "".join(piece.text for piece in generation)
+    assert re.fullmatch(DIGITS_THEN_LETTERS, text), text
+    assert generation.stats.stop_reason in ("format_complete", "stop_token")
+    assert generation.stats.constraint_masks == len(generation.tokens) + (generation.stats.stop_reason == "stop_token")
+
+
+@pytest.mark.parametrize("max_tokens", [9, 40])  # nine: just enough
+def test_what_the_format_forces_is_drafted_and_the_reply_is_whole(model, max_tokens):
+    forcing = r'\{"key":[0-9]\}'  # nine tokens of ByteTokenizer, all but the digit forced
+    settings = SamplingSettings(temperature=1.0, seed=0, max_tokens=max_tokens)
+    generation = model.generate(model.tokenizer.encode("go"), settings, constraint=Format("regex", forcing).start(
+        model.tokenizer))
+    text = "".join(piece.text for piece in generation)
+    assert re.fullmatch(forcing, text), text
+    assert generation.stats.stop_reason == "format_complete"
+    assert generation.stats.drafted_tokens == generation.stats.accepted_tokens >= 5
+
+
+# A prompt that repeats itself, so that prompt lookup finds matches (as in test_speculation),
+# and a format that refuses two of its tokens.
+PHRASE = [(i * 7) % 50 + 3 for i in range(40)]
+MOST_BYTES = "[" + "".join(f"\\x{b:02x}" for b in sorted(set(range(3, 53)) - {10, 24})) + "]{1,40}"
+
+
+def greedy_reply(model, prompt, speculation):
+    """The reply's tokens, and for each check of drafts against the format: (drafts, allowed)."""
+    constraint = Format("regex", MOST_BYTES).start(model.tokenizer)
+    checks = []
+    check = constraint.allowed_prefix
+
+    def recording(tokens):
+        checks.append((len(tokens), check(tokens)))
+        return checks[-1][1]
+
+    constraint.allowed_prefix = recording
+    settings = SamplingSettings(temperature=0, max_tokens=40)
+    generation = model.generate(prompt, settings, speculation=speculation, constraint=constraint)
+    list(generation)
+    return generation, checks
+
+
+def test_greedy_replies_are_the_same_with_prompt_lookup_under_a_format(model):
+    plain, _ = greedy_reply(model, PHRASE * 2, None)
+    drafted, _ = greedy_reply(model, PHRASE * 2, Speculation(lookup=4))
+    assert drafted.tokens == plain.tokens and len(plain.tokens) >= 20
+    assert re.fullmatch(MOST_BYTES, bytes(plain.tokens).decode())
+    assert 0 < drafted.stats.accepted_tokens < drafted.stats.drafted_tokens  # kept, and refused by the model
+    # The reply again, the format's refused bytes after every third of its tokens: drafts
+    # of them are refused by the format before the model sees them.
+    prompt = PHRASE * 2 + [t for i, token in enumerate(plain.tokens) for t in ([token, 10] if i % 3 == 0 else [token])]
+    plain, _ = greedy_reply(model, prompt, None)
+    drafted, checks = greedy_reply(model, prompt, Speculation(lookup=4))
+    assert drafted.tokens == plain.tokens
+    assert any(allowed < count for count, allowed in checks)
+    assert drafted.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("format", "message"),
+    [
+        (Format("schema", '{"type": "objekt"}', "person.json"),
+         "the JSON schema person.json cannot be used (Invalid type: objekt): give a JSON Schema object"),
+        (Format("schema", '{"type": '), "the JSON schema '{\"type\": ' is not JSON"),
+        (Format("regex", "[a-"), "the regex '[a-' cannot be used (at 1(8): invalid regex"),
+        (Format("grammar", "start: missing"), "the grammar 'start: missing' cannot be used"),
+    ],
+    ids=["bad schema", "schema not JSON", "bad regex", "bad grammar"],
+)
+def test_a_bad_format_is_one_line(format, message, model):
+    for tokenizer in (None, model.tokenizer):
+        with pytest.raises(FormatError) as raised:
+            format.check(tokenizer)
+        assert str(raised.value).startswith(message)
+        assert "\n" not in str(raised.value)
+
+
+
+def test_the_format_is_chosen_shown_and_measured_in_the_chat():
+    session = Session(chat_model(), GREEDY)
+    code, output = chat(session, "/format regex [a-c]{3}", "/settings", "hello", "/stats", "/format schema nope.json",
+                        "/format regex [a-", "/format yaml", "/format", "/format json", "/format off", "/quit")
+    assert code == 0
+    assert "format: regex '[a-c]{3}'" in output and "format = regex '[a-c]{3}'" in output
+    assert re.fullmatch("[a-c]{3}", session.exchanges[0].reply)
+    assert re.search(r"format \d+\.\d\d ms/token \(\d+\.\d% of a step\)", output)
+    assert "cannot read the JSON schema file nope.json (No such file or directory): give a readable file" in output
+    assert "the regex '[a-' cannot be used" in output
+    assert "/format takes json, schema FILE|JSON, regex PATTERN, grammar FILE or off, not 'yaml'" in output
+    assert "format: json (any JSON object)" in output and "format: off" in output
+    assert session.format is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--json-schema", '{"type": "objekt"}'], "the JSON schema '{\"type\": \"objekt\"}' cannot be used"),
+        (["--regex", "(?=x)"], "the regex '(?=x)' cannot be used"),
+        (["--grammar", "missing.lark"], "cannot read the grammar file missing.lark (No such file or directory)"),
+    ],
+)
+def test_a_bad_format_flag_is_one_line_before_anything_loads(flags, message, capsys, monkeypatch):
+    monkeypatch.setattr(llama_chat.cli.chat, "load_options", lambda options: pytest.fail("the model was loaded"))
+    assert main(["-p", "hi", *flags]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"llama-chat: {message}") and error.count("\n") == 1
+
+
+# What the default model answers in: nested objects, arrays, enums and numbers.
+PET_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "kind": {"enum": ["cat", "dog", "bird", "fish"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "weight": {"type": "number", "minimum": 0, "maximum": 100},
+        "owner": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 16}, "vip": {"type": "boolean"}},
+            "required": ["name", "vip"],
+            "additionalProperties": False,
+        },
+        "tags": {"type": "array", "items": {"enum": ["small", "big", "calm", "loud"]}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["name", "kind", "age", "weight", "owner", "tags"],
+    "additionalProperties": False,
+}
+PROMPTS = [f"Describe {pet} as JSON." for pet in (
+    "a sleepy cat", "an old dog", "a parrot that talks", "a goldfish", "a puppy", "a fat cat", "a racing pigeon",
+    "a guard dog", "a kitten", "a koi", "a tiny bird", "a loud dog", "a calm fish", "a stray cat", "a sheepdog",
+    "a canary", "a cat called Tom", "a dog owned by a king", "a bird owned by a child", "a fish in a bowl",
+)]
+TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+
+
+def schema_errors(value, schema, where="$"):
+    """Where value breaks the schema (the keywords PET_SCHEMA uses), as a list of lines."""
+    if "enum" in schema:
+        return [] if value in schema["enum"] else [f"{where}: {value!r} is not one of {schema['enum']}"]
+    kind = schema["type"]
+    if kind in ("integer", "number"):
+        number = int if kind == "integer" else (int, float)
+        if isinstance(value, bool) or not isinstance(value, number):
+            return [f"{where}: {value!r} is not an {kind}"]
+        if not schema["minimum"] <= value <= schema["maximum"]:
+            return [f"{where}: {value} is out of range"]
+        return []
+    if not isinstance(value, TYPES[kind]):
+        return [f"{where}: {value!r} is not a {kind}"]
+    if kind == "string":
+        return [f"{where}: too long"] if len(value) > schema["maxLength"] else []
+    if kind == "array":
+        errors = [] if schema["minItems"] <= len(value) <= schema["maxItems"] else [f"{where}: {len(value)} items"]
+        items = [schema_errors(item, schema["items"], f"{where}[{i}]") for i, item in enumerate(value)]
+        return errors + [error for item in items for error in item]
+    if kind == "object":
+        errors = [f"{where}: keys {sorted(value)}"] if sorted(value) != sorted(schema["required"]) else []
+        return errors + [e for key, item in value.items() if key in schema["properties"]
+                         for e in schema_errors(item, schema["properties"][key], f"{where}.{key}")]
+    return []
+
+
+@pytest.fixture(scope="module")
+def default_model() -> Llama:
+    return llama_chat.load(download_default_model(), device="cpu")
+
+
+@pytest.mark.needs_kernels  # llama-chat's kernels: twenty replies in seconds, not minutes
+def test_the_default_model_answers_valid_json_for_a_schema(default_model):
+    answer_format = Format("schema", json.dumps(PET_SCHEMA))
+    answer_format.check(default_model.tokenizer)
+    settings = SamplingSettings(temperature=0.7, seed=0, max_tokens=120)
+    for prompt in PROMPTS:
+        session = Session(default_model, settings, context_size=512)
+        session.format = answer_format
+        turn = session.send(prompt)
+        turn.run()
+        assert turn.stats.stop_reason in ("format_complete", "stop_token"), (prompt, turn.text)
+        assert schema_errors(json.loads(turn.text), PET_SCHEMA) == [], (prompt, turn.text)
