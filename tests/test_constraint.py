@@ -237,3 +237,31 @@ def test_the_default_model_answers_valid_json_for_a_schema(default_model):
         turn.run()
         assert turn.stats.stop_reason in ("format_complete", "stop_token"), (prompt, turn.text)
         assert schema_errors(json.loads(turn.text), PET_SCHEMA) == [], (prompt, turn.text)
+
+
+OPEN_SCHEMA = {  # nothing bounds its strings or its array: only the token budget does
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+                   "owner": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+    "required": ["name", "tags", "owner"],
+}
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("max_tokens", [12, 30])
+def test_a_reply_cut_by_its_budget_closes_what_is_open_and_parses(default_model, max_tokens):
+    """Near max_tokens a formatted reply turns to closing its strings, arrays and objects, and
+    may go past max_tokens to finish them: every reply parses, at any budget."""
+    answer_format = Format("schema", json.dumps(OPEN_SCHEMA))
+    overran = 0
+    for seed, prompt in enumerate(PROMPTS[:8]):
+        session = Session(default_model, SamplingSettings(temperature=0.7, seed=seed, max_tokens=max_tokens),
+                          context_size=512)
+        session.format = answer_format
+        turn = session.send(prompt)
+        turn.run()
+        answer = json.loads(turn.text)
+        assert sorted(answer) == ["name", "owner", "tags"] and isinstance(answer["tags"], list), turn.text
+        assert turn.stats.stop_reason == "format_complete", turn.text
+        overran += turn.stats.generated_tokens > max_tokens
+    assert overran  # some replies needed the closing tokens past the budget

@@ -33,6 +33,7 @@ class FormatError(LlamaChatError):
 
 
 _engine_tokenizers: weakref.WeakKeyDictionary[Tokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_json_closers: weakref.WeakKeyDictionary[Tokenizer, numpy.ndarray] = weakref.WeakKeyDictionary()
 
 
 class _Vocabulary:
@@ -68,6 +69,25 @@ def engine_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
         built = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), eos_token=stops)
         _engine_tokenizers[tokenizer] = built
     return built
+
+
+def json_closers(tokenizer: Tokenizer) -> numpy.ndarray:
+    """The tokens a reply near its token budget is steered to, so that it still parses, in
+    rows of a bit a token, the first row with an allowed token winning: [0] those that end
+    a string first (a quote, then any of quotes, brackets and braces) or stop the reply;
+    [1] any spelled with quotes, brackets and braces alone; [2] those with commas too (a
+    required property still to come). A quote comes first: inside a string a bracket is
+    only text. Made once per tokenizer."""
+    closers = _json_closers.get(tokenizer)
+    if closers is None:
+        closers = numpy.zeros((3, tokenizer.vocab_size), dtype=numpy.bool_)
+        for token in range(tokenizer.vocab_size):
+            spelled = tokenizer.token_bytes(token)
+            if spelled and not spelled.strip(b'",]}'):
+                closers[:, token] = (spelled.startswith(b'"') and b"," not in spelled, b"," not in spelled, True)
+        closers[:, sorted(tokenizer.stop_ids)] = True
+        _json_closers[tokenizer] = closers
+    return closers
 
 
 @dataclass(frozen=True)
@@ -110,7 +130,8 @@ class Format:
     def start(self, tokenizer: Tokenizer) -> Constraint:
         """A new reply's constraint (the engine reads the grammar as it goes: this is quick)."""
         engine = engine_tokenizer(tokenizer)
-        return Constraint(llguidance.LLMatcher(engine, self.grammar(), log_level=0), engine.vocab_size)
+        closers = json_closers(tokenizer) if self.kind in ("json", "schema") else None
+        return Constraint(llguidance.LLMatcher(engine, self.grammar(), log_level=0), engine.vocab_size, closers)
 
     def describe(self) -> str:
         """The format in a few words, for /settings."""
@@ -153,10 +174,14 @@ class Constraint:
     `seconds` and `masks` count the time spent computing masks and checking drafts, for
     the reply's statistics."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, closers: numpy.ndarray | None = None) -> None:
         self.matcher = matcher
         self._bitmask = numpy.zeros((vocab_size + 31) // 32, dtype=numpy.int32)  # a bit a token
         self._vocab_size = vocab_size
+        self._closers = closers
+        # Set near the end of the reply's budget: where the format allows a closing token
+        # (a quote, a bracket, a brace, a stop), only those, so the answer ends whole.
+        self.closing = False
         self.seconds = 0.0
         self.masks = 0
 
@@ -170,6 +195,13 @@ class Constraint:
         allowed = numpy.zeros(vocab, dtype=numpy.bool_)
         shared = min(vocab, self._vocab_size)
         allowed[:shared] = bits[:shared]
+        if self.closing and self._closers is not None:
+            for closers in self._closers:
+                closing = numpy.zeros_like(allowed)
+                closing[:shared] = allowed[:shared] & closers[:shared]
+                if closing.any():
+                    allowed = closing
+                    break
         # In numpy, on one thread: on a busy machine torch's threads cost more than this work.
         values = logits.detach().float().cpu().numpy()
         masked = torch.from_numpy(numpy.where(allowed, values, numpy.float32("-inf")))

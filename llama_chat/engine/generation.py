@@ -21,6 +21,17 @@ if TYPE_CHECKING:  # the grammar engine loads only when a reply has a format
     from llama_chat.engine.constraint import Constraint
 
 
+# A formatted reply still open at max_tokens goes on closing what is open (its strings,
+# arrays and objects), up to this many tokens more, so that it parses; it turns to closing
+# this many tokens before the budget's end (a quarter of it for short budgets).
+CLOSING_TOKENS = 64
+
+
+def closing_from(max_tokens: int) -> int:
+    """The token of a formatted reply from which it closes what is open."""
+    return max_tokens - min(CLOSING_TOKENS, max(8, max_tokens // 4))
+
+
 @dataclass(frozen=True)
 class Piece:
     """One generated token and the text it completes ("" while a character is partial).
@@ -155,7 +166,7 @@ class Generation:
         first_token_at = None
         reason = "max_tokens"
         tokens = self._next_tokens(logits, Sampler(self.settings))
-        for step in range(self.settings.max_tokens):
+        for step in range(self._token_limit()):
             token = next(tokens, None)
             if token is None:
                 reason = "format_complete" if self._format_complete() else "context_full"
@@ -206,8 +217,11 @@ class Generation:
             if self.cache.room() == 0 or self._format_complete():
                 return
             started = time.perf_counter()
-            still_wanted = self.settings.max_tokens - (len(history) - len(self.prompt_ids))
-            room = min(still_wanted - 1, self.cache.room() - 1)
+            generated = len(history) - len(self.prompt_ids)
+            room = min(self._token_limit() - generated - 1, self.cache.room() - 1)
+            if self.constraint is not None:  # the last tokens of the budget close what is open
+                self.constraint.closing = (generated >= closing_from(self.settings.max_tokens)
+                                           or self.cache.room() <= CLOSING_TOKENS)
             # What the format forces next (a JSON key, its quotes) is drafted first: the verify
             # step then keeps the model's own choices, one step for the lot.
             drafted = Draft(self.constraint.forced()[:room]) if self.constraint is not None else Draft([])
@@ -237,6 +251,10 @@ class Generation:
                 yield accepted
             if self._format_complete():  # the format has taken the kept drafts, and no more
                 return
+
+    def _token_limit(self) -> int:
+        """max_tokens, and for a formatted reply the tokens it may take past them to close."""
+        return self.settings.max_tokens + (CLOSING_TOKENS if self.constraint is not None else 0)
 
     def _format_complete(self) -> bool:
         """Whether the format is complete and allows nothing more: the reply ends there."""
