@@ -41,7 +41,7 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.paths import history_path
 from llama_chat.repl import commands
-from llama_chat.repl.commands import ChatState
+from llama_chat.repl.chat_state import ChatState
 from llama_chat.repl.render import Renderer
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 

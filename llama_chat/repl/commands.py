@@ -8,16 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import os
-import shlex
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from llama_chat.chat.attachments import PendingFiles, read_into, room_for_files
 from llama_chat.chat.display import stats_line
-from llama_chat.chat.session import Session
-from llama_chat.chat.thinking import answer_of
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.engine.speculation import LOOKUP_AUTO, Speculation, parse_lookup
 from llama_chat.errors import LlamaChatError, UsageError
@@ -25,42 +17,25 @@ from llama_chat.llama import Llama
 from llama_chat.model_info import model_info
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
-from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
+from llama_chat.repl.chat_state import (
+    STOP,
+    ChatState,
+    Command,
+    CommandError,
+    Handler,
+    exchanges,
+    parse_number,
+    shorten,
+)
 from llama_chat.repl.render import Renderer
-
-STOP = True  # what a handler returns to end the chat (others return None)
-
-
-class CommandError(LlamaChatError):
-    """A slash command was misspelt or given a bad argument."""
-
-
-@dataclass
-class ChatState:
-    """What commands act on."""
-
-    session: Session
-    renderer: Renderer
-    load_model: Callable[[str], Llama]  # the command line's device, dtype and chat format applied
-    load_draft: Callable[[str], Llama]  # a draft model: the command line's device, default weights
-    files: PendingFiles = dataclasses.field(default_factory=PendingFiles)  # read for the next message
-    editing: int | None = None  # the user message /edit put back in the next prompt (from 1)
-
-
-Handler = Callable[[ChatState, str], "bool | None"]
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    usage: str  # the arguments, for /help
-    help: str
-    run: Handler
-    aliases: tuple[str, ...] = ()
-    choices: tuple[str, ...] = ()  # argument words offered by completion
-    takes_path: bool = False  # the argument is a file path (completed as one)
-    several: bool = False  # it takes several arguments (the last one is completed)
-
+from llama_chat.repl.workbench_commands import (
+    describe_format,
+    run_branches,
+    run_copy,
+    run_edit,
+    run_format,
+    run_read,
+)
 
 # Sampling settings, each a command with one number: (field, kind, argument name, help, aliases).
 _ALIASES = {"temperature": ("temp",)}
@@ -68,18 +43,6 @@ _SETTINGS = [
     (name, type(getattr(SamplingSettings(), name)), argument, about, _ALIASES.get(name, ()))
     for name, (argument, about) in SETTING_HELP.items()
 ]
-
-
-def parse_number(kind: type, name: str, argument: str) -> int | float:
-    """A whole number or a finite real number from the command's argument."""
-    try:
-        value = kind(argument)
-    except ValueError:
-        wanted = "a whole number" if kind is int else "a number"
-        raise CommandError(f"/{name} needs {wanted}, got {argument!r}") from None
-    if not math.isfinite(value):
-        raise CommandError(f"/{name} needs a finite number, got {argument!r}")
-    return value
 
 
 def change_setting(state: ChatState, **values: object) -> None:
@@ -145,37 +108,6 @@ def run_undo(state: ChatState, text: str) -> None:
     state.renderer.note(f"removed the last exchange ({shorten(removed.user)})")
 
 
-def run_edit(state: ChatState, text: str) -> None:
-    session = state.session
-    number = parse_number(int, "edit", text) if text else len(session.exchanges)
-    if not 1 <= number <= len(session.exchanges):
-        raise CommandError(session.no_message(number))
-    state.editing = number  # the prompt shows it next; sending it makes a new version
-
-
-def run_branches(state: ChatState, text: str) -> None:
-    session = state.session
-    if text:
-        number = parse_number(int, "branches", text)
-        session.switch_version(number)
-        last = session.exchanges[-1]
-        state.renderer.note(f"following version {number}: {exchanges(len(session.exchanges))}, the last "
-                            f"{shorten(last.user)} -> {shorten(last.reply)}")
-        return
-    listed = session.versions()
-    if not listed:
-        state.renderer.line("the conversation has one version: /retry and /edit make others")
-    fork = None
-    for version in listed:
-        if version.position != fork:
-            fork = version.position
-            state.renderer.line(f"at message {fork + 1}:")
-        first, more = version.exchanges[0], len(version.exchanges) - 1
-        then = f" (then {exchanges(more)})" if more else ""
-        mark = "*" if version.current else " "
-        state.renderer.line(f"{mark} {version.number:>2}  {shorten(first.user)} -> {shorten(first.reply)}{then}")
-
-
 def run_load(state: ChatState, text: str) -> None:
     session = state.session
     try:
@@ -222,30 +154,6 @@ def run_draft(state: ChatState, text: str) -> None:
     state.renderer.note(f"drafting with {draft.name} on {describe_briefly(draft)}")
 
 
-def run_format(state: ChatState, text: str) -> None:
-    from llama_chat.engine.constraint import FormatError, read_format  # the grammar engine loads only when asked for
-
-    session = state.session
-    kind, _, value = text.partition(" ")
-    value = value.strip()
-    if kind == "off" and not value:
-        session.format = None
-    elif (kind == "json" and not value) or (kind in ("schema", "regex", "grammar") and value):
-        try:
-            chosen = read_format(kind, value)
-            chosen.check(session.model.tokenizer)
-        except FormatError as error:
-            raise CommandError(str(error)) from None
-        session.format = chosen
-    elif kind:
-        raise CommandError(f"/format takes json, schema FILE|JSON, regex PATTERN, grammar FILE or off, not {text!r}")
-    state.renderer.note(f"format: {describe_format(session)}")
-
-
-def describe_format(session: Session) -> str:
-    return "off" if session.format is None else session.format.describe()
-
-
 def describe_lookup(speculation: Speculation) -> str:
     if speculation.lookup == 0:
         return "off"
@@ -265,50 +173,6 @@ def run_open(state: ChatState, text: str) -> None:
     if note:
         state.renderer.note(note)
     state.renderer.note(f"opened {text}: {exchanges(len(state.session.exchanges))}")
-
-
-def run_read(state: ChatState, text: str) -> None:
-    files = state.files
-    if text.strip() in ("", "clear"):
-        if text.strip() == "clear":
-            files.clear()
-        held = ", ".join(f"{a.name} ({a.tokens} tokens)" for a in files.attachments)
-        state.renderer.line(f"read for the next message: {held}" if held else "no files read for the next message")
-        return
-    try:
-        patterns = shlex.split(text)
-    except ValueError as error:
-        raise CommandError(f"/read: {error} (quote a path with spaces)") from None
-    session = state.session
-    for pattern in patterns:
-        try:
-            for attachment in read_into(files, pattern, session):
-                left = room_for_files(session) - files.tokens()
-                state.renderer.note(f"read {attachment.name}: {attachment.tokens} tokens for the next message; "
-                                    f"{left} tokens of room left")
-        except LlamaChatError as error:
-            state.renderer.error(str(error))
-
-
-def run_copy(state: ChatState, text: str) -> None:
-    what = text.strip()
-    if what not in ("", "code"):
-        raise CommandError(f"/copy takes nothing (the last reply) or 'code' (its last code block), not {what!r}")
-    if not state.session.exchanges:
-        raise CommandError("no reply to copy yet")
-    copied = answer_of(state.session.exchanges[-1].reply)
-    if what == "code":
-        copied = last_code_block(copied)
-        if copied is None:
-            raise CommandError("the last reply has no code block (between ``` fences) to copy")
-    if not state.renderer.send_to_terminal(osc52(copied)):
-        raise CommandError("the output is not a terminal: /copy puts text on the clipboard through the terminal")
-    note = f"copied {len(copied)} characters to the clipboard"
-    if not known_to_accept():
-        term = os.environ.get("TERM_PROGRAM") or os.environ.get("TERM") or "unknown"
-        note += (f"; this terminal ({term}) is not known to accept it (OSC 52): if nothing was copied, "
-                 "select the text on screen")
-    state.renderer.note(note)
 
 
 def run_stats(state: ChatState, text: str) -> None:
@@ -406,15 +270,6 @@ def describe_memory() -> str:
         return ""
     return (f"memory: {memory[0]:.0f} MB resident, {memory[1]:.0f} MB of it this process's own (the rest is "
             "mapped files, shared with other processes and reclaimable)")
-
-
-def exchanges(count: int) -> str:
-    return f"{count} exchange{'' if count == 1 else 's'}"
-
-
-def shorten(text: str, width: int = 40) -> str:
-    text = " ".join(text.split())
-    return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
 def needs_argument(run: Handler, what: str) -> Handler:
