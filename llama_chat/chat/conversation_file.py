@@ -220,10 +220,10 @@ def _forks_from(value: object, count: int, path: Path) -> list[tuple[int, int, l
     """(exchange number, place, other versions) of each fork in a list of `count` exchanges."""
     if not isinstance(value, list) or not all(isinstance(fork, dict) for fork in value):
         raise LlamaChatError(f"{path}: 'branches' must be a list of forks")
-    forks = []
+    forks, seen = [], set()
     for fork in value:
         number, place, others = fork.get("exchange"), fork.get("version"), fork.get("others")
-        if type(number) is not int or not 1 <= number <= count or number in [seen for seen, _, _ in forks]:
+        if type(number) is not int or not 1 <= number <= count or number in seen:
             raise LlamaChatError(
                 f"{path}: a fork's 'exchange' must be one of its messages' exchanges (1 to {count}), once"
             )
@@ -231,6 +231,7 @@ def _forks_from(value: object, count: int, path: Path) -> list[tuple[int, int, l
             raise LlamaChatError(f"{path}: a fork's 'others' must be a list of versions")
         if type(place) is not int or not 0 <= place <= len(others):
             raise LlamaChatError(f"{path}: a fork's 'version' must be from 0 to {len(others)}")
+        seen.add(number)
         forks.append((number, place, [_version_from(other, path) for other in others]))
     return forks
 

@@ -44,13 +44,18 @@ class _Vocabulary:
         self._tokenizer = weakref.ref(tokenizer)
         self.tokens = []
         self.special_token_ids = []
+        # The JSON closers (see json_closers) from the same pass over the vocabulary.
+        self.closers = numpy.zeros((3, tokenizer.vocab_size), dtype=numpy.bool_)
         for token in range(tokenizer.vocab_size):
             text = tokenizer.token_bytes(token)
             if text is None:
                 self.special_token_ids.append(token)
                 text = _SPECIAL + (tokenizer.token_name(token) or f"<{token}>").encode("utf-8")
+            elif text and not text.strip(b'",]}'):
+                self.closers[:, token] = (text.startswith(b'"') and b"," not in text, b"," not in text, True)
             self.tokens.append(text)
         stops = sorted(tokenizer.stop_ids)
+        self.closers[:, stops] = True
         self.eos_token_id = stops[0] if stops else None
         self.bos_token_id = tokenizer.bos_id
 
@@ -68,6 +73,7 @@ def engine_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
         stops = sorted(tokenizer.stop_ids) or None
         built = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary), eos_token=stops)
         _engine_tokenizers[tokenizer] = built
+        _json_closers[tokenizer] = vocabulary.closers
     return built
 
 
@@ -77,17 +83,9 @@ def json_closers(tokenizer: Tokenizer) -> numpy.ndarray:
     a string first (a quote, then any of quotes, brackets and braces) or stop the reply;
     [1] any spelled with quotes, brackets and braces alone; [2] those with commas too (a
     required property still to come). A quote comes first: inside a string a bracket is
-    only text. Made once per tokenizer."""
-    closers = _json_closers.get(tokenizer)
-    if closers is None:
-        closers = numpy.zeros((3, tokenizer.vocab_size), dtype=numpy.bool_)
-        for token in range(tokenizer.vocab_size):
-            spelled = tokenizer.token_bytes(token)
-            if spelled and not spelled.strip(b'",]}'):
-                closers[:, token] = (spelled.startswith(b'"') and b"," not in spelled, b"," not in spelled, True)
-        closers[:, sorted(tokenizer.stop_ids)] = True
-        _json_closers[tokenizer] = closers
-    return closers
+    only text. Made with the engine's vocabulary, once per tokenizer."""
+    engine_tokenizer(tokenizer)
+    return _json_closers[tokenizer]
 
 
 @dataclass(frozen=True)
@@ -197,10 +195,9 @@ class Constraint:
         allowed[:shared] = bits[:shared]
         if self.closing and self._closers is not None:
             for closers in self._closers:
-                closing = numpy.zeros_like(allowed)
-                closing[:shared] = allowed[:shared] & closers[:shared]
+                closing = allowed[:shared] & closers[:shared]
                 if closing.any():
-                    allowed = closing
+                    allowed[:shared], allowed[shared:] = closing, False
                     break
         # In numpy, on one thread: on a busy machine torch's threads cost more than this work.
         values = logits.detach().float().cpu().numpy()

@@ -138,9 +138,7 @@ def handle(state: ChatState, text: str) -> bool:
     """Act on one submitted input; False when the chat should end."""
     if not text.strip():
         return True
-    text, undecodable = replace_undecodable(text)
-    if undecodable:
-        state.renderer.note(undecodable_note("the input", undecodable))
+    text = readable(state, text)
     if text.startswith("/") and not text.startswith("//"):
         return commands.dispatch(state, text)
     turn = state.session.send(state.files.message(text[1:] if text.startswith("//") else text))
@@ -155,10 +153,15 @@ def resend(state: ChatState, number: int, text: str) -> None:
     if not text.strip():
         state.renderer.note("edit cancelled")
         return
+    state.renderer.play(state.session.edit(number, readable(state, text)))
+
+
+def readable(state: ChatState, text: str) -> str:
+    """Typed text with each undecodable byte replaced, and a note when there was one."""
     text, undecodable = replace_undecodable(text)
     if undecodable:
         state.renderer.note(undecodable_note("the input", undecodable))
-    state.renderer.play(state.session.edit(number, text))
+    return text
 
 
 @contextmanager
