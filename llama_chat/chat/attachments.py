@@ -60,9 +60,10 @@ def read_text_file(name: str) -> str:
         raise LlamaChatError(f"{name}: no such file") from None
     except OSError as error:
         raise LlamaChatError(f"{name}: cannot be read ({error.strerror})") from None
+    if stat.S_ISDIR(status.st_mode):
+        raise LlamaChatError(f"{name} is a folder; /read takes text files (a folder's files: /read {name}/*)")
     if not stat.S_ISREG(status.st_mode):
-        kind = "a folder" if stat.S_ISDIR(status.st_mode) else "not a regular file"
-        raise LlamaChatError(f"{name} is {kind}; /read takes text files (a folder's files: /read {name}/*)")
+        raise LlamaChatError(f"{name} is not a regular file (a pipe or a device); /read takes text files")
     if status.st_size > MAX_FILE_BYTES:
         raise LlamaChatError(f"{name} is {status.st_size / 1e6:.1f} MB, more than any context holds")
     try:
