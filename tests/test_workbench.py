@@ -2,6 +2,7 @@
 files read into a message."""
 
 import base64
+import os
 import re
 import sys
 
@@ -84,6 +85,7 @@ def files(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
     (tmp_path / "big.txt").write_text("word " * 5000)
     (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "pipe")  # read, it would wait for a writer
     return tmp_path
 
 
@@ -109,6 +111,7 @@ def test_read_puts_each_file_into_the_next_message_with_its_name(files):
     ("latin1.txt", r"latin1.txt is not UTF-8 text \(byte 3 is not\); /read takes text files"),
     ("missing.txt", r"missing.txt: no such file"),
     ("folder", r"folder is a folder; /read takes text files"),
+    ("pipe", r"pipe is not a regular file \(a pipe or a device\); /read takes text files"),
     ("big.txt", r"big.txt is 250\d\d tokens; the context has room for \d+ more"),
     ("*.csv", r"\*.csv: no file matches"),
 ])
