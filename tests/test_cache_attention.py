@@ -70,9 +70,10 @@ def random_inputs(tokens, heads, kv_heads, head_dim, position, cache_dtype, with
     return q, new_keys, new_values, past_keys, past_values, past_bias
 
 
-def attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias):
+def attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias, window=0, softcap=0.0):
     return torch.ops.llama_chat.cache_attention(
-        q, new_keys, new_values, past_keys, past_values, past_bias, q.shape[-1] ** -0.5, native.variant_number(variant)
+        q, new_keys, new_values, past_keys, past_values, past_bias, q.shape[-1] ** -0.5, window, softcap,
+        native.variant_number(variant),
     )
 
 

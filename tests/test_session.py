@@ -335,7 +335,7 @@ def test_a_cache_file_that_holds_the_same_positions_is_not_written_again(tmp_pat
     written = cache_file.stat().st_ino
     state = session.cache.state()
     session.cache = KVCache(session.model.args, session.cache.capacity, dtype=torch.float16)
-    session.cache.load_state(state["tokens"].tolist(), state["keys"], state["values"])
+    session.cache.load_state(state["tokens"].tolist(), state)
     session.save(tmp_path / "chat.json")
     assert cache_file.stat().st_ino != written
     _, note = restored_session(chat_model(), tmp_path / "chat.json", tmp_path / "model.gguf")

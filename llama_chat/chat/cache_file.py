@@ -68,7 +68,7 @@ def save_cache(
     """Write the cached positions that start the conversation's `ids`, atomically; returns
     how many there were (0: nothing written, and any older cache file removed, also when
     they would take more than limit_bytes)."""
-    held = cache.common_prefix(ids)
+    held = cache.exact_length(cache.common_prefix(ids))
     if held == 0 or (limit_bytes is not None and held * cache.position_bytes() > limit_bytes):
         path.unlink(missing_ok=True)
         return 0
@@ -105,15 +105,15 @@ def restore_cache(path: Path, cache: KVCache, ids: Sequence[int], depends_on: di
     read, damage = read_checked([path], lambda: _read_cache(path, cache, ids, depends_on))
     if damage:
         raise CacheNotUsed(f"{path.name} does not read back ({damage[:120]})")
-    count, keys, values = read
-    cache.load_state(list(ids[:count]), keys, values)
+    count, state = read
+    cache.load_state(list(ids[:count]), state)
     return count
 
 
 def _read_cache(
     path: Path, cache: KVCache, ids: Sequence[int], depends_on: dict
-) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """How many positions the file at `path` holds, and their keys and values. Every shape
+) -> tuple[int, dict[str, torch.Tensor]]:
+    """How many positions the file at `path` holds, and their keys and values by name. Every shape
     is checked before a tensor is read, so that a file cannot make it read more than this
     conversation's positions. Raises CacheNotUsed when the file is another's cache,
     CorruptFileError when it does not read back."""
@@ -134,10 +134,12 @@ def _read_cache(
             count = token_slice.get_shape()[0]
             if count > len(ids) or saved.get_tensor("tokens").tolist() != list(ids[:count]):
                 raise CacheNotUsed(f"{path.name} holds other tokens than the conversation")
-            expected = cache.state_shape(count)
-            for name in ("keys", "values"):
+            expected = cache.state_shapes(count)
+            if set(saved.keys()) != {"tokens", *expected}:
+                raise CacheNotUsed(f"{path.name} holds other tensors than this model's cache")
+            for name, shape in expected.items():
                 stored = saved.get_slice(name)
-                if stored.get_shape() != expected:
+                if stored.get_shape() != shape:
                     raise CacheNotUsed(f"{path.name} holds tensors of other shapes than this model's cache")
                 # A float32 file is rounded into a narrower cache as every step's keys are (a
                 # cache saved before the cache's default dtype changed); a narrower one cannot
@@ -149,7 +151,7 @@ def _read_cache(
                 raise CacheNotUsed(
                     f"{path.name} holds {count} positions, too many for a context of {cache.capacity} tokens"
                 )
-            return count, saved.get_tensor("keys"), saved.get_tensor("values")
+            return count, {name: saved.get_tensor(name) for name in expected}
     except CacheNotUsed:
         raise
     except Exception as error:  # noqa: BLE001 (a damaged file can fail in many ways)

@@ -2,16 +2,30 @@
 
 The model hands each layer's new keys and values to the cache (`update_and_fetch`) and
 attends over what it gives back; the cache alone knows its layout and its position.
+
+A windowed layer (Gemma's local layers) sees only the last `window` positions, so the
+cache keeps its keys and values in a ring of window + TRIM_MARGIN slots, position p in
+slot p % ring, whatever the conversation's length: its memory grows with the global
+layers alone. A ring's new entries are stored when the call ends (`advance`), after every
+token of the call has read the slots they replace. The margin lets a verify step's
+refused drafts be taken back exactly; for trims further back the cache keeps a few
+checkpoints of its rings (`checkpoint`), and past those it forgets back to a point it can
+restore (so the caller feeds the rest again).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from llama_chat.engine.config import ModelArgs
 from llama_chat.errors import ContextOverflowError
+
+TRIM_MARGIN = 32  # ring slots past the window: how many of the latest positions a trim takes back exactly
+CHECKPOINTS = 4  # ring checkpoints kept at most (a reply's start and end, for the last two replies)
+CHECKPOINT_BYTES = 256 << 20  # and in all at most this much, the newest kept first
 
 
 def common_length(first: Sequence[int], second: Sequence[int]) -> int:
@@ -22,6 +36,23 @@ def common_length(first: Sequence[int], second: Sequence[int]) -> int:
             break
         length += 1
     return length
+
+
+def layer_sources(args: ModelArgs) -> list[tuple[bool, int]]:
+    """For each layer: whether it is windowed, and its index among the cache's buffers of its
+    kind (the global layers' or the windowed layers' rings)."""
+    windowed = [args.is_windowed(layer) for layer in range(args.n_layers)]
+    return [(kind, windowed[:layer].count(kind)) for layer, kind in enumerate(windowed)]
+
+
+@dataclass
+class _RingCheckpoint:
+    """The rings as they were when the cache held `position` positions."""
+
+    position: int
+    ring_start: int
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 class KVCache:
@@ -46,15 +77,27 @@ class KVCache:
             raise ContextOverflowError(
                 f"context size {capacity} is out of range: this model supports 1 to {args.max_seq_len} tokens"
             )
-        shape = (args.n_layers, args.n_kv_heads, capacity, args.head_dim)
+        self._sources = layer_sources(args)
+        windowed = [kind for kind, _ in self._sources]
+        self.window = args.sliding_window if any(windowed) else None
+        self.ring = min(capacity, self.window + TRIM_MARGIN) if self.window else 0
         # Uninitialised: a position is read only after it is written, and untouched pages
         # cost no memory (zeros would commit the whole context up front: 1 GB for an 8 B
         # model's 4096 positions in float32).
-        self._keys = torch.empty(shape, device=device, dtype=dtype)
-        self._values = torch.empty(shape, device=device, dtype=dtype)
+        full = (windowed.count(False), args.n_kv_heads, capacity, args.head_dim)
+        ring = (windowed.count(True), args.n_kv_heads, self.ring, args.head_dim)
+        self._keys = torch.empty(full, device=device, dtype=dtype)
+        self._values = torch.empty(full, device=device, dtype=dtype)
+        # Zeros: every slot is read, an empty one under a bias of -inf, which must not meet a NaN.
+        self._ring_keys = torch.zeros(ring, device=device, dtype=dtype)
+        self._ring_values = torch.zeros(ring, device=device, dtype=dtype)
         self._zeros = torch.zeros(capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self._tokens: list[int] = []
+        self._ring_start = 0  # the first position the rings still hold
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # ring writes waiting for advance
+        self._bias: tuple[int, int, torch.Tensor] | None = None  # this call's window bias, by position and length
+        self._checkpoints: list[_RingCheckpoint] = []
 
     @property
     def tokens(self) -> list[int]:
@@ -74,39 +117,70 @@ class KVCache:
         return self._keys.dtype
 
     def position_bytes(self) -> int:
-        """Bytes one position takes, keys and values of every layer."""
+        """Bytes one more position takes: keys and values of every global layer."""
         return 2 * self._keys[:, :, 0].numel() * self._keys.element_size()
+
+    def ring_bytes(self) -> int:
+        """Bytes of the windowed layers' rings, whatever the length (0 without windowed layers)."""
+        return 2 * self._ring_keys.numel() * self._ring_keys.element_size()
 
     def past_bias(self) -> torch.Tensor:
         """The attention bias of the positions held (zeros: every one visible to a new token);
         its length tells a model call its position."""
         return self._zeros[: len(self._tokens)]
 
+    def window_bias(self, time: int) -> torch.Tensor:
+        """The bias [time, ring] of each ring slot for each of `time` tokens fed next: 0 where
+        the slot holds a position within that token's window, -inf elsewhere (float32)."""
+        position = len(self._tokens)
+        if self._bias is not None and self._bias[:2] == (position, time):
+            return self._bias[2]
+        slots = torch.arange(self.ring)
+        held = self._ring_start + (slots - self._ring_start) % self.ring  # the position each slot holds
+        first_seen = position + torch.arange(time)[:, None] - self.window + 1
+        visible = (held[None, :] < position) & (held[None, :] >= first_seen)
+        bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf")).to(self._keys.device)
+        self._bias = (position, time, bias)
+        return bias
+
     def update_and_fetch(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store layer's keys and values [time, kv_heads, head_dim] of the tokens being fed at
-        the next positions; return that layer's buffers [kv_heads, capacity, head_dim] and
-        the bias of the positions held before them (see past_bias). The new tokens are
-        attended in the caller's own precision: the stored copies serve later calls."""
+        the next positions; return that layer's buffers [kv_heads, capacity (or ring),
+        head_dim] and the bias of the positions held before them (past_bias, or a windowed
+        layer's window_bias). The new tokens are attended in the caller's own precision:
+        the stored copies serve later calls."""
         start = len(self._tokens)
         end = start + keys.shape[0]
         if end > self.capacity:
             raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        self._keys[layer, :, start:end] = keys.transpose(0, 1)
-        self._values[layer, :, start:end] = values.transpose(0, 1)
-        return self._keys[layer], self._values[layer], self.past_bias()
+        windowed, index = self._sources[layer]
+        if windowed:
+            self._pending[index] = (keys, values)  # stored at advance: this call still reads the slots
+            return self._ring_keys[index], self._ring_values[index], self.window_bias(keys.shape[0])
+        self._keys[index, :, start:end] = keys.transpose(0, 1)
+        self._values[index, :, start:end] = values.transpose(0, 1)
+        return self._keys[index], self._values[index], self.past_bias()
 
     def advance(self, ids: Sequence[int]) -> None:
         """Record ids as held, once every layer has stored theirs."""
         if len(self._tokens) + len(ids) > self.capacity:
             raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        self._tokens.extend(ids)
+        for index, (keys, values) in self._pending.items():
+            self._store_in_ring(index, keys.transpose(0, 1), values.transpose(0, 1))
+        self._pending.clear()
+        self._extend(ids)
 
-    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every layer's keys and values [n_layers, kv_heads, capacity, head_dim], read whole
-        by a compiled model call (which gives its new ones back for `write`)."""
-        return self._keys, self._values
+    def call_inputs(self, time: int) -> list[torch.Tensor]:
+        """What a compiled model call of `time` tokens reads of the cache, whole: past_bias and
+        the global layers' keys and values [layers, kv_heads, capacity, head_dim], then (with
+        windowed layers) window_bias and the rings' [layers, kv_heads, ring, head_dim]. The
+        call gives its new keys and values back for `write`."""
+        inputs = [self.past_bias(), self._keys, self._values]
+        if self.window is not None:
+            inputs += [self.window_bias(time), self._ring_keys, self._ring_values]
+        return inputs
 
     def write(self, ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store the keys and values [n_layers, kv_heads, len(ids), head_dim] of ids at the next
@@ -114,37 +188,142 @@ class KVCache:
         start = len(self._tokens)
         if start + len(ids) > self.capacity:
             raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        self._keys[:, :, start : start + len(ids)] = keys
-        self._values[:, :, start : start + len(ids)] = values
+        for layer, (windowed, index) in enumerate(self._sources):
+            if windowed:
+                self._store_in_ring(index, keys[layer], values[layer])
+            else:
+                self._keys[index, :, start : start + len(ids)] = keys[layer]
+                self._values[index, :, start : start + len(ids)] = values[layer]
+        self._extend(ids)
+
+    def _store_in_ring(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """A windowed layer's keys and values [kv_heads, time, head_dim] of the next positions
+        into its ring: the last `ring` of them, each in its slot."""
+        start, time = len(self._tokens), keys.shape[1]
+        kept = min(time, self.ring)
+        slots = torch.arange(start + time - kept, start + time, device=keys.device) % self.ring
+        self._ring_keys[index].index_copy_(1, slots, keys[:, time - kept :].to(self.dtype))
+        self._ring_values[index].index_copy_(1, slots, values[:, time - kept :].to(self.dtype))
+
+    def _extend(self, ids: Sequence[int]) -> None:
         self._tokens.extend(ids)
+        if self.window is not None:
+            self._ring_start = max(self._ring_start, len(self._tokens) - self.ring)
+        self._bias = None
 
     def state(self, length: int | None = None) -> dict[str, torch.Tensor]:
         """The first `length` positions (all by default) as tensors to save: keys and values
-        [n_layers, kv_heads, length, head_dim] and their token ids."""
+        [global layers, kv_heads, length, head_dim], the windowed layers' last window - 1
+        of them in order ("window_keys", "window_values"), and their token ids. A windowed
+        cache saves only lengths it holds exactly (see exact_length)."""
         length = len(self._tokens) if length is None else length
-        return {
+        state = {
             "keys": self._keys[:, :, :length].contiguous(),
             "values": self._values[:, :, :length].contiguous(),
             "tokens": torch.tensor(self._tokens[:length], dtype=torch.int64),
         }
+        if self.window is not None:
+            if self.exact_length(length) != length:
+                raise ValueError(f"the windowed layers no longer hold what position {length} needs")
+            slots = torch.arange(length - self._window_held(length), length) % self.ring
+            state["window_keys"] = self._ring_keys[:, :, slots].contiguous()
+            state["window_values"] = self._ring_values[:, :, slots].contiguous()
+        return state
 
-    def state_shape(self, length: int) -> list[int]:
-        """The shape of state()'s keys and values for `length` positions."""
+    def state_shapes(self, length: int) -> dict[str, list[int]]:
+        """The shapes of state()'s keys and values for `length` positions, by name."""
         layers, kv_heads, _, head_dim = self._keys.shape
-        return [layers, kv_heads, length, head_dim]
+        shapes = {"keys": [layers, kv_heads, length, head_dim], "values": [layers, kv_heads, length, head_dim]}
+        if self.window is not None:
+            windowed = [len(self._ring_keys), kv_heads, self._window_held(length), head_dim]
+            shapes.update(window_keys=windowed, window_values=windowed)
+        return shapes
 
-    def load_state(self, ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+    def _window_held(self, length: int) -> int:
+        """How many positions before `length` a windowed layer's next token reads."""
+        return min(length, self.window - 1)
+
+    def load_state(self, ids: Sequence[int], state: dict[str, torch.Tensor]) -> None:
         """Hold exactly ids, with their keys and values as state() gives them (rounded to this
         cache's dtype)."""
         self.trim(0)
-        self.write(ids, keys, values)
+        length = len(ids)
+        if length > self.capacity:
+            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
+        self._keys[:, :, :length] = state["keys"]
+        self._values[:, :, :length] = state["values"]
+        if self.window is not None:
+            held = self._window_held(length)
+            slots = torch.arange(length - held, length) % self.ring
+            self._ring_keys[:, :, slots] = state["window_keys"].to(self.dtype)
+            self._ring_values[:, :, slots] = state["window_values"].to(self.dtype)
+            self._ring_start = length - held
+        self._tokens = list(ids)
+        self._bias = None
 
-    def trim(self, length: int) -> None:
+    def exact_length(self, length: int) -> int:
+        """The most positions up to `length` (at most those held) that the cache holds exactly
+        as they stand, without a checkpoint: for a windowed cache, those whose window the
+        rings still hold; 0 when none but the start."""
+        length = min(length, len(self._tokens))
+        if self.window is None or length - self._window_held(length) >= self._ring_start:
+            return length
+        return 0
+
+    def checkpoint(self) -> None:
+        """Remember the rings as they are now, so that a later trim back to here (or a little
+        before) is exact; a cache without windowed layers needs none."""
+        if self.window is None or self._checkpoints and self._checkpoints[-1].position == len(self._tokens):
+            return
+        self._checkpoints.append(_RingCheckpoint(len(self._tokens), self._ring_start, self._ring_keys.clone(),
+                                                 self._ring_values.clone()))
+        kept, total = [], 0
+        for checkpoint in reversed(self._checkpoints):  # the newest first, within both bounds
+            total += 2 * checkpoint.keys.numel() * checkpoint.keys.element_size()
+            if kept and (len(kept) == CHECKPOINTS or total > CHECKPOINT_BYTES):
+                break
+            kept.append(checkpoint)
+        self._checkpoints = kept[::-1]
+
+    def trim(self, length: int) -> int:
         """Forget every position from `length` on, without copying anything: how a rejected
-        draft, a retried reply or a changed prompt is taken back."""
+        draft, a retried reply or a changed prompt is taken back. A windowed cache takes back
+        exactly the last TRIM_MARGIN positions, and further back only to its checkpoints:
+        it keeps the most positions up to `length` it can restore, perhaps fewer (0 at
+        worst). Returns how many it keeps."""
         if not 0 <= length <= len(self._tokens):
             raise ValueError(f"cannot trim a cache of {len(self._tokens)} tokens to {length}")
+        if self.window is not None and length < len(self._tokens):
+            length = self._restore_rings(length)
         del self._tokens[length:]
+        self._checkpoints = [c for c in self._checkpoints if c.position <= length]
+        self._bias = None
+        return length
+
+    def _restore_rings(self, length: int) -> int:
+        """Bring the rings to a state that holds `length` positions exactly, and return
+        `length`; or, where none does, the latest checkpoint before it (or the start)."""
+        if length - self._window_held(length) >= self._ring_start:
+            return length
+        usable = [c for c in self._checkpoints if c.position >= length and length - self._window_held(length)
+                  >= c.ring_start]
+        earlier = [c for c in self._checkpoints if c.position < length]
+        if usable:
+            checkpoint = usable[0]
+        elif earlier:
+            checkpoint, length = earlier[-1], earlier[-1].position
+        else:
+            self._ring_start = 0
+            return 0
+        self._ring_keys.copy_(checkpoint.keys)
+        self._ring_values.copy_(checkpoint.values)
+        self._ring_start = checkpoint.ring_start
+        return length
+
+    def most_taken_back(self) -> int | None:
+        """How many positions a call may add that a trim then takes back exactly, whatever came
+        before (None: any number): a verify step's drafts are held to it."""
+        return None if self.window is None else TRIM_MARGIN + 1
 
     def keep_common_prefix(self, ids: Sequence[int], at_most: int | None = None) -> int:
         """Keep the cached positions that start `ids` (at most `at_most` of them), forget the
@@ -152,8 +331,7 @@ class KVCache:
         kept = self.common_prefix(ids)
         if at_most is not None:
             kept = min(kept, at_most)
-        self.trim(kept)
-        return kept
+        return self.trim(kept)
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         """How many cached positions start `ids`."""

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llama_chat.engine.cache import TRIM_MARGIN, layer_sources
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import first_line
 from llama_chat.disk_cache import cache_key, entry_path, read_checked, remove, staged
@@ -48,35 +49,45 @@ def traced_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
 
 
 class _CacheInputs:
-    """A KV cache as a compiled call sees it: its buffers and past_bias (whose length is the
-    position) come in; each layer's new keys and values are gathered to go out, not stored."""
+    """A KV cache as a compiled call sees it: what KVCache.call_inputs gives (past_bias, whose
+    length is the position, the buffers, and a windowed model's window_bias and rings) comes
+    in; each layer's new keys and values are gathered to go out, not stored."""
 
-    def __init__(self, past_bias: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.past_bias, self.keys, self.values = past_bias, keys, values
-        self.position = past_bias.shape[0]
+    def __init__(self, sources: list[tuple[bool, int]], inputs: list[torch.Tensor]) -> None:
+        self.sources = sources
+        self.past_bias, keys, values = inputs[:3]
+        self.position = self.past_bias.shape[0]
+        # By kind (windowed or not): the bias each layer's held positions take, and its buffers.
+        self.kinds = {False: (self.past_bias, keys, values)}
+        if len(inputs) > 3:
+            window_bias, ring_keys, ring_values = inputs[3:]
+            self.kinds[True] = (window_bias, ring_keys, ring_values)
         self.new_keys: list[torch.Tensor] = []
         self.new_values: list[torch.Tensor] = []
 
     def update_and_fetch(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
         self.new_keys.append(keys.transpose(0, 1))
         self.new_values.append(values.transpose(0, 1))
-        return self.keys[layer], self.values[layer], self.past_bias
+        windowed, index = self.sources[layer]
+        bias, held_keys, held_values = self.kinds[windowed]
+        return held_keys[index], held_values[index], bias
 
 
 class _FunctionalCall(nn.Module):
-    """The model's call on a cache in the form export traces: embeddings, past_bias, the
-    cache's buffers and the weights in; the logits of every token and their keys and
-    values [n_layers, kv_heads, time, head_dim] out."""
+    """The model's call on a cache in the form export traces: embeddings, the cache's call
+    inputs and the weights in; the logits of every token and their keys and values
+    [n_layers, kv_heads, time, head_dim] out."""
 
     def __init__(self, structure: nn.Module) -> None:
         super().__init__()
         # Kept outside the module tree: export would otherwise bake its tensors in.
         object.__setattr__(self, "structure", structure)
         self.names = list(traced_weights(structure))
+        self.sources = layer_sources(structure.args)
 
-    def forward(self, x, past_bias, keys, values, weights):
+    def forward(self, x, cache_inputs, weights):
         state = dict(zip(self.names, weights))
-        cache = _CacheInputs(past_bias, keys, values)
+        cache = _CacheInputs(self.sources, cache_inputs)
         # tie_weights: a tied head is one tensor, named once among the inputs.
         with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
             logits = self.structure.forward_embeddings(x, cache)
@@ -161,18 +172,27 @@ def build_package(
         torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in traced_weights(structure).values()
     ]
     args = structure.args
-    cache_shape = (args.n_layers, args.n_kv_heads, 16, args.head_dim)
-    example = (
-        torch.zeros(1, min(most_tokens, 4), args.dim),  # the tokens' embeddings
-        torch.zeros(8, dtype=cache_dtype),
-        torch.zeros(cache_shape, dtype=cache_dtype),
-        torch.zeros(cache_shape, dtype=cache_dtype),
-        weights,
-    )
+    sources = layer_sources(args)
+    windowed = [kind for kind, _ in sources].count(True)
+    time = min(most_tokens, 4)
+    cache_shape = (args.n_layers - windowed, args.n_kv_heads, 16, args.head_dim)
+    cache_inputs = [torch.zeros(8, dtype=cache_dtype), torch.zeros(cache_shape, dtype=cache_dtype),
+                    torch.zeros(cache_shape, dtype=cache_dtype)]
     position = torch.export.Dim("position", min=1, max=args.max_seq_len - most_tokens)
     capacity = torch.export.Dim("capacity", min=2, max=args.max_seq_len)
-    tokens = {} if most_tokens == 1 else {1: torch.export.Dim("tokens", min=2, max=most_tokens)}
-    dynamic = (tokens, {0: position}, {2: capacity}, {2: capacity}, [{}] * len(weights))
+    # The tokens' axis, where it varies (embeddings [1, tokens, dim], window_bias [tokens, ring]).
+    token_axis = {} if most_tokens == 1 else {"tokens": torch.export.Dim("tokens", min=2, max=most_tokens)}
+    tokens = {1: token_axis["tokens"]} if token_axis else {}
+    cache_dynamic = [{0: position}, {2: capacity}, {2: capacity}]
+    if windowed:  # window_bias [tokens, ring] and the rings (a small cache's ring is its capacity)
+        most_slots = min(args.sliding_window + TRIM_MARGIN, args.max_seq_len)
+        ring_shape = (windowed, args.n_kv_heads, min(16, most_slots), args.head_dim)
+        cache_inputs += [torch.zeros(time, ring_shape[2]), torch.zeros(ring_shape, dtype=cache_dtype),
+                         torch.zeros(ring_shape, dtype=cache_dtype)]
+        ring = torch.export.Dim("ring", min=2, max=most_slots)
+        cache_dynamic += [{**({0: token_axis["tokens"]} if token_axis else {}), 1: ring}, {2: ring}, {2: ring}]
+    example = (torch.zeros(1, time, args.dim), cache_inputs, weights)  # the tokens' embeddings first
+    dynamic = (tokens, cache_dynamic, [{}] * len(weights))
     with torch.no_grad():
         program = torch.export.export(_FunctionalCall(structure), example, dynamic_shapes=dynamic, strict=False)
     settings = {
@@ -209,8 +229,7 @@ class CompiledPackages:
         """Feed ids (1 to VERIFY_TOKENS, after at least one held position) to cache; the
         float32 logits after each [len(ids), vocab]."""
         tokens = torch.tensor([list(ids)], dtype=torch.long)
-        keys, values = cache.buffers()
-        inputs = [self.embeddings(tokens), cache.past_bias(), keys, values, *self.weights]
+        inputs = [self.embeddings(tokens), *cache.call_inputs(len(ids)), *self.weights]
         logits, new_keys, new_values = (self.single if len(ids) == 1 else self.multiple).boxed_run(inputs)
         cache.write(ids, new_keys, new_values)
         return logits

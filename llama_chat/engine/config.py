@@ -51,9 +51,12 @@ class RopeScaling:
 
 # Llama's descendants as switches on its blocks, by the name both GGUF (general.architecture)
 # and Hugging Face (model_type) give them; Granite's switches are its multipliers' values,
-# Phi-3's are its rotary width and scaling (its fused tensors are the readers' matter).
+# Phi-3's are its rotary width and scaling (its fused tensors are the readers' matter),
+# Gemma's windows, caps and scales are values its readers take from the file.
+_GEMMA = {"gelu_feed_forward": True, "sandwich_norms": True}
 ARCHITECTURE_SWITCHES: dict[str, dict[str, bool]] = {
     "llama": {}, "mistral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True}, "granite": {}, "phi3": {},
+    "gemma2": _GEMMA, "gemma3": {**_GEMMA, "qk_norm": True},
 }
 
 
@@ -87,6 +90,14 @@ class ModelArgs:
     residual_scale: float = 1.0  # each block's attention and feed-forward outputs times this
     attention_scale: float | None = None  # the attention scores' scale (None: 1 / sqrt(head_dim))
     logit_scale: float = 1.0  # the logits divided by this
+    # Gemma 2 and 3
+    gelu_feed_forward: bool = False  # the feed-forward's gate through GELU (tanh approximation), not SiLU
+    sandwich_norms: bool = False  # an RMSNorm after attention and after the feed-forward too, before each residual
+    attention_softcap: float | None = None  # scores capped to cap * tanh(score / cap) (Gemma 2)
+    logit_softcap: float | None = None  # the logits capped alike
+    sliding_window: int | None = None  # positions a windowed layer's token sees: itself and window - 1 before it
+    windowed_layers: tuple[bool, ...] = ()  # which layers attend within the window (empty: none)
+    local_rope_theta: float | None = None  # windowed layers' rotary base, unscaled (None: the global rotation)
 
     def __post_init__(self) -> None:
         # Frozen dataclass: fill the derived defaults through object.__setattr__.
@@ -119,10 +130,33 @@ class ModelArgs:
                 f"model config: longrope needs {pairs} short and long factors (one per turning pair), "
                 f"got {len(scaling.short_factors)} and {len(scaling.long_factors)}"
             )
-        for name in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
+        self._check_windows()
+        for name in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale", "attention_softcap",
+                     "logit_softcap", "local_rope_theta"):
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):  # a logit scale of 0 would divide by it
                 raise LlamaChatError(f"model config: {name} must be a positive number, got {value}")
+
+    def _check_windows(self) -> None:
+        if not self.windowed_layers:
+            return
+        if len(self.windowed_layers) != self.n_layers:
+            raise LlamaChatError(
+                f"model config: the pattern of windowed layers has {len(self.windowed_layers)} entries for "
+                f"{self.n_layers} layers"
+            )
+        window = self.sliding_window
+        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+            raise LlamaChatError(f"model config: the sliding window must be a positive number of positions, got {window}")
+        if window > self.max_seq_len:
+            raise LlamaChatError(
+                f"model config: the sliding window of {window} positions is larger than the model's context of "
+                f"{self.max_seq_len}"
+            )
+
+    def is_windowed(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window only."""
+        return bool(self.windowed_layers) and self.windowed_layers[layer]
 
     @property
     def n_rep(self) -> int:

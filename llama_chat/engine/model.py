@@ -1,4 +1,6 @@
-"""The Llama Transformer: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+"""The Llama Transformer: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU; and the
+switches its descendants turn (ModelArgs): Gemma's GELU gate, norms around each sublayer,
+sliding-window layers with a rotation of their own and soft-capped scores and logits.
 
 Conventions that the checkpoint loaders convert to:
 - rotary embeddings rotate halves of each head, (x[:d/2], x[d/2:]) (the Hugging Face
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llama_chat.engine.config import ModelArgs
-from llama_chat.engine.rope import apply_rotary, rope_tables
+from llama_chat.engine.rope import apply_rotary, rope_tables, windowed_rotation
 
 
 class UninitializedLinear(nn.Linear):
@@ -58,6 +60,9 @@ class Attention(nn.Module):
         self.head_dim = args.head_dim
         self.n_rep = args.n_rep
         self.scale = args.attention_scale or args.head_dim**-0.5
+        self.softcap = args.attention_softcap  # scores capped to softcap * tanh(score / softcap), or None
+        # A windowed layer's token sees itself and the window - 1 positions before it (None: all before it).
+        self.window = args.sliding_window if args.is_windowed(layer) else None
         self.wqkv = UninitializedLinear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim)
         self.wo = UninitializedLinear(args.n_heads * args.head_dim, args.dim)
         # Apart from wqkv, so that any packing of the matrix leaves them as they are.
@@ -78,8 +83,9 @@ class Attention(nn.Module):
             out = self._attend_within(q, k, v, mask)
         else:
             past_keys, past_values, past_bias = cache.update_and_fetch(self.layer, k[0], v[0])
-            if self.cache_attention is not None:  # mask: the causal one, which the kernel applies itself
-                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias, self.scale)
+            if self.cache_attention is not None:  # mask: the causal (windowed) one, which the kernel applies itself
+                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias, self.scale,
+                                           self.window, self.softcap)
             else:
                 out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_bias)
         return self.wo(out.reshape(x.shape[0], x.shape[1], -1))
@@ -91,14 +97,23 @@ class Attention(nn.Module):
         # along the time axis, so attention broadcasts over K/V without repeating them.
         q = q.view(batch, time, self.n_kv_heads, self.n_rep, self.head_dim)
         q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.n_kv_heads, self.n_rep * time, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                             scale=self.scale)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.softcap is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        else:  # capped scores: a step SDPA does not take
+            scores = self._capped(torch.matmul(q * self.scale, k.transpose(2, 3)))
+            out = torch.matmul(torch.softmax(scores if mask is None else scores + mask, dim=-1), v)
         return out.view(batch, self.n_kv_heads, self.n_rep, time, self.head_dim).permute(0, 3, 1, 2, 4)
+
+    def _capped(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
 
     def _attend_after(self, q, k, v, mask, past_keys, past_values, past_bias):
         """Attention of new tokens (q [time, heads, head_dim], k and v [time, kv_heads,
-        head_dim]) over the len(past_bias) positions held in past_keys and past_values
-        [kv_heads, capacity, head_dim] and over themselves under mask.
+        head_dim]) over the positions held in past_keys and past_values [kv_heads, capacity,
+        head_dim] and over themselves under mask. past_bias is added to the held positions'
+        scores: [position] for the first `position` of them (every token alike), or [time,
+        capacity] per token (a windowed layer's ring, see engine/cache).
 
         The cached positions and the new ones are scored apart and weighed by one softmax,
         so the new tokens are attended in the model's precision whatever the cache's, and
@@ -106,15 +121,18 @@ class Attention(nn.Module):
         traces it once).
         """
         time = q.shape[0]
-        position = past_bias.shape[0]
+        position = past_bias.shape[-1]
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
         q = q.view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.scale
         k, v = k.transpose(0, 1), v.transpose(0, 1)
         # A cache kept in a narrower dtype (--kv-dtype) is read in the model's.
         past_keys, past_values = past_keys[:, :position].to(q.dtype), past_values[:, :position].to(q.dtype)
-        past_scores = torch.matmul(q, past_keys.transpose(1, 2)) + past_bias.to(q.dtype)
-        new_scores = torch.matmul(q, k.transpose(1, 2))
+        bias = past_bias.to(q.dtype)
+        if bias.dim() == 2:  # a token's row for each of its query heads (rows head-major, as q's)
+            bias = bias.repeat(self.n_rep, 1)
+        past_scores = self._capped(torch.matmul(q, past_keys.transpose(1, 2))) + bias
+        new_scores = self._capped(torch.matmul(q, k.transpose(1, 2)))
         if mask is not None:
             new_scores = new_scores + mask
         weights = torch.softmax(torch.cat([past_scores, new_scores], dim=-1), dim=-1)
@@ -140,20 +158,24 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(gate(x)) * up(x)), with gate and up in one matrix."""
+    """SwiGLU: w2(silu(gate(x)) * up(x)), with gate and up in one matrix; Gemma's gate goes
+    through GELU (its tanh approximation) instead."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.w13 = UninitializedLinear(args.dim, 2 * args.hidden_dim)
         self.w2 = UninitializedLinear(args.hidden_dim, args.dim)
+        self.gelu = args.gelu_feed_forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        gated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.w2(gated * up)
 
 
 class Block(nn.Module):
-    """One pre-norm Transformer layer: attention then feed-forward, each with a residual."""
+    """One pre-norm Transformer layer: attention then feed-forward, each with a residual (with
+    sandwich norms, each sublayer's output normed again before it is added: Gemma's)."""
 
     def __init__(self, args: ModelArgs, layer: int) -> None:
         super().__init__()
@@ -161,14 +183,19 @@ class Block(nn.Module):
         self.attention = Attention(args, layer)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
+        self.post_attention_norm = RMSNorm(args.dim, args.norm_eps) if args.sandwich_norms else None
+        self.post_ffn_norm = RMSNorm(args.dim, args.norm_eps) if args.sandwich_norms else None
         self.residual_scale = args.residual_scale
 
     def forward(self, x, cos, sin, mask, cache=None):
-        x = x + self._scaled(self.attention(self.attention_norm(x), cos, sin, mask, cache))
-        return x + self._scaled(self.feed_forward(self.ffn_norm(x)))
+        attended = self.attention(self.attention_norm(x), cos, sin, mask, cache)
+        x = x + self._residual(attended, self.post_attention_norm)
+        return x + self._residual(self.feed_forward(self.ffn_norm(x)), self.post_ffn_norm)
 
-    def _scaled(self, residual):
-        return residual if self.residual_scale == 1.0 else residual * self.residual_scale
+    def _residual(self, output, post_norm):
+        if post_norm is not None:
+            output = post_norm(output)
+        return output if self.residual_scale == 1.0 else output * self.residual_scale
 
 
 class Transformer(nn.Module):
@@ -188,6 +215,12 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(args, args.max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        local = windowed_rotation(args)
+        self.local_rotation = local is not None
+        if self.local_rotation:  # the windowed layers' own rotation (Gemma 3)
+            local_cos, local_sin = rope_tables(local, args.max_seq_len)
+            self.register_buffer("rope_local_cos", local_cos, persistent=False)
+            self.register_buffer("rope_local_sin", local_sin, persistent=False)
 
     def fit_rope(self, context: int) -> None:
         """Turn with the rotary factors for a context of `context` tokens: longrope's long
@@ -224,20 +257,33 @@ class Transformer(nn.Module):
         if cache is None and self.args.rope_scaling.uses_long_factors(time) != self.long_rope:
             # A whole sequence turns as its length asks (as transformers does), the held tables untouched.
             cos, sin = rope_tables(self.args, time, long_context=not self.long_rope)
-        cos = cos[position : position + time].to(x.device, x.dtype)
-        sin = sin[position : position + time].to(x.device, x.dtype)
-        mask = causal_mask(time, self.args.n_rep, x.device, x.dtype)
+        window = self.args.sliding_window
+        # What a layer turns and masks by: by whether it is windowed.
+        kinds = {False: self._positions(cos, sin, position, time, x, None)}
+        if self.args.windowed_layers:
+            local = (self.rope_local_cos, self.rope_local_sin) if self.local_rotation else (cos, sin)
+            kinds[True] = self._positions(*local, position, time, x, window)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, cache)
+            x = layer(x, *kinds[layer.attention.window is not None], cache)
         if last_only:
             x = x[:, -1:]
         logits = self.output(self.norm(x)).float()
+        if self.args.logit_softcap is not None:
+            logits = torch.tanh(logits / self.args.logit_softcap) * self.args.logit_softcap
         return logits if self.args.logit_scale == 1.0 else logits / self.args.logit_scale
 
+    def _positions(self, cos, sin, position, time, x, window):
+        """cos and sin of the tokens' positions, and the mask among them."""
+        return (cos[position : position + time].to(x.device, x.dtype), sin[position : position + time].to(x.device, x.dtype),
+                causal_mask(time, self.args.n_rep, x.device, x.dtype, window))
 
-def causal_mask(time: int, n_rep: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+
+def causal_mask(
+    time: int, n_rep: int, device: torch.device, dtype: torch.dtype, window: int | None = None
+) -> torch.Tensor | None:
     """Additive mask [n_rep*time, time] among `time` tokens for the grouped query rows: 0
-    where a key is visible, -inf where it is in the future.
+    where a key is visible, -inf where it is in the future (or, with a window, window or
+    more positions back).
 
     Made once per call in the model's dtype: a boolean mask would be converted to this
     inside every layer's attention call. A single token needs no mask at all.
@@ -245,6 +291,8 @@ def causal_mask(time: int, n_rep: int, device: torch.device, dtype: torch.dtype)
     if time == 1:
         return None
     positions = torch.arange(time, device=device)
-    future = positions[None, :] > positions[:, None]
-    mask = torch.zeros(future.shape, device=device, dtype=dtype).masked_fill_(future, float("-inf"))
+    hidden = positions[None, :] > positions[:, None]
+    if window is not None:
+        hidden |= positions[:, None] - positions[None, :] >= window
+    mask = torch.zeros(hidden.shape, device=device, dtype=dtype).masked_fill_(hidden, float("-inf"))
     return mask.repeat(n_rep, 1)

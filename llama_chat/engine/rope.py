@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
-from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.config import ModelArgs, RopeScaling
 
 
 def rope_inverse_frequencies(args: ModelArgs, *, long_context: bool = False) -> torch.Tensor:
@@ -81,6 +82,14 @@ def rope_tables(args: ModelArgs, length: int, *, long_context: bool = False) -> 
         cos[:, :turning] *= args.rope_scaling.attention_factor
         sin[:, :turning] *= args.rope_scaling.attention_factor
     return torch.cat([cos, cos], dim=-1).float()[:, None], torch.cat([-sin, sin], dim=-1).float()[:, None]
+
+
+def windowed_rotation(args: ModelArgs) -> ModelArgs | None:
+    """The arguments windowed layers turn by where they have a rotation of their own (Gemma 3's
+    local base, never scaled), else None: every layer turns alike."""
+    if args.local_rope_theta is None or not any(args.windowed_layers):
+        return None
+    return replace(args, rope_theta=args.local_rope_theta, rope_scaling=RopeScaling())
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -43,13 +43,17 @@ class CacheAttention(nn.Module):
         past_values: torch.Tensor,
         past_bias: torch.Tensor,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """q [time, heads, head_dim], new_keys and new_values [time, kv_heads, head_dim],
-        past_keys and past_values [kv_heads, capacity, head_dim] holding len(past_bias)
-        positions, the scores scaled by `scale`; the attended values [time, heads, head_dim]."""
+        past_keys and past_values [kv_heads, capacity, head_dim] whose first past_bias.shape[-1]
+        positions are scored, past_bias [position] or [time, position] added to those scores,
+        the scores scaled by `scale`, the new tokens seeing at most the last `window` of
+        themselves, every score capped by `softcap`; the attended values [time, heads, head_dim]."""
         out = torch.ops.llama_chat.cache_attention(
             q.float(), new_keys.float(), new_values.float(), past_keys, past_values, past_bias.float(),
-            scale, self.variant,
+            scale, window or 0, softcap or 0.0, self.variant,
         )
         return out.to(q.dtype)
 

@@ -23,7 +23,9 @@ struct KeyValueSpan {
     int64_t value_stride; // alike
     int64_t count;        // positions
     const float* bias;    // added to each position's score, or null
+    int64_t bias_stride;  // from one token's biases to the next's (0: every token the same)
     bool causal;          // the new tokens themselves: row (t, r) sees positions 0..first_token + t only
+    int64_t window;       // causal spans: and only the last `window` of those (0: all)
 };
 
 // The query rows of one key/value head: row t * n_rep + r is token t's query head
@@ -36,6 +38,7 @@ struct QueryRows {
     int64_t n_rep;
     int64_t head_dim;
     float scale;          // applied to every dot product (1 / sqrt(head_dim))
+    float softcap;        // scores capped to softcap * tanh(score / softcap) (0: not capped)
 };
 
 // A row's partial softmax in `state`: [maximum, sum, head_dim weighted values], one after

@@ -137,10 +137,13 @@ void to_float32(const void* source, int type, int64_t stride, int64_t count, int
     }
 }
 
-// scores[j] = q . key j * scale + bias[j] for j < visible: four keys at a time, each a
-// chain of its own, so a load of q serves four.
+// A score capped to softcap * tanh(score / softcap), where softcap is set (Gemma 2).
+inline float capped(float score, float softcap) { return softcap > 0.0f ? softcap * std::tanh(score / softcap) : score; }
+
+// scores[j] = q . key j * scale (capped) + bias[j] for j < visible: four keys at a time, each
+// a chain of its own, so a load of q serves four.
 void score(const float* q, const float* keys, int64_t key_stride, int64_t visible, int64_t head_dim, float scale,
-           const float* bias, float* scores) {
+           float softcap, const float* bias, float* scores) {
     int64_t j = 0;
     for (; j + 4 <= visible; j += 4) {
         const float* k = keys + j * key_stride;
@@ -157,7 +160,7 @@ void score(const float* q, const float* keys, int64_t key_stride, int64_t visibl
         sum4(a0, a1, a2, a3, s);
         for (; d < head_dim; ++d)
             for (int i = 0; i < 4; ++i) s[i] += q[d] * k[i * key_stride + d];
-        for (int i = 0; i < 4; ++i) scores[j + i] = s[i] * scale + (bias ? bias[j + i] : 0.0f);
+        for (int i = 0; i < 4; ++i) scores[j + i] = capped(s[i] * scale, softcap) + (bias ? bias[j + i] : 0.0f);
     }
     for (; j < visible; ++j) {
         const float* k = keys + j * key_stride;
@@ -166,7 +169,7 @@ void score(const float* q, const float* keys, int64_t key_stride, int64_t visibl
         for (; d + W <= head_dim; d += W) a = fma(load(q + d), load(k + d), a);
         float s = sum(a);
         for (; d < head_dim; ++d) s += q[d] * k[d];
-        scores[j] = s * scale + (bias ? bias[j] : 0.0f);
+        scores[j] = capped(s * scale, softcap) + (bias ? bias[j] : 0.0f);
     }
 }
 
@@ -242,12 +245,17 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
             keys = key_block;
         }
         for (int64_t t = 0; t < rows.tokens; ++t) {
-            // Among the new tokens, token t sees itself and those before it.
-            const int64_t visible = span.causal ? std::clamp<int64_t>(rows.first_token + t + 1 - first, 0, count) : count;
+            // Among the new tokens, token t sees itself and those before it (within the window).
+            const int64_t token = rows.first_token + t;
+            const int64_t visible = span.causal ? std::clamp<int64_t>(token + 1 - first, 0, count) : count;
+            const int64_t hidden = span.causal && span.window ? std::clamp<int64_t>(token + 1 - span.window - first, 0, visible)
+                                                              : 0;
+            const float* bias = span.bias ? span.bias + token * span.bias_stride + first : nullptr;
             for (int64_t r = 0; r < rows.n_rep; ++r) {
                 float* row_scores = scores + (t * rows.n_rep + r) * BLOCK;
                 score(rows.q + t * rows.token_stride + r * head_dim, keys, key_stride, visible, head_dim, rows.scale,
-                      span.bias ? span.bias + first : nullptr, row_scores);
+                      rows.softcap, bias, row_scores);
+                std::fill(row_scores, row_scores + hidden, NEGATIVE_INFINITY);
                 std::fill(row_scores + visible, row_scores + BLOCK, NEGATIVE_INFINITY);
             }
         }

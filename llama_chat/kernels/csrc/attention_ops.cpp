@@ -56,13 +56,15 @@ static void check_rows(const at::Tensor& t, const char* name, int64_t head_dim) 
                 " must hold each token's heads side by side, head_dim ", head_dim);
 }
 
-// q [T, heads, head_dim] at positions P.. (P = len(past_bias)), new_keys and new_values
-// [T, kv_heads, head_dim] (float32), past_keys and past_values [kv_heads, capacity,
-// head_dim] (float32, float16 or bfloat16) holding positions 0..P-1, past_bias [P] added to
-// their scores: softmax(q k^T scale) v over every position, [T, heads, head_dim] float32.
+// q [T, heads, head_dim], new_keys and new_values [T, kv_heads, head_dim] (float32),
+// past_keys and past_values [kv_heads, capacity, head_dim] (float32, float16 or bfloat16)
+// whose first P positions are scored, past_bias added to those scores: [P] alike for every
+// token, or [T, P] a row a token (a windowed layer's ring); softmax(q k^T scale) v over every
+// position, [T, heads, head_dim] float32. Among themselves the new tokens attend causally,
+// each to the last `window` of them at most (0: all); softcap > 0 caps every score.
 at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, const at::Tensor& new_values,
                            const at::Tensor& past_keys, const at::Tensor& past_values, const at::Tensor& past_bias,
-                           double scale, int64_t variant) {
+                           double scale, int64_t window, double softcap, int64_t variant) {
     const AttentionKernels& kernels = attention_kernels(variant);
     TORCH_CHECK(q.dim() == 3, "llama_chat: q must be [tokens, heads, head_dim]");
     const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -81,9 +83,12 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
                     past_values.is_contiguous(),
                 "llama_chat: past_keys and past_values must be contiguous, of one dtype");
     const int type = cache_type(past_keys);
-    TORCH_CHECK(past_bias.scalar_type() == at::kFloat && past_bias.dim() == 1 && past_bias.is_contiguous(),
-                "llama_chat: past_bias must be contiguous float32 [position]");
-    const int64_t position = past_bias.size(0), capacity = past_keys.size(1);
+    TORCH_CHECK(past_bias.scalar_type() == at::kFloat && past_bias.is_contiguous() &&
+                    (past_bias.dim() == 1 || (past_bias.dim() == 2 && past_bias.size(0) == tokens)),
+                "llama_chat: past_bias must be contiguous float32 [position] or [tokens, position]");
+    TORCH_CHECK(window >= 0 && softcap >= 0, "llama_chat: window and softcap must not be negative");
+    const int64_t position = past_bias.size(-1), capacity = past_keys.size(1);
+    const int64_t bias_stride = past_bias.dim() == 2 ? position : 0;
     TORCH_CHECK(position <= capacity, "llama_chat: ", position, " positions past a cache of ", capacity);
 
     at::Tensor out = at::empty({tokens, heads, head_dim}, q.options());
@@ -118,7 +123,7 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
             const int64_t run_tokens = std::min(tokens, first_token + run_length) - first_token;
             if (run_tokens == 0) continue;
             const QueryRows query{q.const_data_ptr<float>() + first_token * q.stride(0) + head * n_rep * head_dim,
-                                  q.stride(0), run_tokens, first_token, n_rep, head_dim, float(scale)};
+                                  q.stride(0), run_tokens, first_token, n_rep, head_dim, float(scale), float(softcap)};
             float* state = states.get() + ((head * chunks + chunk) * rows + first_token * n_rep) * state_size;
             for (int64_t row = 0; row < run_tokens * n_rep; ++row) {
                 state[row * state_size] = -INFINITY;
@@ -127,13 +132,14 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
             const int64_t first = std::min(position, chunk * chunk_length);
             const int64_t offset = (head * capacity + first) * head_dim * element_bytes;
             const KeyValueSpan past{keys + offset, values + offset, type, head_dim, head_dim,
-                                    std::min(position, first + chunk_length) - first, bias + first, false};
+                                    std::min(position, first + chunk_length) - first, bias + first, bias_stride,
+                                    false, 0};
             kernels.attend_span(query, past, state);
             if (chunk == chunks - 1) {  // the new tokens up to the run's last
                 const KeyValueSpan fresh{new_keys.const_data_ptr<float>() + head * head_dim,
                                          new_values.const_data_ptr<float>() + head * head_dim, CACHE_FLOAT32,
                                          new_keys.stride(0), new_values.stride(0), first_token + run_tokens, nullptr,
-                                         true};
+                                         0, true, window};
                 kernels.attend_span(query, fresh, state);
             }
         }
@@ -168,7 +174,7 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
 
 TORCH_LIBRARY_FRAGMENT(llama_chat, m) {
     m.def("cache_attention(Tensor q, Tensor new_keys, Tensor new_values, Tensor past_keys, Tensor past_values, "
-          "Tensor past_bias, float scale, int variant) -> Tensor");
+          "Tensor past_bias, float scale, int window, float softcap, int variant) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llama_chat, CPU, m) { m.impl("cache_attention", &llama_chat_kernels::cache_attention); }
