@@ -31,7 +31,15 @@ from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
 from llama_chat.checkpoints.stored import Rows, StoredMatrix, read_range
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
-from llama_chat.checkpoints.values import context_length, layer_count, of_type, real_number, shown, whole_number
+from llama_chat.checkpoints.values import (
+    context_length,
+    layer_count,
+    of_type,
+    positive_number,
+    real_number,
+    shown,
+    whole_number,
+)
 from llama_chat.engine.config import ARCHITECTURE_SWITCHES, ModelArgs, RopeScaling
 from llama_chat.engine.rope import rope_inverse_frequencies
 from llama_chat.errors import LlamaChatError, first_line
@@ -50,10 +58,18 @@ SUPPORTED_TYPES = frozenset(
 ROPE_FREQS = "rope_freqs.weight"
 # The architectures llama-chat reads from GGUF (Mistral's files say llama); their
 # hyper-parameters sit under the architecture's name (qwen2.block_count, ...).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite", "phi3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "granite", "phi3", "gemma2", "gemma3")
 # Those whose q/k rows llama.cpp's converter keeps as the checkpoint has them (rotating
 # halves); it stores the others' in the interleaved rotary layout.
-HALF_ROTARY = frozenset({"qwen2", "qwen3", "phi3"})
+HALF_ROTARY = frozenset({"qwen2", "qwen3", "phi3", "gemma2", "gemma3"})
+# Gemma's layers as llama.cpp reads a file that does not list them: of each run of this many
+# layers, the last attends globally and the others within the sliding window.
+GEMMA_WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
+# Gemma 2's caps where its file does not give them (llama.cpp's defaults).
+GEMMA2_SOFTCAPS = {"attention_softcap": 50.0, "logit_softcap": 30.0}
+# Gemma's 27 B models scale attention scores by the width per head, not the head's
+# size; their files do not say so, and llama.cpp knows them by their layer count.
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 # Phi-3's longrope factors, one per turning pair: within its original context, and beyond.
 LONGROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 # Granite's multipliers: ModelArgs' names -> the keys under the architecture's name.
@@ -78,6 +94,8 @@ GGUF_NAMES = TensorNames(
     v_bias="blk.{i}.attn_v.bias",
     q_norm="blk.{i}.attn_q_norm.weight",
     k_norm="blk.{i}.attn_k_norm.weight",
+    post_attention_norm="blk.{i}.post_attention_norm.weight",
+    post_ffn_norm="blk.{i}.post_ffw_norm.weight",
 )
 # Phi-3's files keep q, k and v in one tensor, and gate and up in one (under ffn_up's name).
 FUSED_GGUF_NAMES = replace(GGUF_NAMES, qkv="blk.{i}.attn_qkv.weight", gate_up="blk.{i}.ffn_up.weight")
@@ -227,7 +245,50 @@ def args_from_gguf_metadata(
         **ARCHITECTURE_SWITCHES.get(prefix, {}),
         **{name: real(key, 1.0) for name, key in SCALES.items() if f"{prefix}.{key}" in metadata},
     )
-    return replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors or {}, source))
+    args = replace(args, rope_scaling=_rope_scaling(metadata, prefix, args, rope_factors or {}, source))
+    return _gemma_args(metadata, prefix, args, source) if prefix in GEMMA_WINDOW_PATTERN else args
+
+
+def _gemma_args(metadata: Mapping[str, Any], prefix: str, args: ModelArgs, source: str) -> ModelArgs:
+    """Gemma 2's and 3's values as llama.cpp reads them: norms stored as 1 + w already (its
+    converter adds the 1), embeddings scaled by sqrt(dim), the windowed layers and their
+    rotation, the caps."""
+
+    def positive(key: str, default: float | None) -> float | None:
+        value = metadata.get(f"{prefix}.{key}", default)
+        return None if value is None else positive_number(value, f"{prefix}.{key}", source)
+
+    window_key = f"{prefix}.attention.sliding_window"
+    window = metadata.get(window_key, 4096 if prefix == "gemma2" else None)  # Gemma 2's default
+    windowed: tuple[bool, ...] = ()
+    if window is not None:
+        if type(window) is not int or window <= 0:
+            raise LlamaChatError(f"{source}: {window_key} is {shown(window)}, where a positive number of positions "
+                                 "belongs")
+        windowed = _windowed_layers(metadata, prefix, args.n_layers, source)
+    caps = GEMMA2_SOFTCAPS if prefix == "gemma2" else {"attention_softcap": None, "logit_softcap": None}
+    per_head = args.dim // args.n_heads if args.n_layers == GEMMA_27B_LAYERS[prefix] else args.head_dim
+    return replace(
+        args, embedding_scale=math.sqrt(args.dim), attention_scale=per_head**-0.5,
+        sliding_window=window if windowed else None, windowed_layers=windowed,
+        local_rope_theta=positive("rope.freq_base_swa", 10000.0 if prefix == "gemma3" else None),
+        attention_softcap=positive("attn_logit_softcapping", caps["attention_softcap"]),
+        logit_softcap=positive("final_logit_softcapping", caps["logit_softcap"]),
+    )
+
+
+def _windowed_layers(metadata: Mapping[str, Any], prefix: str, n_layers: int, source: str) -> tuple[bool, ...]:
+    """Which layers attend within the window: listed one by one, or every layer but the last
+    of each run of a pattern's length."""
+    key = f"{prefix}.attention.sliding_window_pattern"
+    pattern = metadata.get(key, GEMMA_WINDOW_PATTERN[prefix])
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or not all(type(entry) is bool for entry in pattern):
+            raise LlamaChatError(f"{source}: {key} lists {len(pattern)} entries for {n_layers} layers; "
+                                 "one true or false a layer belongs")
+        return tuple(pattern)
+    pattern = whole_number(pattern, key, source)
+    return tuple(layer % pattern < pattern - 1 for layer in range(n_layers))
 
 
 def _rope_scaling(

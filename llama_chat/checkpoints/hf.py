@@ -21,7 +21,15 @@ from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import chat_template, hf_tokenizer, token_content
-from llama_chat.checkpoints.values import context_length, layer_count, of_type, real_number, shown, whole_number
+from llama_chat.checkpoints.values import (
+    context_length,
+    layer_count,
+    of_type,
+    positive_number,
+    real_number,
+    shown,
+    whole_number,
+)
 from llama_chat.engine.config import ARCHITECTURE_SWITCHES, ModelArgs, RopeScaling
 from llama_chat.errors import LlamaChatError
 
@@ -158,22 +166,39 @@ HF_NAMES = TensorNames(
 # Phi-3 keeps q, k and v in one projection, and gate and up in one.
 FUSED_HF_NAMES = dataclasses.replace(HF_NAMES, qkv="model.layers.{i}.self_attn.qkv_proj.weight",
                                      gate_up="model.layers.{i}.mlp.gate_up_proj.weight")
+# Gemma's four norms a layer: its post_attention_layernorm is the norm after attention, not
+# Llama's before the feed-forward.
+GEMMA_HF_NAMES = dataclasses.replace(
+    HF_NAMES, ffn_norm="model.layers.{i}.pre_feedforward_layernorm.weight",
+    post_attention_norm="model.layers.{i}.post_attention_layernorm.weight",
+    post_ffn_norm="model.layers.{i}.post_feedforward_layernorm.weight",
+)
+# Hugging Face's model_type where it is not the architecture's name (which GGUF uses).
+HF_ARCHITECTURES = {"gemma3_text": "gemma3"}
+GEMMA = ("gemma2", "gemma3")
 
 
 def hf_names(args: ModelArgs) -> TensorNames:
     """The tensor names of a Hugging Face checkpoint of this architecture."""
+    if args.sandwich_norms:
+        return GEMMA_HF_NAMES
     return FUSED_HF_NAMES if args.architecture == "phi3" else HF_NAMES
 
 
 def convert_hf_state_dict(tensors: Mapping[str, Weight], args: ModelArgs) -> dict[str, Weight]:
-    """Hugging Face tensor names to this project's (q and k rows are already half-split)."""
+    """Hugging Face tensor names to this project's (q and k rows are already half-split);
+    Gemma's norms, which Hugging Face keeps as w and applies as 1 + w, as 1 + w."""
 
     def take(name: str) -> Weight:
         try:
             weight = tensors[name]
         except KeyError:
             raise LlamaChatError(f"checkpoint is missing tensor {name!r}") from None
-        return TensorMatrix.of(weight) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else weight
+        if isinstance(weight, torch.Tensor) and weight.ndim == 2:
+            return TensorMatrix.of(weight)
+        if args.architecture in GEMMA and name.endswith("norm.weight"):
+            return weight.float() + 1  # in float32, as Gemma's norm adds it
+        return weight
 
     return assemble_state_dict(args, hf_names(args), take, interleaved_rotary=False)
 
@@ -206,11 +231,17 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
 def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
     """ModelArgs for a config.json, refusing what the Llama blocks cannot run."""
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in ARCHITECTURE_SWITCHES:
+    if model_type == "gemma3" and "text_config" in config:
+        raise LlamaChatError(f"{config_path}: a Gemma 3 folder with its vision model; llama-chat reads a text-only "
+                             "one (model_type gemma3_text) or a GGUF file")
+    architecture = HF_ARCHITECTURES.get(model_type, model_type) if isinstance(model_type, str) else None
+    if architecture not in ARCHITECTURE_SWITCHES:
         raise LlamaChatError(
             f"{config_path}: model_type {shown(model_type)} is not supported: "
             f"llama-chat runs Llama-architecture models ({', '.join(ARCHITECTURE_SWITCHES)})"
         )
+    if architecture in GEMMA:
+        return _gemma_args(config, architecture, config_path)
     quantization = config.get("quantization_config")
     if quantization:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
@@ -226,6 +257,53 @@ def _checked_args(config: Mapping, config_path: Path) -> ModelArgs:
         # Within the window, sliding-window attention is plain causal attention.
         args = dataclasses.replace(args, max_seq_len=window)
     return args
+
+
+def _gemma_args(config: Mapping, architecture: str, config_path: Path) -> ModelArgs:
+    """Gemma 2's and 3's config.json: a GELU gate, embeddings scaled by sqrt(dim), scores by
+    query_pre_attn_scalar, windowed layers (listed by layer_types, or every layer but the last
+    of each run of sliding_window_pattern) with their own rotation, soft caps."""
+    activation = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation != "gelu_pytorch_tanh":
+        raise LlamaChatError(f"{config_path}: activation {shown(activation)} is not supported (Gemma's is "
+                             "gelu_pytorch_tanh)")
+    if config.get("attention_bias") or config.get("use_bidirectional_attention"):
+        raise LlamaChatError(f"{config_path}: attention biases or bidirectional attention are not supported")
+    # transformers 5 keeps each kind of layer's rotation apart: the global one is the model's.
+    rope = config.get("rope_parameters")
+    by_kind = rope if isinstance(rope, dict) and "full_attention" in rope else {}
+    rope_config = {**config, "rope_parameters": by_kind["full_attention"]} if by_kind else config
+    args = args_from_hf_config({**rope_config, "model_type": architecture,
+                                "tie_word_embeddings": config.get("tie_word_embeddings", True)}, config_path)
+    window = config.get("sliding_window")
+    windowed = _windowed_layers(config, architecture, args.n_layers, config_path) if window is not None else ()
+    local = (by_kind.get("sliding_attention") or {}).get("rope_theta") or config.get("rope_local_base_freq")
+    local = local or (10000.0 if architecture == "gemma3" else None)
+
+    def positive(key: str, value: object) -> float | None:
+        return None if value is None else positive_number(value, key, config_path)
+
+    scalar = positive("query_pre_attn_scalar", _given(config, "query_pre_attn_scalar", 256))
+    return dataclasses.replace(
+        args, embedding_scale=math.sqrt(args.dim), attention_scale=scalar**-0.5,
+        sliding_window=whole_number(window, "sliding_window", config_path) if windowed else None,
+        windowed_layers=windowed, local_rope_theta=positive("rope_local_base_freq", local),
+        attention_softcap=positive("attn_logit_softcapping", config.get("attn_logit_softcapping")),
+        logit_softcap=positive("final_logit_softcapping", config.get("final_logit_softcapping")),
+    )
+
+
+def _windowed_layers(config: Mapping, architecture: str, n_layers: int, source: object) -> tuple[bool, ...]:
+    kinds = config.get("layer_types")
+    if kinds is not None:
+        if (not isinstance(kinds, list) or len(kinds) != n_layers
+                or not set(kinds) <= {"sliding_attention", "full_attention"}):
+            raise LlamaChatError(f"{source}: layer_types must list sliding_attention or full_attention for each of "
+                                 f"the {n_layers} layers, got {shown(kinds)}")
+        return tuple(kind == "sliding_attention" for kind in kinds)
+    pattern = whole_number(_given(config, "sliding_window_pattern", 6 if architecture == "gemma3" else 2),
+                           "sliding_window_pattern", source)
+    return tuple(bool((layer + 1) % pattern) for layer in range(n_layers))
 
 
 def _source_quantization(config: Mapping, config_path: Path) -> str | None:

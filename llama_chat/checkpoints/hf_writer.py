@@ -9,6 +9,7 @@ tools (transformers among them) read as well, in float32, bfloat16 or float16.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -22,7 +23,23 @@ from llama_chat.engine.rope import head_feature_order
 
 # The Hugging Face classes of the architectures whose config.json differs from Llama's.
 CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM",
-           "phi3": "Phi3ForCausalLM"}
+           "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+MODEL_TYPES = {"gemma3": "gemma3_text"}  # Hugging Face's model_type where it is not the architecture's name
+
+
+def gemma_config(args: ModelArgs) -> dict:
+    """Gemma's own config.json entries (its norms are written as Hugging Face keeps them: w, not 1 + w)."""
+    windowed = args.windowed_layers or (False,) * args.n_layers
+    scalar = (args.attention_scale or args.head_dim**-0.5) ** -2
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": round(scalar) if math.isclose(scalar, round(scalar)) else scalar,  # a whole number
+        "sliding_window": args.sliding_window or args.max_seq_len,
+        "layer_types": ["sliding_attention" if kind else "full_attention" for kind in windowed],
+        "rope_local_base_freq": args.local_rope_theta or args.rope_theta,
+        "attn_logit_softcapping": args.attention_softcap,
+        "final_logit_softcapping": args.logit_softcap,
+    }
 
 
 def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
@@ -48,11 +65,12 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
     multipliers = {"embedding_multiplier": args.embedding_scale, "residual_multiplier": args.residual_scale,
                    "attention_multiplier": args.attention_scale or args.head_dim**-0.5,
                    "logits_scaling": args.logit_scale}
-    model_type = args.architecture if args.architecture in CLASSES else "llama"
+    architecture = args.architecture if args.architecture in CLASSES else "llama"
     return {
-        "architectures": [CLASSES.get(model_type, "LlamaForCausalLM")],
-        "model_type": model_type,
-        **(multipliers if model_type == "granite" else {}),
+        "architectures": [CLASSES.get(architecture, "LlamaForCausalLM")],
+        "model_type": MODEL_TYPES.get(architecture, architecture),
+        **(multipliers if architecture == "granite" else {}),
+        **(gemma_config(args) if args.sandwich_norms else {}),
         **({"partial_rotary_factor": args.rotary_dim / args.head_dim} if args.rotary_dim != args.head_dim else {}),
         # Phi-3's config reads its original context here, not from rope_scaling.
         **({"original_max_position_embeddings": scaling.original_max_position_embeddings}
@@ -69,7 +87,7 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
         "rope_scaling": rope_scaling,
         "max_position_embeddings": args.max_seq_len,
         "tie_word_embeddings": args.tie_embeddings,
-        "hidden_act": "silu",
+        "hidden_act": "gelu_pytorch_tanh" if args.gelu_feed_forward else "silu",
         "bos_token_id": checkpoint.tokenizer.bos_id,
         "eos_token_id": checkpoint.tokenizer.eos_id,
         "pad_token_id": None,  # said: some classes' defaults (Phi-3's 32000) lie outside a small vocabulary
@@ -86,6 +104,8 @@ def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torc
         return tensor.to(dtype).contiguous().clone()  # safetensors wants unshared, contiguous storage
 
     names = hf_names(args)
+    if args.sandwich_norms:  # Gemma's norms as Hugging Face keeps them: w, applied as 1 + w
+        tensors = {name: tensor - 1 if name.endswith("norm.weight") else tensor for name, tensor in tensors.items()}
     # Each q and k head's features back in the order Hugging Face's rotation reads them.
     order = torch.tensor(head_feature_order(args.head_dim, args.rotary_dim, interleaved=False)).argsort()
 
@@ -119,6 +139,9 @@ def to_hf_tensors(tensors: dict[str, torch.Tensor], args: ModelArgs, dtype: torc
         if args.qk_norm:
             layer.update({names.q_norm: stored(tensors[ours + "attention.q_norm.weight"]),
                           names.k_norm: stored(tensors[ours + "attention.k_norm.weight"])})
+        if args.sandwich_norms:
+            layer.update({names.post_attention_norm: tensors[ours + "post_attention_norm.weight"],
+                          names.post_ffn_norm: tensors[ours + "post_ffn_norm.weight"]})
         out.update({template.format(i=i): own(tensor) for template, tensor in layer.items()})
     return out
 

@@ -35,6 +35,9 @@ class TensorNames:
     v_bias: str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
+    # Only with ModelArgs.sandwich_norms (Gemma): the norms after attention and after the feed-forward.
+    post_attention_norm: str | None = None
+    post_ffn_norm: str | None = None
     # Where a format keeps q, k and v as one tensor (rows q|k|v), and gate and up as one
     # (rows gate|up): Phi-3's; q, k, v, gate and up are then not looked for.
     qkv: str | None = None
@@ -78,6 +81,8 @@ def expected_shapes(args: ModelArgs, names: TensorNames) -> dict[str, tuple[int,
         per_layer.update({names.q_bias: (q_rows,), names.k_bias: (kv_rows,), names.v_bias: (kv_rows,)})
     if args.qk_norm:
         per_layer.update({names.q_norm: (args.head_dim,), names.k_norm: (args.head_dim,)})
+    if args.sandwich_norms:
+        per_layer.update({names.post_attention_norm: (args.dim,), names.post_ffn_norm: (args.dim,)})
     for i in range(args.n_layers):
         shapes.update({name.format(i=i): shape for name, shape in per_layer.items()})
     return shapes
@@ -134,4 +139,7 @@ def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleave
         if args.qk_norm:
             state[ours + "attention.q_norm.weight"] = rotary(layer(names.q_norm), 1)
             state[ours + "attention.k_norm.weight"] = rotary(layer(names.k_norm), 1)
+        if args.sandwich_norms:
+            state[ours + "post_attention_norm.weight"] = layer(names.post_attention_norm)
+            state[ours + "post_ffn_norm.weight"] = layer(names.post_ffn_norm)
     return state

@@ -54,6 +54,14 @@ def real_number(value: Any, name: str, source: object) -> float:
     raise LlamaChatError(f"{source}: {name} is {shown(value)}, where a number belongs")
 
 
+def positive_number(value: Any, name: str, source: object) -> float:
+    """`value` as a float if it is a finite number above 0, else LlamaChatError."""
+    number = real_number(value, name, source)
+    if number <= 0:
+        raise LlamaChatError(f"{source}: {name} is {shown(value)}, where a positive number belongs")
+    return number
+
+
 _KIND_NAMES = {str: "text", int: "a whole number", float: "a number", bool: "true or false", list: "a list"}
 
 
