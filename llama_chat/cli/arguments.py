@@ -36,7 +36,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("the model and how it is loaded")
     model.add_argument("--model", "-m", help="a .gguf file, or a Hugging Face or Meta checkpoint directory "
                        "(default: SmolLM2-135M-Instruct)")
-    model.add_argument("--chat-format", help="llama3, llama2, chatml, plain, or template (the model's own)")
+    model.add_argument("--chat-format", help="llama3, llama2, chatml, gemma, plain, or template (the model's own)")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     model.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16: the model's dtype; "
                        "with packed cpu weights, what prompt steps multiply in, auto measured (default: auto)")

@@ -188,6 +188,9 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             reason = kernels_wanting(model, model_options.kernels)
             if reason:
                 print(f"llama-chat: PyTorch's kernels run: {reason}", file=sys.stderr)
+            if model_options.chat_format is None and model.chat_format.name == "plain":
+                print(f"llama-chat: {model.name} has no chat template (a base model?): replies continue the text "
+                      "as plain completion; --chat-format names a format for turns", file=sys.stderr)
             session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
                               model_path=model_path)
             # Flags first, then what the model file recommends, then llama-chat's defaults.

@@ -1,4 +1,4 @@
-"""The chat formats llama-chat knows itself (llama3, llama2, chatml, plain), encoded at the
+"""The chat formats llama-chat knows itself (llama3, llama2, chatml, gemma, plain), encoded at the
 token level: control tokens are appended as ids, message text goes through `encode`."""
 
 from __future__ import annotations
@@ -112,6 +112,40 @@ class ChatMLFormat(ChatFormat):
             ids += encode("\n")
         if add_generation_prompt:
             ids += [self.start, *encode("assistant\n")]
+        return ids
+
+
+class GemmaFormat(ChatFormat):
+    """Gemma's turns: <bos>, then per message <start_of_turn>role\ncontent<end_of_turn>\n, the
+    assistant's role called "model" and the content stripped; Gemma has no system role, so
+    a system prompt opens the first user message, followed by a blank line (as Gemma's own
+    template places it). The cue is <start_of_turn>model\n."""
+
+    name = "gemma"
+    ROLE_NAMES = {"user": "user", "assistant": "model"}
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        if tokenizer.bos_id is None:
+            raise LlamaChatError(f"the tokenizer has no bos token, needed by the gemma chat format; {PICK_ANOTHER}")
+        self.tokenizer = tokenizer
+        self.start, self.end = control_ids(tokenizer, self.name, ["<start_of_turn>", "<end_of_turn>"])
+        self.turn_end_ids = frozenset({self.end})
+
+    def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        check_messages(messages)
+        encode = self.tokenizer.encode
+        system = ""
+        if messages and messages[0]["role"] == "system":
+            system, messages = messages[0]["content"] + "\n\n", messages[1:]
+        ids = [self.tokenizer.bos_id]
+        for index, message in enumerate(messages):
+            if message["role"] == "system":
+                raise LlamaChatError("the gemma chat format takes a system message only at the start")
+            prefix = system if index == 0 and message["role"] == "user" else ""
+            text = f"{self.ROLE_NAMES[message['role']]}\n{prefix}{message['content'].strip()}"
+            ids += [self.start, *encode(text), self.end, *encode("\n")]
+        if add_generation_prompt:
+            ids += [self.start, *encode("model\n")]
         return ids
 
 

@@ -4,7 +4,7 @@ format_choice.py picks one for a model.
 
 A conversation is a list of messages {"role": "system" | "user" | "assistant", "content": str}.
 
-Built-in formats (llama3, llama2, chatml, plain) are encoded at the token level, as Meta's
+Built-in formats (llama3, llama2, chatml, gemma, plain) are encoded at the token level, as Meta's
 reference does: control tokens are looked up by name and appended as ids, and message text
 goes through `tokenizer.encode`, which treats it as plain text. So a user who types
 "<|eot_id|>" or "<|im_end|>" gets those characters, never the control token.
@@ -13,7 +13,8 @@ Prefix property (what lets the session reuse its KV cache): for a conversation C
 a closed assistant reply, encode(C, add_generation_prompt=False) is a prefix of
 encode(C + [user message]). This holds for every built-in format, because each turn ends
 with a control id (llama3 <|eot_id|>, llama2 </s>) or with text bounded by control ids
-(chatml "<|im_end|>\\n"), and nothing already encoded depends on later messages. It holds
+(chatml "<|im_end|>\\n", gemma "<end_of_turn>\\n"), and nothing already encoded depends
+on later messages. It holds
 for a template when the template renders each message without looking at later ones and
 closes a turn with a special token; it fails for templates that rewrite earlier turns (for
 example those that drop the reasoning of earlier replies: the session then keeps the
@@ -35,7 +36,7 @@ from llama_chat.text.tokenizer import Tokenizer
 Message = Mapping[str, str]
 
 ROLES = ("system", "user", "assistant")
-FORMAT_NAMES = ("llama2", "llama3", "chatml", "plain", "template")
+FORMAT_NAMES = ("llama2", "llama3", "chatml", "gemma", "plain", "template")
 
 # What reasoning models write around their thinking, before the answer.
 THINKING_OPEN, THINKING_CLOSE = "<think>", "</think>"

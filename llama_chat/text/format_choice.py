@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.builtin_formats import ChatMLFormat, Llama2Format, Llama3Format, PlainFormat
+from llama_chat.text.builtin_formats import ChatMLFormat, GemmaFormat, Llama2Format, Llama3Format, PlainFormat
 from llama_chat.text.chat_format import FORMAT_NAMES, ChatFormat
 from llama_chat.text.tokenizer import Tokenizer
 
@@ -33,7 +33,8 @@ def guess_format_name(tokenizer: Tokenizer) -> str:
     return "llama2" if llama2_vocabulary else "plain"
 
 
-BUILT_IN = {"llama2": Llama2Format, "llama3": Llama3Format, "chatml": ChatMLFormat, "plain": PlainFormat}
+BUILT_IN = {"llama2": Llama2Format, "llama3": Llama3Format, "chatml": ChatMLFormat, "gemma": GemmaFormat,
+            "plain": PlainFormat}
 
 
 def get_chat_format(
@@ -61,7 +62,7 @@ def get_chat_format(
     if name == "template":
         if template is None:
             raise LlamaChatError(
-                "the model has no chat template; use --chat-format llama2, llama3, chatml or plain"
+                "the model has no chat template; use --chat-format llama2, llama3, chatml, gemma or plain"
             )
         from llama_chat.text.template_format import TemplateFormat  # Jinja, only for a template
 
