@@ -46,8 +46,9 @@ from .test_gguf import tiny_hf_model, write_gguf
 
 TYPES = list(BLOCK_TYPES)
 # Where each type keeps float16 fields, and a spread for them that gives weights near 0.1.
-HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q8_0": [(0, 0.001)],
-          "Q4_K": [(0, 0.001), (2, 0.001)], "Q5_K": [(0, 0.001), (2, 0.001)], "Q6_K": [(208, 0.0005)]}
+HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q5_0": [(0, 0.005)], "Q5_1": [(0, 0.005), (2, 0.1)],
+          "Q8_0": [(0, 0.001)], "Q4_K": [(0, 0.001), (2, 0.001)], "Q5_K": [(0, 0.001), (2, 0.001)],
+          "Q6_K": [(208, 0.0005)]}
 
 
 def variants():
@@ -136,7 +137,7 @@ def four_q4_0_rows(**changes):
     (four_q4_0_rows(blocks=torch.zeros(4, 36, dtype=torch.int8)), "blocks must be contiguous uint8"),
     (four_q4_0_rows(blocks=torch.zeros(36, 4, dtype=torch.uint8).t()), "blocks must be contiguous uint8"),
     (four_q4_0_rows(arranged=torch.zeros(576, dtype=torch.int16)), "arranged must be contiguous uint8"),
-    (four_q4_0_rows(block_type=7), "unsupported block type 7"),
+    (four_q4_0_rows(block_type=9), "unsupported block type 9"),  # Q8_1
 ])
 def test_arranging_refuses_what_it_cannot_lay_out(call, message):
     with pytest.raises(RuntimeError, match=message):
@@ -167,7 +168,7 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
     group's largest magnitude / 127 (8 bits) or / 32385 (16 bits, as two int8 halves),
     moves by at most half a level, so each output is within the sum of |weight| times
     that; and every variant gives the portable one's result up to float rounding."""
-    columns = 768 if block_type in ("Q4_0", "Q4_1", "Q8_0") else 512
+    columns = 768 if block_type in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else 512
     raw = random_blocks(block_type, 21, columns, seed=2)
     x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(3))
     exact = reference(raw, block_type, x)
@@ -189,7 +190,7 @@ def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     rearranged, but Q4_K's hold each 6-bit scale in a byte (148 bytes a block against 144)."""
     raw = torch.from_numpy(random_blocks(block_type, 37, 512, seed=5))
     tiles = tile_rows(raw, block_type)
-    growth = {"Q4_0": 1, "Q4_1": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
+    growth = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
     assert tiles.shape == (3, 16 * raw.shape[1] * growth) == (3, arranged_bytes(block_type, 512))
     assert torch.equal(untile_rows(tiles, block_type, 37), raw)
     assert not untile_rows(tiles, block_type, 48)[37:].any()
