@@ -58,8 +58,8 @@ struct QuantizedRows {
 //     16 rows (16 bytes each)                                         w = d sc (q - 32)
 // so the weights keep their file's size (Q4_K: 148 bytes a row's block against 144), and
 // one 64-byte load, split into nibbles, feeds two vpdpbusd with 16 rows each, single tokens
-// and several alike. A Q5 level vector's fifth bits are one shift and one mask of the same
-// 64-byte line away (bit v to bit 4), as Q6_K's top two bits are.
+// and several alike. A Q5 level vector's fifth bits come from one more line, all 8
+// vectors' from the same: one bit test (AVX-512) or one shift and one mask (AVX2) away.
 constexpr int TILE_ROWS = 16;
 
 constexpr bool tiled_type(int type) {

@@ -95,19 +95,6 @@ struct TileGroup {
 #endif
 };
 
-// Bit v of each byte moved to bit 4, where a 5-bit level has its fifth (16-bit shifts: what
-// crosses from the neighbouring byte lands on bits 0-3, shifted left by at most 4, or on
-// bits 5-7, shifted right by at most 3; never on bit 4).
-#if VARIANT == 2
-inline __m512i bit_to_fourth(__m512i bits, int v) {
-    return v < 4 ? _mm512_slli_epi16(bits, 4 - v) : v == 4 ? bits : _mm512_srli_epi16(bits, v - 4);
-}
-#elif VARIANT == 1
-inline __m256i bit_to_fourth(__m256i bits, int v) {
-    return v < 4 ? _mm256_slli_epi16(bits, 4 - v) : v == 4 ? bits : _mm256_srli_epi16(bits, v - 4);
-}
-#endif
-
 #if VARIANT == 2
 // One (half) group's float work for one token: total (the integer dot products) into acc.
 template <int TYPE>
@@ -145,12 +132,16 @@ inline void unpack_chunk(const uint8_t* levels, const uint8_t* high_bits, int k,
         low = _mm512_or_si512(low, _mm512_and_si512(first, top));
         high = _mm512_or_si512(high, _mm512_and_si512(second, top));
     } else if constexpr (TileGroup<TYPE>::FIFTH_BIT) {
-        // vector v's fifth bits are bit v of the group's 64 bytes: each a shift and one
-        // vpternlogd (0xF8: level | (shifted & fifth)) from its level
+        // vector v's fifth bits are bit v of the group's 64 bytes: a vptestmb picks them into
+        // a mask, a masked vpaddb adds 16 where they are set (a single token's tiles in L2
+        // measured 1.13x faster, 4 tokens' 1.03x, than moving the bit to bit 4 by a shift and
+        // or-ing it in: the shift competes with vpdpbusd for port 0, the test does not)
         const __m512i fifth = _mm512_set1_epi8(0x10);
         const __m512i bits = _mm512_loadu_si512(high_bits);
-        low = _mm512_ternarylogic_epi32(low, bit_to_fourth(bits, 2 * k), fifth, 0xF8);
-        high = _mm512_ternarylogic_epi32(high, bit_to_fourth(bits, 2 * k + 1), fifth, 0xF8);
+        const __mmask64 first = _mm512_test_epi8_mask(bits, _mm512_set1_epi8(char(1 << (2 * k))));
+        const __mmask64 second = _mm512_test_epi8_mask(bits, _mm512_set1_epi8(char(1 << (2 * k + 1))));
+        low = _mm512_mask_add_epi8(low, first, low, fifth);
+        high = _mm512_mask_add_epi8(high, second, high, fifth);
     }
 }
 #endif
@@ -249,11 +240,18 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
                     const __m256i second = k % 2 ? _mm256_srli_epi16(bits, 2) : _mm256_slli_epi16(bits, 2);
                     level[2 * k] = _mm256_or_si256(level[2 * k], _mm256_and_si256(first, top));
                     level[2 * k + 1] = _mm256_or_si256(level[2 * k + 1], _mm256_and_si256(second, top));
-                } else if constexpr (Group::FIFTH_BIT) {  // as unpack_chunk
+                } else if constexpr (Group::FIFTH_BIT) {
+                    // bit v of each byte moved to bit 4 and or-ed in (16-bit shifts: what
+                    // crosses from the neighbouring byte lands on bits 0-3, shifted left by at
+                    // most 4, or on bits 5-7, shifted right by at most 3; never on bit 4)
                     const __m256i bits =
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Group::high_bits(tile, g) + 32 * h));
-                    for (int v = 2 * k; v < 2 * k + 2; ++v)
-                        level[v] = _mm256_or_si256(level[v], _mm256_and_si256(bit_to_fourth(bits, v), fifth));
+                    for (int v = 2 * k; v < 2 * k + 2; ++v) {
+                        const __m256i moved = v < 4    ? _mm256_slli_epi16(bits, 4 - v)
+                                              : v == 4 ? bits
+                                                       : _mm256_srli_epi16(bits, v - 4);
+                        level[v] = _mm256_or_si256(level[v], _mm256_and_si256(moved, fifth));
+                    }
                 }
             }
             __m256 scale[HALVES], minimum[HALVES];
