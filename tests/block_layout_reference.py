@@ -13,10 +13,13 @@ from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 # against it rather than against what it reports of itself.
 ROW_GROUP = 4
 TILE_ROWS = 16
-TILED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K")
-TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q4_K": (2, 0), "Q6_K": (1, 208)}  # float16 fields: count, where
+TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+FIFTH_BIT_TYPES = ("Q5_0", "Q5_1")  # 5-bit levels: 4 bits as Q4_0's, the fifth in a plane of its own
+TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q5_0": (1, 0), "Q5_1": (2, 0), "Q4_K": (2, 0),
+               "Q6_K": (1, 208)}  # float16 fields: count, where
 BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}  # (weights, bytes)
 CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]  # Q6_K's 2-bit high parts in a byte
+BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # a byte's bits, one a place
 
 
 def interleave_rows(rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
@@ -57,6 +60,11 @@ def block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, to
         high = blocks[..., 128:192].reshape(rows, units, 2, 1, 32)
         nibbles = torch.cat([low & 15, low >> 4], dim=3)  # quarters 0..3 of each half block
         levels = nibbles | (((high >> CRUMB_SHIFTS) & 3) << 4)
+    elif block_type in FIFTH_BIT_TYPES:
+        qh = blocks[..., 2 * fields : 2 * fields + 4]  # bit i of byte b: column 8 b + i's fifth bit
+        fifth = ((qh[..., None] >> BIT_SHIFTS) & 1).reshape(rows, units, 32)
+        nibbles = blocks[..., 2 * fields + 4 :]
+        levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1) | (fifth << 4)  # byte i: columns i and i + 16
     else:
         nibbles = blocks[..., 2 * fields :]
         levels = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # byte i: columns i and i + 16
@@ -64,9 +72,8 @@ def block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, to
 
 
 def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
-    """Q4_0, Q4_1, Q4_K or Q6_K blocks [rows, bytes a row] (rows padded with zeros to a
-    multiple of 16) as tiles [rows / 16, arranged_bytes], laid out as kernels/csrc/kernels.h
-    says."""
+    """Blocks of a tiled type [rows, bytes a row] (rows padded with zeros to a multiple of 16)
+    as tiles [rows / 16, arranged_bytes], laid out as kernels/csrc/kernels.h says."""
     rows = padded(rows, TILE_ROWS)
     tiles = len(rows) // TILE_ROWS
     levels, halves, factors = block_parts(rows.view(len(rows), -1, BLOCK_SIZES[block_type][1]), block_type)
@@ -80,6 +87,10 @@ def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
         crumbs = (slices >> 4).reshape(tiles, TILE_ROWS, groups, 2, 4, 4)  # [.., chunk, v % 4, j]
         bits = (crumbs << CRUMB_SHIFTS).sum(dim=4, dtype=torch.uint8)  # disjoint bits: the sum is their or
         parts.append(bits.permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
+    if block_type in FIFTH_BIT_TYPES:  # the fifth bits: bit v of byte 4 r + j is level vector v's, column 4 v + j
+        fifth = (slices >> 4).reshape(tiles, TILE_ROWS, groups, 8, 4)  # [.., v, j]
+        bits = (fifth << BIT_SHIFTS[:, None]).sum(dim=3, dtype=torch.uint8)  # disjoint bits: the sum is their or
+        parts.append(bits.permute(0, 2, 1, 3).reshape(tiles, units, -1))
     parts.append(halves.view(tiles, TILE_ROWS, units, -1, 2).permute(0, 2, 3, 1, 4).reshape(tiles, units, -1))
     if factors is not None:
         parts.append(factors.reshape(tiles, TILE_ROWS, units, -1).permute(0, 2, 3, 1).reshape(tiles, units, -1))

@@ -46,8 +46,9 @@ from .test_gguf import tiny_hf_model, write_gguf
 
 TYPES = list(BLOCK_TYPES)
 # Where each type keeps float16 fields, and a spread for them that gives weights near 0.1.
-HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q8_0": [(0, 0.001)],
-          "Q4_K": [(0, 0.001), (2, 0.001)], "Q5_K": [(0, 0.001), (2, 0.001)], "Q6_K": [(208, 0.0005)]}
+HALVES = {"Q4_0": [(0, 0.01)], "Q4_1": [(0, 0.01), (2, 0.1)], "Q5_0": [(0, 0.005)], "Q5_1": [(0, 0.005), (2, 0.1)],
+          "Q8_0": [(0, 0.001)], "Q4_K": [(0, 0.001), (2, 0.001)], "Q5_K": [(0, 0.001), (2, 0.001)],
+          "Q6_K": [(208, 0.0005)]}
 
 
 def variants():
@@ -136,7 +137,7 @@ def four_q4_0_rows(**changes):
     (four_q4_0_rows(blocks=torch.zeros(4, 36, dtype=torch.int8)), "blocks must be contiguous uint8"),
     (four_q4_0_rows(blocks=torch.zeros(36, 4, dtype=torch.uint8).t()), "blocks must be contiguous uint8"),
     (four_q4_0_rows(arranged=torch.zeros(576, dtype=torch.int16)), "arranged must be contiguous uint8"),
-    (four_q4_0_rows(block_type=7), "unsupported block type 7"),
+    (four_q4_0_rows(block_type=9), "unsupported block type 9"),  # Q8_1
 ])
 def test_arranging_refuses_what_it_cannot_lay_out(call, message):
     with pytest.raises(RuntimeError, match=message):
@@ -167,7 +168,7 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
     group's largest magnitude / 127 (8 bits) or / 32385 (16 bits, as two int8 halves),
     moves by at most half a level, so each output is within the sum of |weight| times
     that; and every variant gives the portable one's result up to float rounding."""
-    columns = 768 if block_type in ("Q4_0", "Q4_1", "Q8_0") else 512
+    columns = 768 if block_type in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else 512
     raw = random_blocks(block_type, 21, columns, seed=2)
     x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(3))
     exact = reference(raw, block_type, x)
@@ -182,6 +183,63 @@ def test_quantised_activations_stay_within_their_rounding(block_type, rows, bits
         assert ((got - portable).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
+def one_thread(call):
+    """call() on one thread: a single token then runs its first tiles four at a time (the
+    AVX-512 path that shares broadcasts), whose count would otherwise depend on the threads."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        return call()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("block_type", ["Q5_0", "Q5_1"])
+@pytest.mark.parametrize("tokens", [1, 3, 7, 16])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_five_bit_tiles_match_gguf_dequantisation_in_every_variant(block_type, tokens, bits):
+    """Q5_0 and Q5_1 tiles in each variant against x @ W^T, W as gguf dequantises the same
+    blocks: 101 rows (7 tiles, four of them run together for a single token, the last padded),
+    3 units wide; each output within half an activation level times the row's |weights|."""
+    columns = 96
+    raw = random_blocks(block_type, 101, columns, seed=tokens)
+    x = torch.randn(tokens, columns, generator=torch.Generator().manual_seed(bits))
+    exact = reference(raw, block_type, x)
+    weight = torch.from_numpy(quants.dequantize(raw, QType[block_type]).astype(np.float64)).reshape(101, columns)
+    top = 127 if bits == 8 else 32385
+    half_level = (x.double().view(tokens, -1, 32).abs().amax(-1, keepdim=True) / top / 2).expand(-1, -1, 32)
+    bound = half_level.reshape(tokens, columns) @ weight.abs().t()
+    for variant in variants():
+        got = one_thread(lambda: run(x, raw, block_type, variant, bits)).double()
+        assert got.shape == (tokens, 101)
+        assert ((got - exact).abs() <= bound * 1.001 + 1e-5 * exact.abs().max()).all(), variant
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("block_type", TILED_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_tiled_levels_at_their_largest_do_not_overflow_the_products(block_type, bits):
+    """Every level at its type's top (all level bits set: 15, Q5's 31, Q6_K's 63) against
+    activations at +-127 (16 bits: high halves of +-127): the largest products AVX2 adds in
+    16 bits (2 * 31 * 127 = 7874 a pair for 5-bit levels, four pairs at a time) are exact in
+    every variant, where a saturated sum would be off by half."""
+    rows, columns = 32, 512
+    weights, size = BLOCK_SIZES[block_type]
+    raw = random_blocks(block_type, rows, columns, seed=3).reshape(rows, -1, size)
+    fields = np.zeros(size, dtype=bool)
+    for offset, _ in HALVES[block_type]:
+        fields[offset : offset + 2] = True
+    raw[:, :, ~fields] = 0xFF  # levels, their high bits and (K types) the byte scales all ones
+    raw = raw.reshape(rows, -1)
+    x = torch.ones(2, columns)
+    x[1] = -1
+    exact = reference(raw, block_type, x)
+    for variant in variants():
+        got = run(x, raw, block_type, variant, bits).double()
+        assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5, variant
+
+
 @pytest.mark.needs_kernels
 @pytest.mark.parametrize("block_type", TILED_TYPES)
 def test_tiles_hold_the_file_blocks_at_their_size(block_type):
@@ -189,7 +247,7 @@ def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     rearranged, but Q4_K's hold each 6-bit scale in a byte (148 bytes a block against 144)."""
     raw = torch.from_numpy(random_blocks(block_type, 37, 512, seed=5))
     tiles = tile_rows(raw, block_type)
-    growth = {"Q4_0": 1, "Q4_1": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
+    growth = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
     assert tiles.shape == (3, 16 * raw.shape[1] * growth) == (3, arranged_bytes(block_type, 512))
     assert torch.equal(untile_rows(tiles, block_type, 37), raw)
     assert not untile_rows(tiles, block_type, 48)[37:].any()
@@ -403,6 +461,35 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
         singles = [fast.runner(cache, [token]) for token in ids[12:]]
         got = torch.stack([first, *singles])
         assert torch.allclose(got, expected[11:], atol=0.05 * float(expected.abs().max())), variant
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q5_1], ids=lambda q: q.name)
+def test_a_gguf_files_five_bit_matrices_are_held_in_their_own_type(tmp_path, monkeypatch, qtype):
+    """A tiny model that gguf's quantiser wrote as Q5_0 (Q5_1): every matrix, the embedding
+    and the head too, is held as the file's blocks at the file's size (not widened to Q8_0),
+    and each variant's logits over a prompt step and single tokens are the float model's."""
+    path = write_gguf(tmp_path / f"{qtype.name}.gguf", tiny_hf_model(seed=7), qtype=qtype)
+    exact = llama_chat.load(path, device="cpu", dtype="float32")
+    ids = list(range(3, 23))
+    expected = exact.logits(ids)
+    stored = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
+    for variant in variants():
+        monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
+        fast = llama_chat.load(path, options_from_environment(), device="cpu")
+        assert fast.quantization == qtype.name and f"{variant} kernels" in fast.weights_note
+        w2 = fast.transformer.layers[1].feed_forward.w2
+        assert isinstance(w2, BlockLinear) and (w2.block_type, w2.tiled) == (qtype.name, True)
+        file_rows = torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1)
+        assert torch.equal(w2.file_blocks(), file_rows) and w2.blocks.numel() == file_rows.numel()
+        assert fast.transformer.output.block_type == qtype.name
+        assert fast.transformer.tok_embeddings.table.block_type == qtype.name
+        cache = fast.new_cache(64)
+        first = fast.runner(cache, ids[:12])
+        singles = [fast.runner(cache, [token]) for token in ids[12:]]
+        got = torch.stack([first, *singles])
+        # measured: within 0.08% of the largest logit (16-bit activations on exact weights)
+        assert torch.allclose(got, expected[11:], atol=0.01 * float(expected.abs().max())), variant
 
 
 def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from llama_chat.checkpoints.stored import Int4Groups
 
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 # Types llama-chat's own kernels read as the file stores them (kernels/block_linear).
-KERNEL_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+KERNEL_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _float16(raw: np.ndarray, start: int) -> np.ndarray:

@@ -1,14 +1,15 @@
 """Weights held as GGUF blocks and multiplied by llama-chat's own kernels (native.py).
 
-A GGUF file's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's blocks and
-(but for Q4_K's 6-bit scales, held a byte each: 148 bytes a block against 144) its size:
-- Q4_0, Q4_1, Q4_K and Q6_K are rearranged into tiles of 16 rows whose 4-bit levels (Q6_K:
-  their low 4 bits, the top 2 in planes of their own) feed integer
-  dot products directly (kernels.h has the layout): a single token and several tokens both
-  run integer kernels, with activations quantised per group of 32 to 16 bits carried as
-  two int8 halves (within 1/65000 of each group's largest value; a step's activations can
-  go to int8 instead, half the integer work, but measured to change 4% of the default
-  model's teacher-forced choices; see the README).
+A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's
+blocks and (but for Q4_K's 6-bit scales, held a byte each: 148 bytes a block against 144)
+its size:
+- Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K are rearranged into tiles of 16 rows whose 4-bit
+  levels (Q5_0, Q5_1 and Q6_K: their low 4 bits, the fifth bit or top 2 in planes of their
+  own) feed integer dot products directly (kernels.h has the layout): a single token and
+  several tokens both run integer kernels, with activations quantised per group of 32 to
+  16 bits carried as two int8 halves (within 1/65000 of each group's largest value; a
+  step's activations can go to int8 instead, half the integer work, but measured to change
+  4% of the default model's teacher-forced choices; see the README).
 - Q8_0 and Q5_K keep their blocks with rows in groups of 4, interleaved block by
   block, so that a single token reads 4 rows as one sequential stream (1.36x faster from
   memory than 4 rows side by side); a single token multiplies them with float32
@@ -92,6 +93,9 @@ def _k_scales_packed(scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tens
 
 # Q6_K's 2-bit high parts: four to a byte, at these shifts (a column against its 4 places).
 CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+# The places of a byte's 8 bits: Q5's fifth bits, eight to a byte.
+BIT_PLACES = torch.arange(8, dtype=torch.uint8)
+FIFTH_BIT_TYPES = ("Q5_0", "Q5_1")
 
 
 def arranged_bytes(block_type: str, columns: int) -> int:
@@ -117,7 +121,10 @@ def _blocks_from_parts(
         packed_low = low[:, :, :, 0:2] | (low[:, :, :, 2:4] << 4)  # [.., half block, first or second 32, l]
         packed_high = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
         return torch.cat([packed_low.flatten(2), packed_high.flatten(2), factors, halves.flatten(2)], dim=-1)
-    nibbles = levels[..., :16] | (levels[..., 16:] << 4)
+    nibbles = (levels[..., :16] & 15) | (levels[..., 16:] << 4)
+    if block_type in FIFTH_BIT_TYPES:  # qh: bit i of byte b is column 8 b + i's fifth bit
+        fifth = ((levels >> 4).reshape(rows, units, 4, 8) << BIT_PLACES).sum(dim=-1, dtype=torch.uint8)
+        return torch.cat([halves.flatten(2), fifth, nibbles], dim=-1)
     return torch.cat([halves.flatten(2), nibbles], dim=-1)
 
 
@@ -128,16 +135,20 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
     fields = kind.halves
     groups_a_unit = kind.unit_columns // GROUP
     level_bytes = 256 * groups_a_unit
-    high_bytes = 128 * groups_a_unit if block_type == "Q6_K" else 0
+    high_bytes = {"Q6_K": 128, "Q5_0": 64, "Q5_1": 64}.get(block_type, 0) * groups_a_unit
     field_bytes = 2 * tile_rows * fields
     # What a unit holds after the levels and fields, a byte a row each: Q4_K's 8 scales and
-    # 8 minimums, Q6_K's 16 scales; none for Q4_0 and Q4_1.
+    # 8 minimums, Q6_K's 16 scales; none for Q4_0, Q4_1, Q5_0 and Q5_1.
     factor_bytes = (kind.unit_bytes - level_bytes - high_bytes - field_bytes) // tile_rows
     units = tiles.view(len(tiles), -1, kind.unit_bytes)
     count_units, rows = units.shape[1], len(tiles) * tile_rows
     packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, tile_rows, 4).permute(0, 3, 1, 2, 4)
     levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
-    if high_bytes:
+    if block_type in FIFTH_BIT_TYPES:  # bit v of byte 4 r + j: level vector v's fifth
+        bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, tile_rows, 1, 4)
+        fifth = (bits.permute(0, 2, 1, 3, 4) >> BIT_PLACES[:, None]) & 1  # [tile, row, group, v, j]
+        levels = levels | (fifth.reshape(levels.shape) << 4)
+    elif high_bytes:
         bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, 2, tile_rows, 4)
         bits = bits.permute(0, 3, 1, 2, 4)[..., None, :]  # [tile, row, group, chunk, 1, j]
         crumbs = (bits >> CRUMB_SHIFTS) & 3  # [.., chunk, v % 4, j]
@@ -153,8 +164,8 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
 
 
 class BlockLinear(nn.Module):
-    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1, Q4_K and Q6_K
-    in tiles of 16 rows, other types in groups of 4 rows."""
+    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K
+    and Q6_K in tiles of 16 rows, other types in groups of 4 rows."""
 
     def __init__(
         self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16, *, read: bool = True

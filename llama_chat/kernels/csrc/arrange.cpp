@@ -1,6 +1,7 @@
 // llama_chat::arrange_blocks: a run of rows of a GGUF file's blocks put into the layout
-// the kernels read (kernels.h): Q4_0, Q4_1, Q4_K and Q6_K as tiles of 16 rows, Q8_0 and
-// Q5_K as groups of 4 rows interleaved block by block; rows past the last are zeros.
+// the kernels read (kernels.h): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K as tiles of 16 rows,
+// Q8_0 and Q5_K as groups of 4 rows interleaved block by block; rows past the last are
+// zeros.
 // A model's first load arranges every matrix, so this runs at the pace of memory.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -21,7 +22,7 @@ constexpr int MAX_BLOCK_BYTES = 210;  // Q6_K's
 const uint8_t ZERO_BLOCK[MAX_BLOCK_BYTES] = {};  // a padding row's block
 
 
-// One file block's levels in column order: 0..15, Q6_K's 0..63.
+// One file block's levels in column order: 0..15, Q5's 0..31, Q6_K's 0..63.
 template <int TYPE>
 inline void block_levels(const uint8_t* block, uint8_t* levels) {
     if constexpr (TYPE == Q4_0 || TYPE == Q4_1) {
@@ -29,6 +30,13 @@ inline void block_levels(const uint8_t* block, uint8_t* levels) {
         for (int i = 0; i < 16; ++i) {  // byte i holds columns i and i + 16
             levels[i] = q[i] & 15;
             levels[i + 16] = q[i] >> 4;
+        }
+    } else if constexpr (TYPE == Q5_0 || TYPE == Q5_1) {
+        const uint8_t* fifth = block + (TYPE == Q5_0 ? 2 : 4);  // bit c % 8 of byte c / 8: column c's
+        const uint8_t* q = fifth + 4;
+        for (int i = 0; i < 16; ++i) {  // as Q4_0's
+            levels[i] = uint8_t((q[i] & 15) | ((fifth[i / 8] >> (i % 8)) & 1) << 4);
+            levels[i + 16] = uint8_t((q[i] >> 4) | ((fifth[2 + i / 8] >> (i % 8)) & 1) << 4);
         }
     } else if constexpr (TYPE == Q4_K) {
         const uint8_t* q = block + 16;
@@ -63,6 +71,16 @@ void arrange_unit(const uint8_t* const* blocks, uint8_t* out) {
                     const uint8_t* column = levels[r] + X_GROUP * g + 8 * k + j;
                     *out++ = uint8_t((column[0] & 15) | (column[4] & 15) << 4);
                 }
+    if constexpr (TYPE == Q5_0 || TYPE == Q5_1) {  // the fifth bits: byte 4 r + j, bit v, of column 4 v + j
+        for (int g = 0; g < groups; ++g)
+            for (int r = 0; r < TILE_ROWS; ++r)
+                for (int j = 0; j < 4; ++j) {
+                    const uint8_t* column = levels[r] + X_GROUP * g + j;
+                    uint8_t bits = 0;
+                    for (int v = 0; v < 8; ++v) bits |= uint8_t((column[4 * v] >> 4) << v);
+                    *out++ = bits;
+                }
+    }
     if constexpr (TYPE == Q6_K) {  // the top 2 bits: chunk c's byte 4 r + j, bits 2 i, of column 16 c + 4 i + j
         for (int g = 0; g < groups; ++g)
             for (int c = 0; c < 2; ++c)
@@ -74,7 +92,7 @@ void arrange_unit(const uint8_t* const* blocks, uint8_t* out) {
                     }
     }
     constexpr Halves halves = halves_of(TYPE);
-    for (int field = 0; field < halves.count; ++field)  // the 16 rows' d, then (Q4_1, Q4_K) m or dmin
+    for (int field = 0; field < halves.count; ++field)  // the 16 rows' d, then (Q4_1, Q5_1, Q4_K) m or dmin
         for (int r = 0; r < TILE_ROWS; ++r, out += 2) std::memcpy(out, blocks[r] + halves.at + 2 * field, 2);
     if constexpr (TYPE == Q4_K) {  // 6-bit scales, then minimums, a byte each: group j's for the 16 rows
         for (int j = 0; j < 8; ++j)
@@ -152,6 +170,8 @@ void arrange_blocks(const at::Tensor& blocks, int64_t block_type, const at::Tens
         switch (type) {
             case Q4_0: return arrange_tiles<Q4_0>(rows, count, row_bytes, out, u0, u1);
             case Q4_1: return arrange_tiles<Q4_1>(rows, count, row_bytes, out, u0, u1);
+            case Q5_0: return arrange_tiles<Q5_0>(rows, count, row_bytes, out, u0, u1);
+            case Q5_1: return arrange_tiles<Q5_1>(rows, count, row_bytes, out, u0, u1);
             case Q4_K: return arrange_tiles<Q4_K>(rows, count, row_bytes, out, u0, u1);
             case Q6_K: return arrange_tiles<Q6_K>(rows, count, row_bytes, out, u0, u1);
             default: return arrange_row_groups(rows, count, row_bytes, info.block_bytes, out, u0, u1);

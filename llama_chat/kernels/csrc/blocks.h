@@ -8,6 +8,9 @@
 // Layouts as ggml defines them (bytes per block / weights per block):
 //   Q4_0  18/32   f16 d, 16 bytes of nibbles                 w = (q - 8) d
 //   Q4_1  20/32   f16 d, f16 m, 16 bytes                     w = q d + m
+//   Q5_0  22/32   f16 d, 4 bytes qh (bit j: weight j's fifth bit), 16 bytes of nibbles as
+//                 Q4_0's                                     w = (q - 16) d
+//   Q5_1  24/32   f16 d, f16 m, 4 bytes qh, 16 bytes         w = q d + m
 //   Q8_0  34/32   f16 d, 32 int8                             w = q d
 //   Q4_K 144/256  f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums for 8 groups of
 //                 32, 128 bytes of nibbles                   w = q d sc - dmin mn
@@ -21,7 +24,7 @@
 
 namespace llama_chat_kernels {
 
-enum BlockType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum BlockType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 struct TypeInfo {
     int block_weights;  // weights per block
@@ -32,7 +35,7 @@ struct TypeInfo {
 };
 
 // The types the kernels read, in the order the library reports them (ops.cpp's layout).
-constexpr int KNOWN_TYPES[] = {Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K};
+constexpr int KNOWN_TYPES[] = {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K};
 
 static inline bool known_type(int type) {
     for (int known : KNOWN_TYPES)
@@ -44,6 +47,8 @@ static constexpr TypeInfo type_info(int type) {
     switch (type) {
         case Q4_0: return {32, 18, 32, false, 8};
         case Q4_1: return {32, 20, 32, true, 15};
+        case Q5_0: return {32, 22, 32, false, 31};
+        case Q5_1: return {32, 24, 32, true, 31};
         case Q8_0: return {32, 34, 32, false, 127};
         case Q4_K: return {256, 144, 32, true, 15};
         case Q5_K: return {256, 176, 32, true, 31};

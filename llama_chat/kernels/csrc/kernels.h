@@ -38,14 +38,17 @@ struct QuantizedRows {
     int64_t columns;
 };
 
-// Q4_0, Q4_1, Q4_K and Q6_K matrices are laid out at load in tiles of TILE_ROWS rows, one
-// tile after another, each a run of units of columns (32 for Q4_0 and Q4_1, a block of 256
-// for the K types). Each group of 32 columns has 256 bytes of 4-bit levels (Q6_K: their
-// low 4 bits), whose 64-byte chunk k holds in byte 4 r + j row r's level at column
-// 8 k + j (low nibble) and 8 k + 4 + j (high nibble): the level vector v = 2 k + half
-// holds columns 8 k + 4 half + (0..3).
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K matrices are laid out at load in tiles of TILE_ROWS
+// rows, one tile after another, each a run of units of columns (32 for Q4_0, Q4_1, Q5_0
+// and Q5_1, a block of 256 for the K types). Each group of 32 columns has 256 bytes of
+// 4-bit levels (Q5 and Q6_K: their low 4 bits), whose 64-byte chunk k holds in byte 4 r + j
+// row r's level at column 8 k + j (low nibble) and 8 k + 4 + j (high nibble): the level
+// vector v = 2 k + half holds columns 4 v + (0..3).
 //   Q4_0 unit (288 bytes): levels, the 16 rows' float16 scales d     w = d (q - 8)
 //   Q4_1 unit (320 bytes): levels, 16 float16 d, 16 float16 m         w = d q + m
+//   Q5_0 unit (352 bytes): low 4 bits, then the fifth bits (64 bytes: bit v of byte 4 r + j
+//     is level vector v's, row r's column 4 v + j), 16 float16 d     w = d (q - 16)
+//   Q5_1 unit (384 bytes): as Q5_0, then 16 float16 m                 w = d q + m
 //   Q4_K unit (2368 bytes): 8 groups' levels, 16 float16 d, 16 float16 dmin, then the 6-bit
 //     scales of group j for the 16 rows as 16 bytes, j = 0..7, then the minimums alike
 //                                                                     w = d sc q - dmin mn
@@ -55,25 +58,36 @@ struct QuantizedRows {
 //     16 rows (16 bytes each)                                         w = d sc (q - 32)
 // so the weights keep their file's size (Q4_K: 148 bytes a row's block against 144), and
 // one 64-byte load, split into nibbles, feeds two vpdpbusd with 16 rows each, single tokens
-// and several alike.
+// and several alike. A Q5 level vector's fifth bits come from one more line, all 8
+// vectors' from the same: one bit test (AVX-512) or one shift and one mask (AVX2) away.
 constexpr int TILE_ROWS = 16;
 
-constexpr bool tiled_type(int type) { return type == Q4_0 || type == Q4_1 || type == Q4_K || type == Q6_K; }
+constexpr bool tiled_type(int type) {
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q6_K;
+}
 constexpr int64_t tile_unit_columns(int type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
 constexpr int64_t tile_unit_bytes(int type) {
-    return type == Q6_K ? 3360 : type == Q4_K ? 2368 : type == Q4_1 ? 320 : 288;
+    switch (type) {
+        case Q4_0: return 288;
+        case Q4_1: return 320;
+        case Q5_0: return 352;
+        case Q5_1: return 384;
+        case Q4_K: return 2368;
+        default: return 3360;  // Q6_K
+    }
 }
 constexpr int64_t tile_bytes(int type, int64_t columns) { return columns / tile_unit_columns(type) * tile_unit_bytes(type); }
 constexpr int64_t tile_count(int64_t rows) { return (rows + TILE_ROWS - 1) / TILE_ROWS; }
 
-// Where a tiled type's float16 fields (d, then Q4_1's m or the K types' dmin) start in a
-// file block, and how many it has; a unit holds each for its 16 rows after the levels.
+// Where a tiled type's float16 fields (d, then Q4_1's and Q5_1's m or the K types' dmin)
+// start in a file block, and how many it has; a unit holds each for its 16 rows after the
+// levels.
 struct Halves {
     int at;
     int count;
 };
 constexpr Halves halves_of(int type) {
-    return type == Q6_K ? Halves{208, 1} : type == Q4_0 ? Halves{0, 1} : Halves{0, 2};
+    return type == Q6_K ? Halves{208, 1} : type == Q4_0 || type == Q5_0 ? Halves{0, 1} : Halves{0, 2};
 }
 
 struct KernelSet {
