@@ -1,7 +1,11 @@
 import pytest
 import torch
 
+from llama_chat import Llama
+from llama_chat.engine.cache import TRIM_MARGIN
 from llama_chat.errors import ContextOverflowError
+
+from .conftest import tiny_args
 
 PROMPT = [(i * 53 + 7) % 256 for i in range(23)]
 
@@ -65,3 +69,82 @@ def test_a_batch_runs_through_the_whole_sequence_pass(tiny_model):
     with torch.inference_mode():
         batched = tiny_model.transformer(tokens)
     assert torch.allclose(batched[1], tiny_model.logits([4, 5, 6]), atol=1e-5)
+
+
+# --- windowed layers (Gemma's local layers) -------------------------------------------------
+
+WINDOW = 16
+
+
+@pytest.fixture
+def windowed_model():
+    """Three layers, the first and last windowed; max_seq_len long enough for rings to turn over."""
+    args = tiny_args(n_layers=3, max_seq_len=256, sliding_window=WINDOW, windowed_layers=(True, False, True),
+                     local_rope_theta=100.0)
+    return Llama.random(args, seed=3)
+
+
+IDS = [(37 * i) % 250 + 3 for i in range(120)]
+
+
+def test_a_windowed_layers_ring_holds_its_window_whatever_the_context(windowed_model):
+    """Keys and values for window + TRIM_MARGIN positions a windowed layer, for any context;
+    only the global layers grow with it."""
+    long_cache = windowed_model.new_cache(256)
+    short_cache = windowed_model.new_cache(64)
+    assert long_cache.ring == short_cache.ring == WINDOW + TRIM_MARGIN
+    assert long_cache.ring_bytes() == short_cache.ring_bytes() == 2 * 2 * 2 * (WINDOW + TRIM_MARGIN) * 8 * 4
+    assert long_cache.position_bytes() == 2 * 1 * 2 * 8 * 4  # the one global layer
+    assert windowed_model.new_cache(20).ring == 20  # no ring longer than the context
+
+
+def test_the_ring_turns_over_and_every_call_sees_what_the_whole_sequence_sees(windowed_model):
+    reference = windowed_model.logits(IDS)
+    cache = windowed_model.new_cache(256)
+    got = [windowed_model.runner(cache, IDS[:40], every_logits=True)]
+    got += [windowed_model.runner(cache, [token], every_logits=True) for token in IDS[40:80]]
+    got += [windowed_model.runner(cache, IDS[80:], every_logits=True, chunk_size=7)]
+    torch.testing.assert_close(torch.cat(got), reference, atol=1e-5, rtol=0)
+
+
+def test_a_trim_within_the_margin_is_exact_and_one_past_it_goes_back_to_a_checkpoint(windowed_model):
+    reference = windowed_model.logits(IDS)
+    cache = windowed_model.new_cache(256)
+    windowed_model.runner(cache, IDS[:60])
+    cache.checkpoint()
+    windowed_model.runner(cache, IDS[60:100])
+    # The rings hold positions 52..99: position 67 needs 52..66, position 66 needs 51.
+    assert cache.trim(67) == 67
+    assert cache.trim(66) == 60  # back to the checkpoint, the rest to be fed again
+    assert cache.tokens == IDS[:60]
+    torch.testing.assert_close(windowed_model.runner(cache, IDS[60:100], every_logits=True), reference[60:100],
+                               atol=1e-5, rtol=0)
+    assert cache.trim(50) == 50  # within the checkpoint's margin: its rings hold 12..59
+    torch.testing.assert_close(windowed_model.runner(cache, IDS[50:70], every_logits=True), reference[50:70],
+                               atol=1e-5, rtol=0)
+
+
+def test_a_trim_before_every_checkpoint_starts_over_and_drops_the_checkpoints_past_it(windowed_model):
+    cache = windowed_model.new_cache(256)
+    windowed_model.runner(cache, IDS[:60])
+    cache.checkpoint()
+    windowed_model.runner(cache, IDS[60:100])
+    assert cache.trim(5) == 0 and cache.tokens == []
+    windowed_model.runner(cache, IDS[::-1][:100])  # another text
+    assert cache.trim(55) == 0  # the checkpoint at 60 held the first text: it went with it
+
+
+def test_a_windowed_cache_saves_only_what_it_holds_exactly_and_reopens_it(windowed_model):
+    reference = windowed_model.logits(IDS)
+    cache = windowed_model.new_cache(256)
+    windowed_model.runner(cache, IDS[:90])
+    # The rings hold positions 42..89: 57 needs 42..56, 56 needs 41, which is overwritten.
+    assert (cache.exact_length(90), cache.exact_length(57), cache.exact_length(56)) == (90, 57, 0)
+    state = cache.state()
+    assert state["window_keys"].shape == (2, 2, WINDOW - 1, 8) and state["keys"].shape == (1, 2, 90, 8)
+    other = windowed_model.new_cache(256)
+    other.load_state(IDS[:90], state)
+    torch.testing.assert_close(windowed_model.runner(other, IDS[90:], every_logits=True), reference[90:],
+                               atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="no longer hold what position 56 needs"):
+        cache.state(56)

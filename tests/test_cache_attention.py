@@ -195,3 +195,50 @@ def test_a_model_on_llama_chats_kernels_attends_with_them_over_a_float16_cache(t
     aten = llama_chat.load(path, options_from_environment(), device="cpu")
     assert aten.cache_dtype == torch.float32
     assert all(layer.attention.cache_attention is None for layer in aten.transformer.layers)
+
+
+def windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bias, window, softcap):
+    """As reference, with a bias a token [time, position], the new tokens seeing at most the
+    last `window` of themselves and every score capped: a windowed layer's attention (Gemma)."""
+    time, heads, head_dim = q.shape
+    kv_heads, position = new_keys.shape[1], past_bias.shape[-1]
+    n_rep = heads // kv_heads
+    grouped = q.view(time, kv_heads, n_rep, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, n_rep * time, head_dim)
+    keys = torch.cat([past_keys[:, :position].float(), new_keys.transpose(0, 1)], dim=1)
+    values = torch.cat([past_values[:, :position].float(), new_values.transpose(0, 1)], dim=1)
+    tokens = torch.arange(time)
+    hidden = (tokens[None, :] > tokens[:, None]) | (tokens[:, None] - tokens[None, :] >= window)
+    new_bias = torch.zeros(hidden.shape).masked_fill(hidden, -torch.inf)
+    bias = torch.cat([past_bias, new_bias], dim=1).repeat(n_rep, 1)  # rows: the query heads, token by token
+    scores = grouped @ keys.transpose(1, 2) * head_dim**-0.5
+    scores = torch.tanh(scores / softcap) * softcap if softcap else scores
+    weights = torch.softmax(scores + bias, dim=-1)
+    return (weights @ values).view(kv_heads, n_rep, time, head_dim).permute(2, 0, 1, 3).reshape(time, heads, head_dim)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", [(1, 8, 2, 64, 40), (7, 6, 2, 128, 48), (40, 6, 2, 64, 48), (100, 9, 3, 64, 300)])
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
+def test_a_windowed_layers_attention_matches_pytorchs(variant, shape, softcap):
+    """A bias a token over the ring's slots (some hidden, differently for each token), the new
+    tokens within a window of 16 (a prompt chunk of 40 or 100 spans more than one), capped
+    scores: as PyTorch computes them in float32."""
+    if variant not in native.runnable_variants():
+        pytest.skip(f"this CPU cannot run {variant}")
+    tokens, heads, kv_heads, head_dim, position = shape
+    q, new_keys, new_values, past_keys, past_values, _ = random_inputs(*shape, torch.float16, False)
+    generator = torch.Generator().manual_seed(1)
+    past_bias = torch.randn(tokens, position, generator=generator)
+    past_bias[torch.rand(tokens, position, generator=generator) < 0.4] = -torch.inf
+    out = attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias, window=16, softcap=softcap)
+    expected = windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bias, 16, softcap)
+    assert torch.allclose(out, expected, atol=2e-5, rtol=1e-4)
+    if softcap:  # the cap changes the result: the kernel does not ignore it
+        uncapped = windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bias, 16, 0.0)
+        assert (out - uncapped).abs().max() > 1e-2
+
+
+def test_a_bias_a_token_must_have_a_row_for_each_token():
+    q, new_keys, new_values, past_keys, past_values, _ = random_inputs(3, 4, 2, 64, 10, torch.float16, False)
+    with pytest.raises(RuntimeError, match=r"\[position\] or \[tokens, position\]"):
+        attend(native.runnable_variants()[-1], q, new_keys, new_values, past_keys, past_values, torch.zeros(2, 10))

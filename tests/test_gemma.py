@@ -8,9 +8,9 @@ import json
 import math
 
 import gguf
-import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType as QType
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -26,11 +26,13 @@ from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import LlamaChatError
 
+from . import parallel_ranks
 from .hf_reference import hf_logits, llama_from_checkpoint
 from .test_gguf import VOCAB as GGUF_VOCAB
 from .test_hf_checkpoint import BOS, EOT, VOCAB, write_json, write_tokenizer_json
 from .test_hf_tokenizer import byte_level_metadata
 from .test_session import GREEDY, restored_session, say
+from .test_tensor_parallel import rendezvous_store
 
 WINDOW = 16
 IDS = [BOS] + [(37 * i) % 290 + 5 for i in range(63)]  # 64 positions: four windows
@@ -357,3 +359,18 @@ def test_gemmas_compiled_packages_agree_with_its_eager_calls_past_the_window(tmp
                                    model.runner(cache, IDS[50:64], every_logits=True)])
     model.runner.inner.packages = None
     torch.testing.assert_close(results["compiled"], results["eager"], atol=1e-3, rtol=0)
+
+
+def test_a_gemma_group_of_two_ranks_reproduces_one_process(tmp_path):
+    """Each rank holds one of the two key/value heads and its windowed layers' rings; logits,
+    a greedy reply past the window and a conversation of three turns as in one process."""
+    path = write_gemma_gguf(tmp_path / "gemma.gguf", gguf_gemma("gemma3"), "gemma3")
+    alone = parallel_ranks.run_alone(str(path))
+    store = rendezvous_store()
+    mp.start_processes(parallel_ranks.run, args=(2, store.port, str(path), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    group = torch.load(tmp_path / "rank0.pt")
+    assert torch.allclose(group["logits"], alone["logits"], atol=1e-4, rtol=0)
+    assert group["greedy"] == alone["greedy"] and len(group["greedy"]) > WINDOW
+    assert group["turns"] == alone["turns"] and all(group["turns"])
+    assert group["shapes"]["layers.0.attention.wqkv.weight"] == [(4 + 2 * 2) * 32 // 2, 64]

@@ -189,6 +189,7 @@ class Generation:
                 break
         if reason == "max_tokens" and self._format_complete():  # with the last token allowed
             reason = "format_complete"
+        self.cache.checkpoint()  # where the conversation goes back to when the next exchange is undone
         if self.constraint is not None:
             self.stats.constraint_seconds = self.constraint.seconds
             self.stats.constraint_masks = self.constraint.masks
@@ -219,6 +220,8 @@ class Generation:
             started = time.perf_counter()
             generated = len(history) - len(self.prompt_ids)
             room = min(self._token_limit() - generated - 1, self.cache.room() - 1)
+            if self.cache.most_taken_back() is not None:  # refused drafts must be taken back exactly
+                room = min(room, self.cache.most_taken_back())
             if self.constraint is not None:  # the last tokens of the budget close what is open
                 self.constraint.closing = (generated >= closing_from(self.settings.max_tokens)
                                            or self.cache.room() <= CLOSING_TOKENS)
@@ -300,4 +303,6 @@ class Generation:
         # The last prompt token must be fed to get logits for what follows it.
         reused = self.cache.keep_common_prefix(self.prompt_ids, at_most=len(self.prompt_ids) - 1)
         self.stats.reused_tokens = reused
-        return self.runner(self.cache, self.prompt_ids[reused:])
+        logits = self.runner(self.cache, self.prompt_ids[reused:])
+        self.cache.checkpoint()  # where a retried reply starts again
+        return logits

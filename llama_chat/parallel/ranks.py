@@ -209,7 +209,10 @@ def follow(store: dist.Store, load_model: Callable[[str], object]) -> int:
             cache = caches.get(command["cache"])
             if cache is None:
                 cache = caches[command["cache"]] = model.new_cache(command["capacity"])
-            cache.trim(command["start"])
+            held = cache.tokens
+            kept = cache.trim(command["start"])
+            if kept < command["start"]:  # a windowed cache without rank 0's checkpoint: fed again here
+                model.runner(cache, held[kept : command["start"]], chunk_size=command["chunk"])
             model.runner(cache, command["ids"], chunk_size=command["chunk"])
         elif operation == "logits":
             model.logits(command["ids"])
