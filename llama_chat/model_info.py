@@ -11,9 +11,12 @@ import torch
 
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
+from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 from llama_chat.checkpoints.gguf_file import read_gguf_header
+from llama_chat.kernels.quantize import held_as
 
 _LONGEST_VALUE = 200  # characters of a name or license shown
+FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def model_info(path: str | Path) -> list[tuple[str, str]]:
@@ -23,11 +26,13 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
     checkpoint = read_checkpoint(path)
     args, tokenizer = checkpoint.args, checkpoint.tokenizer
     metadata, types = {}, defaultdict(lambda: [0, 0])
+    kernels = None
     if path.is_file() and is_gguf(path):
         metadata, tensors = read_gguf_header(path)
         for info in tensors.values():
             types[info.tensor_type.name][0] += 1
             types[info.tensor_type.name][1] += info.n_bytes
+        kernels = kernels_row(tensors.values(), checkpoint.source_quantization)
     else:
         for tensor in checkpoint.tensors.values():
             kind, size = tensor_type(tensor)
@@ -50,10 +55,29 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
         ("vocabulary", f"{args.vocab_size} tokens"),
         ("tensor types", ", ".join(f"{kind}: {count} tensors, {size / 1e6:.1f} MB"
                                    for kind, (count, size) in sorted(types.items(), key=lambda item: -item[1][1]))),
+        *([("kernels", kernels)] if kernels else []),
         ("license", _from_file(metadata.get("general.license")) or "not stated in the file"),
         ("chat template", "yes, its own" if checkpoint.chat_template else "none (a built-in format is used)"),
         ("stop tokens", ", ".join(stop_names) or "none"),
     ]
+
+
+def kernels_row(tensors, source_quantization: str | None) -> str:
+    """How llama-chat's kernels hold a GGUF file's matrices by default: the types they read as
+    the file stores them, and what each other type becomes (quantize.held_as)."""
+    kept, converted = set(), defaultdict(int)
+    for info in tensors:
+        if len(info.shape) != 2:
+            continue
+        name = info.tensor_type.name
+        held = held_as(name if name in KERNEL_BLOCK_TYPES else None, name in FLOAT_TYPES, source_quantization)
+        if held == name:
+            kept.add(name)
+        else:
+            converted[(name, held)] += 1
+    parts = [f"{', '.join(sorted(kept))} as the file stores them"] if kept else []
+    parts += [f"{name} ({count} matrices) read into {held} blocks" for (name, held), count in sorted(converted.items())]
+    return "; ".join(parts)
 
 
 def _from_file(value: object) -> str:

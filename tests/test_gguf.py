@@ -12,10 +12,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 
+import llama_chat
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
+from llama_chat.model_info import model_info
 
 from .hf_reference import hf_logits, random_hf_model
 from .test_hf_tokenizer import byte_level_metadata, spm_metadata, train_sentencepiece
@@ -510,3 +512,53 @@ def test_a_vocabulary_the_tokenizer_library_refuses_is_one_line(tmp_path):
     path = write_gguf(tmp_path / "merges.gguf", tiny_hf_model(), extra=merge_of_unknown_tokens)
     with pytest.raises(LlamaChatError, match=r"merges\.gguf: its tokenizer metadata makes no tokenizer \(.*\)$"):
         load_gguf(path)
+
+
+# Where a block type keeps its float16 scale d, and a spread for it that keeps weights near
+# 1/sqrt(256) (random levels fill the rest).
+SCALE_FIELDS = {"Q3_K": (108, 0.002), "IQ4_NL": (0, 0.0002)}
+
+
+def random_blocks_with_scale(kind: str, rows: int, columns: int, seed: int) -> np.ndarray:
+    weights, size = gguf.GGML_QUANT_SIZES[QType[kind]]
+    generator = np.random.default_rng(seed)
+    raw = generator.integers(0, 256, size=(rows, columns // weights, size), dtype=np.uint8)
+    offset, spread = SCALE_FIELDS[kind]
+    scales = (generator.standard_normal((rows, columns // weights)) * spread).astype(np.float16)
+    raw[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, columns // weights, 2)
+    return raw.reshape(rows, -1)
+
+
+def test_types_our_kernels_do_not_read_are_named_by_info_and_run_as_q8_0(tmp_path):
+    """A file whose feed-forward matrices are Q3_K and IQ4_NL (random blocks with sane
+    scales): info says what they are read into, and the packed model follows the file's
+    float32 reading within the Q8_0 rounding of those matrices."""
+    model = tiny_hf_model(seed=4, hidden_size=256, intermediate_size=256)
+    path = write_gguf(tmp_path / "f32.gguf", model)
+    metadata_path = tmp_path / "mixed.gguf"
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(metadata_path), "llama")
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1]
+                                 if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for index, tensor in enumerate(reader.tensors):
+        kind = {"ffn_down": "Q3_K", "ffn_up": "IQ4_NL"}.get(tensor.name.split(".")[-2])
+        if kind is None:
+            writer.add_tensor(tensor.name, np.array(tensor.data).reshape([int(d) for d in reversed(tensor.shape)]))
+        else:
+            rows, columns = int(tensor.shape[1]), int(tensor.shape[0])
+            blocks = random_blocks_with_scale(kind, rows, columns, seed=index)
+            writer.add_tensor(tensor.name, blocks, raw_shape=blocks.shape, raw_dtype=QType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    rows = dict(model_info(metadata_path))
+    assert rows["kernels"] == ("F32 (12 matrices) read into Q8_0 blocks; IQ4_NL (2 matrices) read into Q8_0 blocks; "
+                               "Q3_K (2 matrices) read into Q8_0 blocks")
+    exact = llama_chat.load(metadata_path, device="cpu", quantize="none")
+    packed = llama_chat.load(metadata_path, device="cpu")
+    assert packed.quantization == "Q8_0"
+    reference, logits = exact.logits(IDS), packed.logits(IDS)
+    assert (logits - reference).abs().max() < 0.05 * reference.abs().max()

@@ -79,6 +79,7 @@ class KVCache:
             )
         self._sources = layer_sources(args)
         windowed = [kind for kind, _ in self._sources]
+        self.global_layers, self.windowed_layers = windowed.count(False), windowed.count(True)
         self.window = args.sliding_window if any(windowed) else None
         self.ring = min(capacity, self.window + TRIM_MARGIN) if self.window else 0
         # Uninitialised: a position is read only after it is written, and untouched pages

@@ -75,11 +75,18 @@ def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | N
         return stored if stored in FOUR_BIT_SOURCES else "Q4_1"
     if quantize == "int8":
         return "Q8_0"
-    if stored is not None:
-        return stored
-    if isinstance(source, StackedRows) and all(part.block_type for part in source.parts):
+    if isinstance(source, StackedRows) and stored is None and all(part.block_type for part in source.parts):
         return MIXED.join(part.block_type for part in source.parts)  # each part as its file holds it
-    return "Q4_1" if source.float_storage and source_quantization in FOUR_BIT_SOURCES else "Q8_0"
+    return held_as(stored, source.float_storage, source_quantization)
+
+
+def held_as(block_type: str | None, float_storage: bool, source_quantization: str | None) -> str:
+    """The block type our kernels hold a matrix in by default: the file's own where they read
+    it (block_type), float weights as Q4_1 where the checkpoint came from 4-bit blocks, the
+    rest (floats, types the kernels do not read: Q2_K, Q3_K, the IQ types) as Q8_0."""
+    if block_type is not None:
+        return block_type
+    return "Q4_1" if float_storage and source_quantization in FOUR_BIT_SOURCES else "Q8_0"
 
 
 def layer_matrix_modes(

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 
 from llama_chat.chat.display import stats_line
+from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.engine.speculation import LOOKUP_AUTO, Speculation, parse_lookup
 from llama_chat.errors import LlamaChatError, UsageError
@@ -190,6 +191,22 @@ def run_stats(state: ChatState, text: str) -> None:
     state.renderer.line(
         f"context: {session.context_used()} of {session.capacity} tokens, {exchanges(len(session.exchanges))}"
     )
+    state.renderer.line(describe_cache(session.cache))
+
+
+def describe_cache(cache: KVCache) -> str:
+    """The KV cache's memory: the global layers' grows with the conversation, the windowed
+    layers' rings do not."""
+    text = (f"KV cache ({str(cache.dtype).removeprefix('torch.')}): {len(cache)} positions of "
+            f"{layer_count(cache.global_layers, 'global')}, {len(cache) * cache.position_bytes() / 1e6:.1f} MB")
+    if cache.windowed_layers:
+        text += (f"; {layer_count(cache.windowed_layers, 'windowed')} hold their last {cache.ring} positions "
+                 f"(a window of {cache.window}), {cache.ring_bytes() / 1e6:.1f} MB")
+    return text
+
+
+def layer_count(count: int, kind: str) -> str:
+    return f"{count} {kind} layer" + ("s" if count != 1 else "")
 
 
 def run_device(state: ChatState, text: str) -> None:
