@@ -193,8 +193,10 @@ def main(argv: list[str]) -> int:
 
 def weight_bytes_a_token(model: Llama) -> int:
     """Bytes of weights a decode step reads: all the model holds but an untied embedding
-    table (one row of it is read)."""
+    table (one row of it is read) and the rotary tables (one row of each)."""
     total = model_memory_bytes(model)
+    total -= sum(t.numel() * t.element_size() for name, t in model.transformer.named_buffers(recurse=False)
+                 if name.startswith("rope_"))
     embedding, head = model.transformer.tok_embeddings, model.transformer.output
     table = getattr(embedding, "table", None)
     if table is not None and table not in (head, getattr(head, "table", None)):
