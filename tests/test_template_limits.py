@@ -42,7 +42,7 @@ def test_a_template_past_a_limit_is_stopped_and_never_run_again(monkeypatch, sou
         runner.render({"messages": []})
     assert str(first.value) == (
         f"the chat template of hostile.gguf {limit}, so llama-chat stopped it; "
-        "use --chat-format to pick another (llama2, llama3, chatml, plain, template)"
+        "use --chat-format to pick another (llama2, llama3, chatml, gemma, plain, template)"
     )
     assert runner._worker is None  # its process was ended
     with pytest.raises(UnusableTemplateError) as again:

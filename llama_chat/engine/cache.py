@@ -80,6 +80,9 @@ class KVCache:
         self._sources = layer_sources(args)
         windowed = [kind for kind, _ in self._sources]
         self.global_layers, self.windowed_layers = windowed.count(False), windowed.count(True)
+        # Which layers are of each kind, to take a compiled call's stacked keys apart.
+        self._global_layers = torch.tensor([layer for layer, kind in enumerate(windowed) if not kind])
+        self._windowed_layers = torch.tensor([layer for layer, kind in enumerate(windowed) if kind])
         self.window = args.sliding_window if any(windowed) else None
         self.ring = min(capacity, self.window + TRIM_MARGIN) if self.window else 0
         # Uninitialised: a position is read only after it is written, and untouched pages
@@ -168,9 +171,11 @@ class KVCache:
         """Record ids as held, once every layer has stored theirs."""
         if len(self._tokens) + len(ids) > self.capacity:
             raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        for index, (keys, values) in self._pending.items():
-            self._store_in_ring(index, keys.transpose(0, 1), values.transpose(0, 1))
-        self._pending.clear()
+        if self._pending:  # every windowed layer's, in one write a tensor
+            pending = [self._pending[index] for index in range(self.windowed_layers)]
+            self._pending.clear()
+            self._store_in_rings(torch.stack([keys for keys, _ in pending]).transpose(1, 2),
+                                 torch.stack([values for _, values in pending]).transpose(1, 2))
         self._extend(ids)
 
     def call_inputs(self, time: int) -> list[torch.Tensor]:
@@ -189,22 +194,23 @@ class KVCache:
         start = len(self._tokens)
         if start + len(ids) > self.capacity:
             raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        for layer, (windowed, index) in enumerate(self._sources):
-            if windowed:
-                self._store_in_ring(index, keys[layer], values[layer])
-            else:
-                self._keys[index, :, start : start + len(ids)] = keys[layer]
-                self._values[index, :, start : start + len(ids)] = values[layer]
+        if self.window is None:
+            self._keys[:, :, start : start + len(ids)] = keys
+            self._values[:, :, start : start + len(ids)] = values
+        else:  # one write a kind of layer and tensor
+            self._keys[:, :, start : start + len(ids)] = keys[self._global_layers]
+            self._values[:, :, start : start + len(ids)] = values[self._global_layers]
+            self._store_in_rings(keys[self._windowed_layers], values[self._windowed_layers])
         self._extend(ids)
 
-    def _store_in_ring(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """A windowed layer's keys and values [kv_heads, time, head_dim] of the next positions
-        into its ring: the last `ring` of them, each in its slot."""
-        start, time = len(self._tokens), keys.shape[1]
+    def _store_in_rings(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """The windowed layers' keys and values [layers, kv_heads, time, head_dim] of the next
+        positions into their rings: the last `ring` of them, each in its slot."""
+        start, time = len(self._tokens), keys.shape[2]
         kept = min(time, self.ring)
         slots = torch.arange(start + time - kept, start + time, device=keys.device) % self.ring
-        self._ring_keys[index].index_copy_(1, slots, keys[:, time - kept :].to(self.dtype))
-        self._ring_values[index].index_copy_(1, slots, values[:, time - kept :].to(self.dtype))
+        self._ring_keys.index_copy_(2, slots, keys[:, :, time - kept :].to(self.dtype))
+        self._ring_values.index_copy_(2, slots, values[:, :, time - kept :].to(self.dtype))
 
     def _extend(self, ids: Sequence[int]) -> None:
         self._tokens.extend(ids)
