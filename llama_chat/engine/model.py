@@ -233,17 +233,20 @@ class Transformer(nn.Module):
             self.rope_sin.copy_(sin)
             self.long_rope = long_rope
 
-    def forward(self, tokens: torch.Tensor, cache=None, *, last_only: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache=None, *, last_only: bool = False,
+                head: bool = True) -> torch.Tensor | None:
         """Float32 logits [batch, time, vocab] for tokens [batch, time]: from position 0 with no
         cache (training, checks against references), or (batch 1) after the positions a
         KVCache holds, which then holds these tokens too. With last_only, the last token's
-        logits only [batch, 1, vocab] (a prompt chunk needs no more)."""
-        logits = self.forward_embeddings(self.tok_embeddings(tokens), cache, last_only=last_only)
+        logits only [batch, 1, vocab] (a prompt chunk needs no more); with head false, none
+        (a prompt's chunks before its last: their keys and values are what counts)."""
+        logits = self.forward_embeddings(self.tok_embeddings(tokens), cache, last_only=last_only, head=head)
         if cache is not None:
             cache.advance(tokens[0].tolist())
         return logits
 
-    def forward_embeddings(self, x: torch.Tensor, cache=None, *, last_only: bool = False) -> torch.Tensor:
+    def forward_embeddings(self, x: torch.Tensor, cache=None, *, last_only: bool = False,
+                           head: bool = True) -> torch.Tensor | None:
         """forward from the tokens' embeddings x [batch, time, dim] on: the model's arithmetic
         (a lookup is not, and a compiled call takes embeddings: see engine/compiled). The
         cache is anything with a `position` and `update_and_fetch` (KVCache's)."""
@@ -265,6 +268,8 @@ class Transformer(nn.Module):
             kinds[True] = self._positions(*local, position, time, x, window)
         for layer in self.layers:
             x = layer(x, *kinds[layer.attention.window is not None], cache)
+        if not head:
+            return None
         if last_only:
             x = x[:, -1:]
         logits = self.output(self.norm(x)).float()

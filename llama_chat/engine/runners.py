@@ -71,7 +71,11 @@ class EagerRunner:
         outputs = []
         for start in range(0, len(ids), chunk_size):
             tokens = torch.tensor([list(ids[start : start + chunk_size])], dtype=torch.long, device=device)
-            outputs.append(self.transformer(tokens, cache, last_only=not every_logits)[0])
+            # Only the last chunk's last logits are wanted, unless every token's are.
+            wanted = every_logits or start + chunk_size >= len(ids)
+            logits = self.transformer(tokens, cache, last_only=not every_logits, head=wanted)
+            if wanted:
+                outputs.append(logits[0])
         if len(ids) > compiled.VERIFY_TOKENS:  # a prompt: its temporaries (tens of MB a chunk) are not kept
             return_freed_memory()
         return torch.cat(outputs) if every_logits else outputs[-1][-1]

@@ -179,8 +179,9 @@ void take_block(float* state, float* scores, const float* values, int64_t value_
                 int64_t head_dim) {
     VecF top = broadcast(NEGATIVE_INFINITY);
     for (int j = 0; j < BLOCK; j += W) top = maximum(top, load(scores + j));
-    const float old_maximum = state[0], new_maximum = std::max(old_maximum, largest(top));
-    if (new_maximum == NEGATIVE_INFINITY) return;  // nothing visible yet
+    const float block_maximum = largest(top);
+    if (block_maximum == NEGATIVE_INFINITY) return;  // nothing visible in this block: the state stands
+    const float old_maximum = state[0], new_maximum = std::max(old_maximum, block_maximum);
     VecF total = zero();
     for (int j = 0; j < BLOCK; j += W) {
         const VecF weight = exp_nonpositive(add(load(scores + j), broadcast(-new_maximum)));
@@ -221,6 +222,17 @@ void take_block(float* state, float* scores, const float* values, int64_t value_
     }
 }
 
+// Whether the bias hides positions first..first + count from every token of the rows.
+bool hidden_from_all(const QueryRows& rows, const KeyValueSpan& span, int64_t first, int64_t count) {
+    for (int64_t t = 0; t < rows.tokens; ++t) {
+        const float* bias = span.bias + (rows.first_token + t) * span.bias_stride + first;
+        for (int64_t j = 0; j < count; ++j)
+            if (bias[j] != NEGATIVE_INFINITY) return false;
+        if (span.bias_stride == 0) break;  // one row of biases for every token
+    }
+    return true;
+}
+
 void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) {
     const int64_t head_dim = rows.head_dim, row_count = rows.tokens * rows.n_rep;
     const int64_t state_size = state_floats(head_dim);
@@ -234,6 +246,7 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
     const int64_t element_bytes = span.type == CACHE_FLOAT32 ? 4 : 2;
     for (int64_t first = 0; first < span.count; first += BLOCK) {
         const int64_t count = std::min<int64_t>(BLOCK, span.count - first);
+        if (span.bias && hidden_from_all(rows, span, first, count)) continue;  // a ring's empty or old slots
         const char* key_source = static_cast<const char*>(span.keys) + first * span.key_stride * element_bytes;
         const char* value_source = static_cast<const char*>(span.values) + first * span.value_stride * element_bytes;
         const float* keys = reinterpret_cast<const float*>(key_source);
@@ -251,11 +264,14 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
             const int64_t hidden = span.causal && span.window ? std::clamp<int64_t>(token + 1 - span.window - first, 0, visible)
                                                               : 0;
             const float* bias = span.bias ? span.bias + token * span.bias_stride + first : nullptr;
+            // A token whose bias hides the whole block scores none of it.
+            const bool skipped = bias && std::all_of(bias, bias + visible, [](float b) { return b == NEGATIVE_INFINITY; });
             for (int64_t r = 0; r < rows.n_rep; ++r) {
                 float* row_scores = scores + (t * rows.n_rep + r) * BLOCK;
-                score(rows.q + t * rows.token_stride + r * head_dim, keys, key_stride, visible, head_dim, rows.scale,
-                      rows.softcap, bias, row_scores);
-                std::fill(row_scores, row_scores + hidden, NEGATIVE_INFINITY);
+                if (!skipped)
+                    score(rows.q + t * rows.token_stride + r * head_dim, keys, key_stride, visible, head_dim,
+                          rows.scale, rows.softcap, bias, row_scores);
+                std::fill(row_scores, row_scores + (skipped ? visible : hidden), NEGATIVE_INFINITY);
                 std::fill(row_scores + visible, row_scores + BLOCK, NEGATIVE_INFINITY);
             }
         }
