@@ -23,7 +23,7 @@ from .test_gguf import tiny_hf_model, write_gguf
 pytestmark = pytest.mark.needs_kernels
 
 CACHE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-VARIANTS = ("portable", "avx2", "avx512-vnni")  # every variant the library has, run where this CPU can
+VARIANTS = ("portable", "avx2", "avx512-vnni", "avx512-amx")  # every variant the library has, where this CPU runs it
 # (new tokens, query heads, key/value heads, head_dim, cached positions)
 SHAPES = [
     (1, 4, 4, 64, 0),      # an empty cache, a head of its own for each query

@@ -240,6 +240,46 @@ def test_tiled_levels_at_their_largest_do_not_overflow_the_products(block_type, 
         assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
+def amx_variant() -> str:
+    if "avx512-amx" not in variants():
+        pytest.skip("this CPU (or its system) gives no AMX tiles: the avx512-amx variant cannot run here")
+    return "avx512-amx"
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("block_type", TILED_TYPES)
+@pytest.mark.parametrize("tokens", [33, 47, 64])
+def test_a_prompts_tokens_on_the_tile_unit_match_gguf_dequantisation(block_type, tokens):
+    """More than 32 tokens on the avx512-amx variant: the tile unit in split bfloat16. 101
+    rows (the last tile padded: its results go through a scratch, never past y), 288 columns
+    (9 groups: two passes over the columns), a last block of fewer than 16 tokens. Each output
+    within 2^-15 of |x| |w| summed along its row (the split keeps 16 bits of each operand),
+    and closer to the float64 product than the integer kernels' 16-bit activations come."""
+    variant = amx_variant()
+    columns = 288 if block_type not in ("Q4_K", "Q6_K") else 512
+    raw = random_blocks(block_type, 101, columns, seed=tokens)
+    x = torch.randn(tokens, columns, generator=torch.Generator().manual_seed(tokens))
+    exact = reference(raw, block_type, x)
+    weight = torch.from_numpy(quants.dequantize(raw, QType[block_type]).astype(np.float64)).reshape(101, columns)
+    bound = x.double().abs() @ weight.abs().t() * 2**-15
+    got = run(x, raw, block_type, variant, 16).double()
+    assert got.shape == (tokens, 101) and ((got - exact).abs() <= bound).all()
+    integer = run(x, raw, block_type, "avx512-vnni", 16).double()
+    assert (got - exact).abs().max() < (integer - exact).abs().max()
+
+
+@pytest.mark.needs_kernels
+def test_a_tokens_result_on_the_tile_unit_does_not_depend_on_the_tokens_beside_it():
+    """The first 40 of 100 tokens give the same bits alone as in the longer step, and on one
+    thread as on several (a thread's share of tiles, a block's pairing)."""
+    variant = amx_variant()
+    raw = random_blocks("Q4_K", 48, 512, seed=1)
+    x = torch.randn(100, 512, generator=torch.Generator().manual_seed(0))
+    whole = run(x, raw, "Q4_K", variant, 16)
+    assert torch.equal(run(x[:40], raw, "Q4_K", variant, 16), whole[:40])
+    assert torch.equal(one_thread(lambda: run(x, raw, "Q4_K", variant, 16)), whole)
+
+
 @pytest.mark.needs_kernels
 @pytest.mark.parametrize("block_type", TILED_TYPES)
 def test_tiles_hold_the_file_blocks_at_their_size(block_type):
@@ -259,7 +299,7 @@ def test_the_library_reports_the_layout_its_header_documents():
     writes out, gguf's block sizes, and the variants' names in their numbering."""
     layout = library_layout()
     assert (layout.tile_rows, layout.row_group) == (TILE_ROWS, ROW_GROUP)
-    assert native.variant_names() == ("portable", "avx2", "avx512-vnni")
+    assert native.variant_names() == ("portable", "avx2", "avx512-vnni", "avx512-amx")
     assert sorted(layout.types) == sorted(BLOCK_TYPES.values())
     for name, number in BLOCK_TYPES.items():
         kind = layout.types[number]
@@ -324,12 +364,12 @@ def one_row(**changes):
     (lambda: block_linear(torch.zeros(1, 32, dtype=torch.float64), q8_0_weight(4, 32)), "x must be contiguous float32"),
     (lambda: block_linear(torch.zeros(32, 2).t(), q8_0_weight(4, 32)), "x must be contiguous float32"),
     (lambda: block_linear(torch.zeros(1, 32), q8_0_weight(4, 32).to(torch.int8)), "weight must be contiguous uint8"),
-    (lambda: one_row(variant=3), "unknown kernel variant 3"),
+    (lambda: one_row(variant=4), "unknown kernel variant 4"),
     (lambda: one_row(variant=-1), "unknown kernel variant -1"),
 ], ids=["a byte short", "more rows than bytes", "a tile a byte short", "width not whole blocks",
         "width not whole K blocks", "width 0", "Q8_1", "negative type", "type beyond int", "4 bits", "32 bits",
         "negative bits", "negative rows", "no dimension", "float64", "not contiguous", "int8 weight",
-        "variant 3", "variant -1"])
+        "variant 4", "variant -1"])
 def test_the_operator_refuses_inputs_it_cannot_multiply(call, message):
     with pytest.raises(RuntimeError, match=f"^llama_chat: {re.escape(message)}"):
         call()
@@ -350,11 +390,10 @@ def test_the_operator_runs_exactly_the_variants_it_reports():
     assert native.runnable_variants() == runnable
 
 
-@pytest.mark.needs_kernels
 @pytest.mark.parametrize("forced, message", [
-    ("avx9", "LLAMA_CHAT_KERNEL_VARIANT='avx9' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
-    ("AVX2", "LLAMA_CHAT_KERNEL_VARIANT='AVX2' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
-    ("", "LLAMA_CHAT_KERNEL_VARIANT='' names no kernel variant: use portable, avx2, avx512-vnni, or unset it"),
+    ("avx9", "LLAMA_CHAT_KERNEL_VARIANT='avx9' names no kernel variant: use portable, avx2, avx512-vnni, avx512-amx, or unset it"),
+    ("AVX2", "LLAMA_CHAT_KERNEL_VARIANT='AVX2' names no kernel variant: use portable, avx2, avx512-vnni, avx512-amx, or unset it"),
+    ("", "LLAMA_CHAT_KERNEL_VARIANT='' names no kernel variant: use portable, avx2, avx512-vnni, avx512-amx, or unset it"),
     ("avx512-vnni", "LLAMA_CHAT_KERNEL_VARIANT='avx512-vnni': this CPU cannot run it; it runs portable, avx2"),
 ])
 def test_a_forced_variant_that_cannot_run_is_one_line_at_the_command_line(tmp_path, monkeypatch, capsys, forced,

@@ -12,10 +12,11 @@ choices matter, and CPUs differ on them by up to a hundred times:
 - up to how many tokens a step runs the packed kernels rather than dequantising each
   weight and multiplying (a chat turn of 20 tokens is faster one way, a long prompt the other).
 Where llama-chat's own kernels are built (native.py), the probe times each variant this
-CPU runs on a layer of 4-bit blocks at the model's widths, a single token and a 16-token
-step, against PyTorch's int4 kernel and dequantised products on the same two steps, and
-uses the family with the smaller sum. LLAMA_CHAT_KERNELS (ours or aten) and LLAMA_CHAT_KERNEL_VARIANT
-(portable, avx2, avx512-vnni) force the family and the variant.
+CPU runs on a layer of 4-bit blocks at the model's widths, a single token, a 16-token step
+and a 256-token prompt chunk, against PyTorch's int4 kernel and dequantised products on the
+same steps, and uses the family with the smaller sum of times a token. LLAMA_CHAT_KERNELS
+(ours or aten) and LLAMA_CHAT_KERNEL_VARIANT (portable, avx2, avx512-vnni, avx512-amx) force
+the family and the variant.
 A short probe times the candidates at the model's own widths, on one thread, and the
 result is kept per CPU model, PyTorch version and shape in the cache folder.
 LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
@@ -165,12 +166,14 @@ def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
     return winner, f"{kind} {ratio:.1f}x faster in {dtype_name(winner)} than {dtype_name(loser)}"
 
 
-VARIANT_TIMES_ROWS = (1, 16)  # a single token and a chat turn's step, for each variant of ours
+# A single token, a chat turn's step and a prompt's chunk, for each variant of ours (the
+# avx512-amx variant differs from avx512-vnni on prompt chunks only).
+VARIANT_TIMES_ROWS = (1, 16, 256)
 
 
 def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
-    """Seconds for a single token and a 16-token step through each variant of ours (4-bit
-    blocks), and through PyTorch's int4 kernel (each dtype; the step dequantises)."""
+    """Seconds for each step of VARIANT_TIMES_ROWS tokens through each variant of ours (4-bit
+    blocks), and through PyTorch's int4 kernel (each dtype; the steps dequantise)."""
     out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
     inputs = {rows: torch.randn(rows, in_features) for rows in VARIANT_TIMES_ROWS}
@@ -223,13 +226,15 @@ def choose_native(args: ModelArgs, kernels: KernelOptions = KernelOptions()) -> 
     times = remembered(f"native {native.build_key()} {' '.join(variants)} {shape}",
                        lambda: measure_native(args, variants), names)
 
-    def cost(family: str) -> float:  # a single token and a chat turn's step, weighed alike
-        return sum(times[f"{family} {rows}"] for rows in VARIANT_TIMES_ROWS)
+    def cost(family: str) -> float:  # each step by its time a token, weighed alike
+        return sum(times[f"{family} {rows}"] / rows for rows in VARIANT_TIMES_ROWS)
 
     best = min(variants, key=cost)
-    single, step = (times[f"aten {rows}"] / max(times[f"{best} {rows}"], 1e-12) for rows in VARIANT_TIMES_ROWS)
+    single, step, prompt = (times[f"aten {rows}"] / max(times[f"{best} {rows}"], 1e-12)
+                            for rows in VARIANT_TIMES_ROWS)
     how = "forced" if forced is not None else "measured fastest here"
-    speeds = f"a single token {single:.1f}x and a 16-token step {step:.1f}x PyTorch's kernels"
+    speeds = (f"a single token {single:.1f}x, a 16-token step {step:.1f}x and a 256-token prompt chunk {prompt:.1f}x "
+              "PyTorch's kernels")
     if family == "ours" or cost(best) <= cost("aten"):
         return best, f"{best} {how}: {speeds}"
     return None, f"PyTorch's kernels: llama-chat's {best} ran {speeds}"

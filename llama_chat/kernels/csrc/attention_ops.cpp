@@ -29,12 +29,13 @@ constexpr int64_t MIN_RUN = 16;
 constexpr int64_t RUNS_A_THREAD = 4;
 
 static const AttentionKernels& attention_kernels(int64_t variant) {
-    TORCH_CHECK(variant >= 0 && variant <= 2, "llama_chat: unknown kernel variant ", variant);
+    TORCH_CHECK(variant >= 0 && variant <= 3, "llama_chat: unknown kernel variant ", variant);
     TORCH_CHECK(supported_variants() & (int64_t(1) << variant), "llama_chat: this CPU cannot run kernel variant ",
                 variant);
     switch (variant) {
         case 1: return attention_avx2();
-        case 2: return attention_avx512_vnni();
+        case 2:
+        case 3: return attention_avx512_vnni();  // avx512-amx attends as avx512-vnni does
         default: return attention_portable();
     }
 }

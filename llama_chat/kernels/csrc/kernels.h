@@ -106,12 +106,24 @@ struct KernelSet {
     // y for the output rows of tiles t0..t1 of a tiled matrix; xq as int8 (bias 0).
     void (*tile_rows)(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features,
                       int64_t t0, int64_t t1);
+    // Variants with AMX (null elsewhere): rows' float activations packed as split bfloat16
+    // for the tile unit (token blocks b0..b1 of 16), and a tiled matrix times them there
+    // (tiles_amx.h; packed holds split_bytes(rows, columns)).
+    void (*pack_split)(const float* x, int64_t rows, int64_t columns, uint16_t* packed, int64_t b0, int64_t b1);
+    void (*split_tile_rows)(int type, const uint8_t* tiles, const uint16_t* packed, int64_t rows, int64_t columns,
+                            float* y, int64_t out_features, int64_t t0, int64_t t1);
 };
+
+constexpr int SPLIT_BLOCK = 16;  // tokens a block of split activations holds
+inline int64_t split_bytes(int64_t rows, int64_t columns) {
+    return (rows + SPLIT_BLOCK - 1) / SPLIT_BLOCK * SPLIT_BLOCK * columns * 2 * 2;  // two planes of bfloat16
+}
 
 int64_t panel_bytes(int type, int64_t columns);
 
 const KernelSet& kernels_portable();
 const KernelSet& kernels_avx2();
 const KernelSet& kernels_avx512_vnni();
+const KernelSet& kernels_avx512_amx();
 
 }  // namespace llama_chat_kernels

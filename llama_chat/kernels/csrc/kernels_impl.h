@@ -532,8 +532,14 @@ void int8_panels(int type, const uint8_t* weight, int64_t columns, const Quantiz
 namespace llama_chat_kernels {
 
 const KernelSet& KERNEL_SET_FUNCTION() {
+#if defined(AMX_TILES)
     static const KernelSet set{VARIANT_NAMESPACE::float_rows, VARIANT_NAMESPACE::quantize_rows,
-                               VARIANT_NAMESPACE::int8_panels, VARIANT_NAMESPACE::tile_rows};
+                               VARIANT_NAMESPACE::int8_panels, VARIANT_NAMESPACE::tile_rows,
+                               VARIANT_NAMESPACE::pack_split, VARIANT_NAMESPACE::split_tile_rows};
+#else
+    static const KernelSet set{VARIANT_NAMESPACE::float_rows, VARIANT_NAMESPACE::quantize_rows,
+                               VARIANT_NAMESPACE::int8_panels, VARIANT_NAMESPACE::tile_rows, nullptr, nullptr};
+#endif
     return set;
 }
 

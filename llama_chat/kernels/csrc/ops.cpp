@@ -9,6 +9,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <memory>
 #include <sstream>
 #include <string>
@@ -18,15 +25,40 @@
 
 namespace llama_chat_kernels {
 
-enum Variant : int64_t { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };
+enum Variant : int64_t { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2, AVX512_AMX = 3 };
+// Steps of more tokens than this (a prompt's chunks: a verify step has at most 32) run on the
+// tile unit where the variant has one; shorter ones keep the integer kernels, whose results
+// a single token's match.
+constexpr int64_t SPLIT_MIN_ROWS = 32;
 // Their names for people and for LLAMA_CHAT_KERNEL_VARIANT, in that numbering.
-constexpr const char* VARIANT_NAMES[] = {"portable", "avx2", "avx512-vnni"};
+constexpr const char* VARIANT_NAMES[] = {"portable", "avx2", "avx512-vnni", "avx512-amx"};
 
 int64_t panel_bytes(int type, int64_t columns) {
     const TypeInfo info = type_info(type);
     const int64_t groups = columns / info.scale_group;
     return columns * PANEL + groups * PANEL * 8 + (columns / X_GROUP) * PANEL * 4;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Whether the CPU has AMX's tiles and int8 products, the system saves their state (XCR0),
+// and Linux grants this process the tile registers (asked once here: without the grant the
+// first tile instruction is SIGILL).
+static bool amx_granted() {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tiles = edx & (1u << 24), int8 = edx & (1u << 25);
+    if (!tiles || !int8 || !__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
+    unsigned low, high;
+    __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    if ((low & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA
+#if defined(__linux__)
+    constexpr long REQUEST_PERMISSION = 0x1023, TILE_DATA = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, REQUEST_PERMISSION, TILE_DATA) == 0;
+#else
+    return false;
+#endif
+}
+#endif
 
 // Bit v set: this CPU runs variant v.
 static int64_t detect_variants() {
@@ -36,8 +68,10 @@ static int64_t detect_variants() {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) bits |= 1 << AVX2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vnni"))
+        __builtin_cpu_supports("avx512vnni")) {
         bits |= 1 << AVX512_VNNI;
+        if (amx_granted()) bits |= 1 << AVX512_AMX;
+    }
 #endif
     return bits;
 }
@@ -54,7 +88,7 @@ int64_t supported_variants() {
 std::string layout() {
     std::ostringstream out;
     out << "{\"variants\": [";
-    for (int v = PORTABLE; v <= AVX512_VNNI; ++v) out << (v ? ", " : "") << '"' << VARIANT_NAMES[v] << '"';
+    for (int v = PORTABLE; v <= AVX512_AMX; ++v) out << (v ? ", " : "") << '"' << VARIANT_NAMES[v] << '"';
     out << "], \"tile_rows\": " << TILE_ROWS << ", \"row_group\": " << ROW_GROUP << ", \"types\": {";
     bool first = true;
     for (int type : KNOWN_TYPES) {
@@ -83,12 +117,13 @@ static std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t
 }
 
 static const KernelSet& kernel_set(int64_t variant) {
-    TORCH_CHECK(variant >= 0 && variant <= AVX512_VNNI, "llama_chat: unknown kernel variant ", variant);
+    TORCH_CHECK(variant >= 0 && variant <= AVX512_AMX, "llama_chat: unknown kernel variant ", variant);
     TORCH_CHECK(supported_variants() & (int64_t(1) << variant), "llama_chat: this CPU cannot run kernel variant ",
                 variant);
     switch (variant) {
         case AVX2: return kernels_avx2();
         case AVX512_VNNI: return kernels_avx512_vnni();
+        case AVX512_AMX: return kernels_avx512_amx();
         default: return kernels_portable();
     }
 }
@@ -134,6 +169,19 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
         at::parallel_for(0, padded_rows(out_features) / ROW_GROUP, 4, [&](int64_t g0, int64_t g1) {
             kernels.float_rows(int(block_type), wp, columns, xp, sums.get(), rows, yp, out_features, g0 * ROW_GROUP,
                                std::min(g1 * ROW_GROUP, out_features));
+        });
+        return y;
+    }
+    if (tiled && kernels.split_tile_rows != nullptr && rows > SPLIT_MIN_ROWS && activation_bits == 16) {
+        const int64_t blocks = (rows + SPLIT_BLOCK - 1) / SPLIT_BLOCK;
+        std::unique_ptr<uint16_t, decltype(&std::free)> packed(
+            static_cast<uint16_t*>(std::aligned_alloc(64, split_bytes(rows, columns))), &std::free);
+        TORCH_CHECK(packed != nullptr, "llama_chat: out of memory for a prompt's activations");
+        at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+            kernels.pack_split(xp, rows, columns, packed.get(), b0, b1);
+        });
+        at::parallel_for(0, tile_count(out_features), 1, [&](int64_t t0, int64_t t1) {
+            kernels.split_tile_rows(int(block_type), wp, packed.get(), rows, columns, yp, out_features, t0, t1);
         });
         return y;
     }

@@ -394,6 +394,10 @@ constexpr int TILES_AT_ONCE = 4;  // tiles sharing a single token's broadcasts
 
 constexpr int TILE_TOKENS = per_variant(4, 2, 1);  // tokens sharing one decoding of a group's levels
 
+#if defined(AMX_TILES)
+#include "tiles_amx.h"
+#endif
+
 template <int TYPE, bool TWO>
 void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, int64_t out_features, int64_t t0,
                      int64_t t1) {
