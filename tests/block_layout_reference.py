@@ -13,9 +13,9 @@ from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 # against it rather than against what it reports of itself.
 ROW_GROUP = 4
 TILE_ROWS = 16
-TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+TILED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
 FIFTH_BIT_TYPES = ("Q5_0", "Q5_1")  # 5-bit levels: 4 bits as Q4_0's, the fifth in a plane of its own
-TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q5_0": (1, 0), "Q5_1": (2, 0), "Q4_K": (2, 0),
+TILE_HALVES = {"Q4_0": (1, 0), "Q4_1": (2, 0), "Q5_0": (1, 0), "Q5_1": (2, 0), "Q8_0": (1, 0), "Q4_K": (2, 0),
                "Q6_K": (1, 208)}  # float16 fields: count, where
 BLOCK_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]] for name in KERNEL_BLOCK_TYPES}  # (weights, bytes)
 CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]  # Q6_K's 2-bit high parts in a byte
@@ -44,8 +44,9 @@ def k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Blocks [rows, units, bytes a block] as levels [rows, groups of 32, 32], float16
-    fields' bytes [rows, units, fields, 2] and (K types) byte factors [rows, units, 16]."""
+    """Blocks [rows, units, bytes a block] as levels [rows, groups of 32, 32] (Q8_0's plus 128,
+    as the tiles store them), float16 fields' bytes [rows, units, fields, 2] and (K types)
+    byte factors [rows, units, 16]."""
     rows, units, _ = blocks.shape
     fields, at = TILE_HALVES[block_type]
     halves = blocks[..., at : at + 2 * fields].reshape(rows, units, fields, 2)
@@ -60,6 +61,8 @@ def block_parts(blocks: torch.Tensor, block_type: str) -> tuple[torch.Tensor, to
         high = blocks[..., 128:192].reshape(rows, units, 2, 1, 32)
         nibbles = torch.cat([low & 15, low >> 4], dim=3)  # quarters 0..3 of each half block
         levels = nibbles | (((high >> CRUMB_SHIFTS) & 3) << 4)
+    elif block_type == "Q8_0":
+        levels = (blocks[..., 2:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
     elif block_type in FIFTH_BIT_TYPES:
         qh = blocks[..., 2 * fields : 2 * fields + 4]  # bit i of byte b: column 8 b + i's fifth bit
         fifth = ((qh[..., None] >> BIT_SHIFTS) & 1).reshape(rows, units, 32)
@@ -78,6 +81,11 @@ def tile_rows(rows: torch.Tensor, block_type: str) -> torch.Tensor:
     tiles = len(rows) // TILE_ROWS
     levels, halves, factors = block_parts(rows.view(len(rows), -1, BLOCK_SIZES[block_type][1]), block_type)
     groups, units = levels.shape[1], halves.shape[1]
+    if block_type == "Q8_0":  # a byte a level: [tile, row, group, v, j] -> bytes [tile, group, v, row, j]
+        vectors = levels.view(tiles, TILE_ROWS, groups, 8, 4)
+        return torch.cat([vectors.permute(0, 2, 3, 1, 4).reshape(tiles, units, -1),
+                          halves.view(tiles, TILE_ROWS, units, 2).transpose(1, 2).reshape(tiles, units, -1)],
+                         dim=-1).reshape(tiles, -1)
     # levels: [tile, row, group, k, half, j] -> bytes [tile, group, k, row, j]
     slices = levels.view(tiles, TILE_ROWS, groups, 4, 2, 4)
     low = slices & 15

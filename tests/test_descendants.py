@@ -125,10 +125,11 @@ def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path
     prompt = packed.runner(cache, IDS[:16], every_logits=True)
     singles = torch.stack([packed.runner(cache, [token]) for token in IDS[16:]])
     logits = torch.cat([prompt, singles])
-    # Measured: the Q8_0 weights move logits (up to about 4) by at most 0.07 (Qwen2) and 0.09
-    # (Qwen3), as they move a Llama of these shapes (0.14); a random model's near ties can flip,
-    # so the choice is asserted where transformers' two best are 0.2 apart (a quarter to a half).
-    assert (logits - reference).abs().max() < 0.15
+    # Measured: the Q8_0 weights move logits (up to about 4) by at most 0.07 (Qwen2), 0.09
+    # (Qwen3) and 0.15 (Phi-3; single tokens' 16-bit activations add 0.001 of that), as they
+    # move a Llama of these shapes (0.14); a random model's near ties can flip, so the choice
+    # is asserted where transformers' two best are 0.2 apart (a quarter to a half).
+    assert (logits - reference).abs().max() < 0.16
     best, second = torch.topk(reference, 2).values.unbind(-1)
     clear = best - second > 0.2
     assert clear.sum() >= 16 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])

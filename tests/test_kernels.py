@@ -195,13 +195,14 @@ def one_thread(call):
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", ["Q5_0", "Q5_1"])
+@pytest.mark.parametrize("block_type", ["Q5_0", "Q5_1", "Q8_0"])
 @pytest.mark.parametrize("tokens", [1, 3, 7, 16])
 @pytest.mark.parametrize("bits", [8, 16])
-def test_five_bit_tiles_match_gguf_dequantisation_in_every_variant(block_type, tokens, bits):
-    """Q5_0 and Q5_1 tiles in each variant against x @ W^T, W as gguf dequantises the same
-    blocks: 101 rows (7 tiles, four of them run together for a single token, the last padded),
-    3 units wide; each output within half an activation level times the row's |weights|."""
+def test_five_and_eight_bit_tiles_match_gguf_dequantisation_in_every_variant(block_type, tokens, bits):
+    """Q5_0, Q5_1 and Q8_0 tiles in each variant against x @ W^T, W as gguf dequantises the
+    same blocks: 101 rows (7 tiles, four of them run together for a single token, the last
+    padded), 3 units wide; each output within half an activation level times the row's
+    |weights|."""
     columns = 96
     raw = random_blocks(block_type, 101, columns, seed=tokens)
     x = torch.randn(tokens, columns, generator=torch.Generator().manual_seed(bits))
@@ -217,7 +218,7 @@ def test_five_bit_tiles_match_gguf_dequantisation_in_every_variant(block_type, t
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", TILED_TYPES)
+@pytest.mark.parametrize("block_type", [name for name in TILED_TYPES if name != "Q8_0"])  # Q8_0's: signed, below
 @pytest.mark.parametrize("bits", [8, 16])
 def test_tiled_levels_at_their_largest_do_not_overflow_the_products(block_type, bits):
     """Every level at its type's top (all level bits set: 15, Q5's 31, Q6_K's 63) against
@@ -280,6 +281,36 @@ def test_a_tokens_result_on_the_tile_unit_does_not_depend_on_the_tokens_beside_i
     assert torch.equal(one_thread(lambda: run(x, raw, "Q4_K", variant, 16)), whole)
 
 
+Q8_0_EXTREMES = [[127] * 32, [-127] * 32, [-128] * 32, [127, -127] * 16, [-128, 127] * 16]
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("bits", [8, 16])
+def test_q8_0_levels_at_their_extremes_do_not_overflow_the_products(bits):
+    """Q8_0 blocks of levels at 127 and -127, all -128 (an int8 gguf reads, if no quantiser
+    writes it), and signs alternating, against activations at +-127 (16 bits: high halves of
+    +-127), tokens alternating with the levels' signs so that every product is positive:
+    a pair of products reaches 2 * 128 * 127 = 32512 in AVX2's 16 bits, and the tiles' biased
+    levels (q + 128) meet the largest sums; exact in every variant, on one thread too (four
+    tiles at once)."""
+    rows, columns = 80, 512
+    raw = random_blocks("Q8_0", rows, columns, seed=6).reshape(rows, -1, 34)
+    extremes = np.array(Q8_0_EXTREMES, dtype=np.int8).view(np.uint8)
+    pattern = (np.arange(rows)[:, None] + np.arange(columns // 32)[None, :]) % len(extremes)
+    raw[:, :, 2:] = extremes[pattern]
+    raw = raw.reshape(rows, -1)
+    x = torch.ones(4, columns)
+    x[1] = -1
+    x[2, 1::2] = -1  # alternating as [127, -127] blocks are
+    x[3, 0::2] = -1  # alternating as [-128, 127] blocks are
+    exact = reference(raw, "Q8_0", x)
+    for variant in variants():
+        for first, last in [(0, 4), (0, 1), (1, 2), (2, 3), (3, 4)]:  # four tokens, then each alone
+            got = one_thread(lambda: run(x[first:last], raw, "Q8_0", variant, bits)).double()
+            expected = exact[first:last]
+            assert ((got - expected).abs().max() / expected.abs().max()) < 1e-5, (variant, first)
+
+
 @pytest.mark.needs_kernels
 @pytest.mark.parametrize("block_type", TILED_TYPES)
 def test_tiles_hold_the_file_blocks_at_their_size(block_type):
@@ -287,7 +318,7 @@ def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     rearranged, but Q4_K's hold each 6-bit scale in a byte (148 bytes a block against 144)."""
     raw = torch.from_numpy(random_blocks(block_type, 37, 512, seed=5))
     tiles = tile_rows(raw, block_type)
-    growth = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
+    growth = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
     assert tiles.shape == (3, 16 * raw.shape[1] * growth) == (3, arranged_bytes(block_type, 512))
     assert torch.equal(untile_rows(tiles, block_type, 37), raw)
     assert not untile_rows(tiles, block_type, 48)[37:].any()
@@ -320,50 +351,53 @@ def test_tiled_types_refuse_float_activations():
 def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
-        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), torch.zeros(1, 4 * 34, dtype=torch.uint8), 8, 1, 7, 0)
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 256), torch.zeros(1, 4 * 176, dtype=torch.uint8), 13, 1, 7, 0)
 
 
-def q8_0_weight(rows: int, columns: int) -> torch.Tensor:
-    """Zero Q8_0 blocks of `rows` rows (padded to groups of 4) in the kernels' layout."""
-    return torch.zeros(-(-rows // 4) * 4 * columns // 32 * 34, dtype=torch.uint8)
+def q5_k_weight(rows: int, columns: int) -> torch.Tensor:
+    """Zero Q5_K blocks of `rows` rows (padded to groups of 4) in the kernels' layout: the
+    one type kept in row groups, and read with float activations as well."""
+    return torch.zeros(-(-rows // 4) * 4 * columns // 256 * 176, dtype=torch.uint8)
 
 
-def block_linear(x, weight, block_type=BLOCK_TYPES["Q8_0"], out_features=4, variant=0, bits=0):
+def block_linear(x, weight, block_type=BLOCK_TYPES["Q5_K"], out_features=4, variant=0, bits=0):
     return torch.ops.llama_chat.block_linear(x, weight, block_type, out_features, variant, bits)
 
 
 def one_row(**changes):
-    """A row of 32 against 4 rows of Q8_0, with `changes` to the operator's arguments."""
-    return block_linear(torch.zeros(1, 32), q8_0_weight(4, 32), **changes)
+    """A row of 256 against 4 rows of Q5_K, with `changes` to the operator's arguments."""
+    return block_linear(torch.zeros(1, 256), q5_k_weight(4, 256), **changes)
 
 
 @pytest.mark.needs_kernels
 @pytest.mark.parametrize("call, message", [
     # Bytes that do not make the rows said: the kernels would read past the weight's end.
-    (lambda: block_linear(torch.zeros(1, 64), q8_0_weight(4, 64)[:-1]),
-     "weight holds 271 bytes, not the 272 of 4 rows of 64 in groups of 4"),
-    (lambda: block_linear(torch.zeros(1, 64), q8_0_weight(4, 64), out_features=5),
-     "weight holds 272 bytes, not the 544 of 5 rows of 64 in groups of 4"),
+    (lambda: block_linear(torch.zeros(1, 512), q5_k_weight(4, 512)[:-1]),
+     "weight holds 1407 bytes, not the 1408 of 4 rows of 512 in groups of 4"),
+    (lambda: block_linear(torch.zeros(1, 512), q5_k_weight(4, 512), out_features=5),
+     "weight holds 1408 bytes, not the 2816 of 5 rows of 512 in groups of 4"),
     (lambda: block_linear(torch.zeros(2, 32), torch.zeros(287, dtype=torch.uint8), BLOCK_TYPES["Q4_0"], 16, bits=16),
      "weight holds 287 bytes, not the 288 of 16 rows of 32 in tiles of 16"),
-    (lambda: block_linear(torch.zeros(1, 48), q8_0_weight(4, 48)), "width 48 is not whole blocks of 32 weights"),
+    (lambda: block_linear(torch.zeros(1, 48), torch.zeros(544, dtype=torch.uint8), BLOCK_TYPES["Q8_0"], 16, bits=16),
+     "width 48 is not whole blocks of 32 weights"),
     (lambda: block_linear(torch.zeros(2, 128), torch.zeros(0, dtype=torch.uint8), BLOCK_TYPES["Q4_K"], 16, bits=16),
      "width 128 is not whole blocks of 256 weights"),
     # Width 0 divided the row count by zero: a crash of the process (SIGFPE), not an error.
-    (lambda: block_linear(torch.zeros(3, 0), q8_0_weight(4, 0)), "width 0 is not whole blocks of 32 weights"),
+    (lambda: block_linear(torch.zeros(3, 0), q5_k_weight(4, 0)), "width 0 is not whole blocks of 256 weights"),
     (lambda: one_row(block_type=9), "unsupported block type 9"),
     (lambda: one_row(block_type=-1), "unsupported block type -1"),
-    # Beyond int, its cast would wrap onto Q8_0.
-    (lambda: one_row(block_type=(1 << 32) + 8), "unsupported block type 4294967304"),
+    # Beyond int, its cast would wrap onto Q5_K, the weight's own type.
+    (lambda: one_row(block_type=(1 << 32) + 13), "unsupported block type 4294967309"),
     (lambda: one_row(bits=4), "activation_bits must be 0, 8 or 16, not 4"),
     (lambda: one_row(bits=32), "activation_bits must be 0, 8 or 16, not 32"),
     (lambda: one_row(bits=-8), "activation_bits must be 0, 8 or 16, not -8"),
-    (lambda: block_linear(torch.zeros(1, 32), torch.zeros(0, dtype=torch.uint8), out_features=-4),
+    (lambda: block_linear(torch.zeros(1, 256), torch.zeros(0, dtype=torch.uint8), out_features=-4),
      "out_features is negative: -4"),
-    (lambda: block_linear(torch.zeros(()), q8_0_weight(4, 32)), "x must have a dimension to multiply along"),
-    (lambda: block_linear(torch.zeros(1, 32, dtype=torch.float64), q8_0_weight(4, 32)), "x must be contiguous float32"),
-    (lambda: block_linear(torch.zeros(32, 2).t(), q8_0_weight(4, 32)), "x must be contiguous float32"),
-    (lambda: block_linear(torch.zeros(1, 32), q8_0_weight(4, 32).to(torch.int8)), "weight must be contiguous uint8"),
+    (lambda: block_linear(torch.zeros(()), q5_k_weight(4, 256)), "x must have a dimension to multiply along"),
+    (lambda: block_linear(torch.zeros(1, 256, dtype=torch.float64), q5_k_weight(4, 256)),
+     "x must be contiguous float32"),
+    (lambda: block_linear(torch.zeros(256, 2).t(), q5_k_weight(4, 256)), "x must be contiguous float32"),
+    (lambda: block_linear(torch.zeros(1, 256), q5_k_weight(4, 256).to(torch.int8)), "weight must be contiguous uint8"),
     (lambda: one_row(variant=4), "unknown kernel variant 4"),
     (lambda: one_row(variant=-1), "unknown kernel variant -1"),
 ], ids=["a byte short", "more rows than bytes", "a tile a byte short", "width not whole blocks",
@@ -448,8 +482,10 @@ def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     layer = BlockLinear(stored, "Q5_K", native.variant_number("portable"))
     assert torch.equal(layer.file_blocks(), raw)
     assert layer.blocks.numel() == raw.numel()  # the file's size: rows regrouped, nothing added
-    floats = BlockLinear(TensorMatrix.of(torch.randn(15, 256)), "Q8_0", native.variant_number("portable"))
-    assert floats.blocks.shape == (4, 4 * 256 // 32 * 34)  # 15 rows and one of zeros
+    weight = torch.randn(15, 256)
+    floats = BlockLinear(TensorMatrix.of(weight), "Q8_0", native.variant_number("portable"))
+    assert floats.blocks.shape == (1, 16 * 256 // 32 * 34)  # a tile of 15 rows and one of zeros
+    assert torch.equal(floats.file_blocks(), q8_0_blocks(weight))
     x = torch.randn(1, 4, 256)
     assert layer(x).shape == (1, 4, 16)
 
@@ -503,26 +539,38 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q5_1], ids=lambda q: q.name)
-def test_a_gguf_files_five_bit_matrices_are_held_in_their_own_type(tmp_path, monkeypatch, qtype):
-    """A tiny model that gguf's quantiser wrote as Q5_0 (Q5_1): every matrix, the embedding
-    and the head too, is held as the file's blocks at the file's size (not widened to Q8_0),
-    and each variant's logits over a prompt step and single tokens are the float model's."""
-    path = write_gguf(tmp_path / f"{qtype.name}.gguf", tiny_hf_model(seed=7), qtype=qtype)
+@pytest.mark.parametrize("qtype, tied", [(QType.Q5_0, False), (QType.Q5_1, False), (QType.Q8_0, True)],
+                         ids=["Q5_0", "Q5_1", "Q8_0-tied"])
+def test_a_gguf_files_five_and_eight_bit_matrices_are_held_in_their_own_type(tmp_path, monkeypatch, qtype, tied):
+    """A tiny model that gguf's quantiser wrote as Q5_0 (Q5_1, Q8_0 with its embedding tied
+    to the head): every matrix, the embedding and the head too, is held in tiles of the
+    file's blocks at the file's size (not widened to Q8_0, not kept in row groups; a tied
+    table once, both the embedding and the head), and each variant's logits over a prompt
+    step and single tokens are the float model's."""
+    path = write_gguf(tmp_path / f"{qtype.name}.gguf", tiny_hf_model(seed=7, tie_word_embeddings=tied), qtype=qtype)
     exact = llama_chat.load(path, device="cpu", dtype="float32")
     ids = list(range(3, 23))
     expected = exact.logits(ids)
-    stored = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
+    stored = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert ("output.weight" in stored) != tied
+
+    def held_as_stored(layer, name):  # the file's bytes, rows padded to a whole tile (the table's 268 to 272)
+        file_rows = torch.from_numpy(np.array(stored[name].data)).view(torch.uint8).view(layer.out_features, -1)
+        padded_rows = -(-layer.out_features // TILE_ROWS) * TILE_ROWS
+        return (layer.block_type, layer.tiled) == (qtype.name, True) and torch.equal(layer.file_blocks(), file_rows) \
+            and layer.blocks.numel() == padded_rows * file_rows.shape[1]
+
     for variant in variants():
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
         fast = llama_chat.load(path, options_from_environment(), device="cpu")
         assert fast.quantization == qtype.name and f"{variant} kernels" in fast.weights_note
         w2 = fast.transformer.layers[1].feed_forward.w2
-        assert isinstance(w2, BlockLinear) and (w2.block_type, w2.tiled) == (qtype.name, True)
-        file_rows = torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1)
-        assert torch.equal(w2.file_blocks(), file_rows) and w2.blocks.numel() == file_rows.numel()
-        assert fast.transformer.output.block_type == qtype.name
-        assert fast.transformer.tok_embeddings.table.block_type == qtype.name
+        assert isinstance(w2, BlockLinear) and held_as_stored(w2, "blk.1.ffn_down.weight")
+        table = fast.transformer.tok_embeddings.table
+        assert held_as_stored(table, "token_embd.weight")
+        assert (fast.transformer.output is table) == tied
+        if not tied:
+            assert held_as_stored(fast.transformer.output, "output.weight")
         cache = fast.new_cache(64)
         first = fast.runner(cache, ids[:12])
         singles = [fast.runner(cache, [token]) for token in ids[12:]]

@@ -3,17 +3,18 @@
 A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's
 blocks and (but for Q4_K's 6-bit scales, held a byte each: 148 bytes a block against 144)
 its size:
-- Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K are rearranged into tiles of 16 rows whose 4-bit
-  levels (Q5_0, Q5_1 and Q6_K: their low 4 bits, the fifth bit or top 2 in planes of their
-  own) feed integer dot products directly (kernels.h has the layout): a single token and
-  several tokens both run integer kernels, with activations quantised per group of 32 to
-  16 bits carried as two int8 halves (within 1/65000 of each group's largest value; a
-  step's activations can go to int8 instead, half the integer work, but measured to change
-  4% of the default model's teacher-forced choices; see the README).
-- Q8_0 and Q5_K keep their blocks with rows in groups of 4, interleaved block by
-  block, so that a single token reads 4 rows as one sequential stream (1.36x faster from
-  memory than 4 rows side by side); a single token multiplies them with float32
-  activations, several tokens as above.
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K are rearranged into tiles of 16 rows whose
+  levels (4-bit, or Q5_0's, Q5_1's and Q6_K's low 4 bits with the fifth bit or top 2 in
+  planes of their own; Q8_0's bytes plus 128) feed integer dot products directly
+  (kernels.h has the layout): a single token and several tokens both run integer kernels,
+  with activations quantised per group of 32 to 16 bits carried as two int8 halves
+  (within 1/65000 of each group's largest value; a step's activations can go to int8
+  instead, half the integer work, but measured to change 4% of the default model's
+  teacher-forced choices; see the README).
+- Q5_K keeps its blocks with rows in groups of 4, interleaved block by block, so that a
+  single token reads 4 rows as one sequential stream (1.36x faster from memory than 4
+  rows side by side); a single token multiplies them with float32 activations, several
+  tokens as above.
 Float weights are quantised into blocks the same kernels read: Q8_0 (int8 with a scale per
 32 weights), or Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit
 blocks. Which types are tiled, and the sizes of tiles, row groups and their units, are the
@@ -121,6 +122,8 @@ def _blocks_from_parts(
         packed_low = low[:, :, :, 0:2] | (low[:, :, :, 2:4] << 4)  # [.., half block, first or second 32, l]
         packed_high = high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)
         return torch.cat([packed_low.flatten(2), packed_high.flatten(2), factors, halves.flatten(2)], dim=-1)
+    if block_type == "Q8_0":
+        return torch.cat([halves.flatten(2), levels], dim=-1)
     nibbles = (levels[..., :16] & 15) | (levels[..., 16:] << 4)
     if block_type in FIFTH_BIT_TYPES:  # qh: bit i of byte b is column 8 b + i's fifth bit
         fifth = ((levels >> 4).reshape(rows, units, 4, 8) << BIT_PLACES).sum(dim=-1, dtype=torch.uint8)
@@ -134,16 +137,20 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
     kind, tile_rows = type_layout(block_type), library_layout().tile_rows
     fields = kind.halves
     groups_a_unit = kind.unit_columns // GROUP
-    level_bytes = 256 * groups_a_unit
+    level_bytes = (512 if block_type == "Q8_0" else 256) * groups_a_unit
     high_bytes = {"Q6_K": 128, "Q5_0": 64, "Q5_1": 64}.get(block_type, 0) * groups_a_unit
     field_bytes = 2 * tile_rows * fields
     # What a unit holds after the levels and fields, a byte a row each: Q4_K's 8 scales and
-    # 8 minimums, Q6_K's 16 scales; none for Q4_0, Q4_1, Q5_0 and Q5_1.
+    # 8 minimums, Q6_K's 16 scales; none for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
     factor_bytes = (kind.unit_bytes - level_bytes - high_bytes - field_bytes) // tile_rows
     units = tiles.view(len(tiles), -1, kind.unit_bytes)
     count_units, rows = units.shape[1], len(tiles) * tile_rows
-    packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, tile_rows, 4).permute(0, 3, 1, 2, 4)
-    levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
+    if block_type == "Q8_0":  # level vector v: byte 4 r + j is row r's column 4 v + j, plus 128
+        stored = units[..., :level_bytes].reshape(len(tiles), -1, 8, tile_rows, 4).permute(0, 3, 1, 2, 4)
+        levels = stored ^ 0x80  # [tile, row, group, v, j]: the file's int8 bytes
+    else:
+        packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, tile_rows, 4).permute(0, 3, 1, 2, 4)
+        levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
     if block_type in FIFTH_BIT_TYPES:  # bit v of byte 4 r + j: level vector v's fifth
         bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, tile_rows, 1, 4)
         fifth = (bits.permute(0, 2, 1, 3, 4) >> BIT_PLACES[:, None]) & 1  # [tile, row, group, v, j]
@@ -164,8 +171,8 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
 
 
 class BlockLinear(nn.Module):
-    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K
-    and Q6_K in tiles of 16 rows, other types in groups of 4 rows."""
+    """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    Q4_K and Q6_K in tiles of 16 rows, Q5_K in groups of 4 rows."""
 
     def __init__(
         self, source: StoredMatrix, block_type: str, variant: int, activation_bits: int = 16, *, read: bool = True
@@ -232,7 +239,7 @@ class BlockLinear(nn.Module):
         flat = x.reshape(-1, self.in_features).float().contiguous()
         if flat.shape[0] > 1:
             bits = self.activation_bits
-        else:  # a single token: 16-bit activations on tiles, float32 on other blocks
+        else:  # a single token: 16-bit activations on tiles, float32 on Q5_K's row groups
             bits = 16 if self.tiled else 0
         out = torch.ops.llama_chat.block_linear(
             flat, self.blocks, self.type_number, self.out_features, self.variant, bits

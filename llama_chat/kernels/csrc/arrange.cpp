@@ -1,7 +1,6 @@
 // llama_chat::arrange_blocks: a run of rows of a GGUF file's blocks put into the layout
-// the kernels read (kernels.h): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K as tiles of 16 rows,
-// Q8_0 and Q5_K as groups of 4 rows interleaved block by block; rows past the last are
-// zeros.
+// the kernels read (kernels.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K as tiles of 16
+// rows, Q5_K as groups of 4 rows interleaved block by block; rows past the last are zeros.
 // A model's first load arranges every matrix, so this runs at the pace of memory.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -22,10 +21,13 @@ constexpr int MAX_BLOCK_BYTES = 210;  // Q6_K's
 const uint8_t ZERO_BLOCK[MAX_BLOCK_BYTES] = {};  // a padding row's block
 
 
-// One file block's levels in column order: 0..15, Q5's 0..31, Q6_K's 0..63.
+// One file block's levels in column order: 0..15, Q5's 0..31, Q6_K's 0..63, Q8_0's int8
+// levels plus 128 (0..255).
 template <int TYPE>
 inline void block_levels(const uint8_t* block, uint8_t* levels) {
-    if constexpr (TYPE == Q4_0 || TYPE == Q4_1) {
+    if constexpr (TYPE == Q8_0) {
+        for (int i = 0; i < 32; ++i) levels[i] = uint8_t(block[2 + i] ^ 0x80);  // two's complement q + 128
+    } else if constexpr (TYPE == Q4_0 || TYPE == Q4_1) {
         const uint8_t* q = block + (TYPE == Q4_0 ? 2 : 4);
         for (int i = 0; i < 16; ++i) {  // byte i holds columns i and i + 16
             levels[i] = q[i] & 15;
@@ -63,14 +65,19 @@ void arrange_unit(const uint8_t* const* blocks, uint8_t* out) {
     constexpr int weights = type_info(TYPE).block_weights, groups = weights / X_GROUP;
     uint8_t levels[TILE_ROWS][MAX_BLOCK_WEIGHTS];
     for (int r = 0; r < TILE_ROWS; ++r) block_levels<TYPE>(blocks[r], levels[r]);
-    // Group g's chunk k: byte 4 r + j holds row r's columns 8 k + j (low nibble) and 8 k + 4 + j.
-    for (int g = 0; g < groups; ++g)
-        for (int k = 0; k < 4; ++k)
+    if constexpr (TYPE == Q8_0) {  // level vector v: byte 4 r + j holds row r's column 4 v + j
+        for (int v = 0; v < 8; ++v)
             for (int r = 0; r < TILE_ROWS; ++r)
-                for (int j = 0; j < 4; ++j) {
-                    const uint8_t* column = levels[r] + X_GROUP * g + 8 * k + j;
-                    *out++ = uint8_t((column[0] & 15) | (column[4] & 15) << 4);
-                }
+                for (int j = 0; j < 4; ++j) *out++ = levels[r][4 * v + j];
+    } else {  // group g's chunk k: byte 4 r + j holds row r's columns 8 k + j (low nibble) and 8 k + 4 + j
+        for (int g = 0; g < groups; ++g)
+            for (int k = 0; k < 4; ++k)
+                for (int r = 0; r < TILE_ROWS; ++r)
+                    for (int j = 0; j < 4; ++j) {
+                        const uint8_t* column = levels[r] + X_GROUP * g + 8 * k + j;
+                        *out++ = uint8_t((column[0] & 15) | (column[4] & 15) << 4);
+                    }
+    }
     if constexpr (TYPE == Q5_0 || TYPE == Q5_1) {  // the fifth bits: byte 4 r + j, bit v, of column 4 v + j
         for (int g = 0; g < groups; ++g)
             for (int r = 0; r < TILE_ROWS; ++r)
@@ -172,6 +179,7 @@ void arrange_blocks(const at::Tensor& blocks, int64_t block_type, const at::Tens
             case Q4_1: return arrange_tiles<Q4_1>(rows, count, row_bytes, out, u0, u1);
             case Q5_0: return arrange_tiles<Q5_0>(rows, count, row_bytes, out, u0, u1);
             case Q5_1: return arrange_tiles<Q5_1>(rows, count, row_bytes, out, u0, u1);
+            case Q8_0: return arrange_tiles<Q8_0>(rows, count, row_bytes, out, u0, u1);
             case Q4_K: return arrange_tiles<Q4_K>(rows, count, row_bytes, out, u0, u1);
             case Q6_K: return arrange_tiles<Q6_K>(rows, count, row_bytes, out, u0, u1);
             default: return arrange_row_groups(rows, count, row_bytes, info.block_bytes, out, u0, u1);

@@ -1,5 +1,5 @@
-// GGUF weight blocks: their sizes, and (for the row-group types) a decoder of one block at
-// a time into small integer levels and float scales: w[j] = scale[j / S] * level[j] +
+// GGUF weight blocks: their sizes, and (for the row-group type, Q5_K) a decoder of one block
+// at a time into small integer levels and float scales: w[j] = scale[j / S] * level[j] +
 // offset[j / 32], where S is the type's scale group (16 for Q6_K, 32 otherwise). Nothing
 // here depends on PyTorch, so every instruction-set variant compiles it under its own
 // target (the loops vectorise to that target); so each function is static, a copy per
@@ -31,7 +31,6 @@ struct TypeInfo {
     int block_bytes;
     int scale_group;    // weights sharing one scale (S)
     bool has_offsets;   // whether offset[] is used
-    int max_level;      // largest |level| (AVX2's 16-bit pair sums hold levels up to 64)
 };
 
 // The types the kernels read, in the order the library reports them (ops.cpp's layout).
@@ -45,14 +44,14 @@ static inline bool known_type(int type) {
 
 static constexpr TypeInfo type_info(int type) {
     switch (type) {
-        case Q4_0: return {32, 18, 32, false, 8};
-        case Q4_1: return {32, 20, 32, true, 15};
-        case Q5_0: return {32, 22, 32, false, 31};
-        case Q5_1: return {32, 24, 32, true, 31};
-        case Q8_0: return {32, 34, 32, false, 127};
-        case Q4_K: return {256, 144, 32, true, 15};
-        case Q5_K: return {256, 176, 32, true, 31};
-        default: return {256, 210, 16, false, 32};  // Q6_K
+        case Q4_0: return {32, 18, 32, false};
+        case Q4_1: return {32, 20, 32, true};
+        case Q5_0: return {32, 22, 32, false};
+        case Q5_1: return {32, 24, 32, true};
+        case Q8_0: return {32, 34, 32, false};
+        case Q4_K: return {256, 144, 32, true};
+        case Q5_K: return {256, 176, 32, true};
+        default: return {256, 210, 16, false};  // Q6_K
     }
 }
 
@@ -107,32 +106,26 @@ static inline void store_bytes(int8_t* p, V v) {
     std::memcpy(p, &v, sizeof(V));
 }
 
-// One block of the row-group types (Q8_0, Q5_K; the tiled types are unpacked in registers
-// by tiles_impl.h) into level[block_weights], scale[block_weights / S],
-// offset[block_weights / 32].
+// One block of the row-group type (Q5_K; the tiled types are unpacked in registers by
+// tiles_impl.h) into level[256], scale[8], offset[8].
 template <int TYPE>
 static inline void decode_block(const uint8_t* __restrict block, int8_t* __restrict level, float* __restrict scale,
                                 float* __restrict offset) {
-    static_assert(TYPE == Q8_0 || TYPE == Q5_K, "the other types are tiled");
-    if constexpr (TYPE == Q8_0) {
-        std::memcpy(level, block + 2, 32);
-        scale[0] = half_to_float(block);
-    } else {
-        const float d = half_to_float(block), dmin = half_to_float(block + 2);
-        Bytes32 fifth = load_bytes<Bytes32>(block + 16);  // bit g of byte l is weight l's of group g
-        for (int group = 0; group < 8; ++group) {
-            int sc, mn;
-            k_scale_min(group, block + 4, sc, mn);
-            scale[group] = d * float(sc);
-            offset[group] = -dmin * float(mn);
-        }
-        for (int chunk = 0; chunk < 4; ++chunk) {  // 64 weights: the low nibbles, then the high
-            const Bytes32 bytes = load_bytes<Bytes32>(block + 48 + 32 * chunk);
-            const Bytes32 low = (bytes & 15) | ((fifth & 1) << 4), high = (bytes >> 4) | ((fifth & 2) << 3);
-            fifth >>= 2;
-            store_bytes(level + 64 * chunk, low);
-            store_bytes(level + 64 * chunk + 32, high);
-        }
+    static_assert(TYPE == Q5_K, "the other types are tiled");
+    const float d = half_to_float(block), dmin = half_to_float(block + 2);
+    Bytes32 fifth = load_bytes<Bytes32>(block + 16);  // bit g of byte l is weight l's of group g
+    for (int group = 0; group < 8; ++group) {
+        int sc, mn;
+        k_scale_min(group, block + 4, sc, mn);
+        scale[group] = d * float(sc);
+        offset[group] = -dmin * float(mn);
+    }
+    for (int chunk = 0; chunk < 4; ++chunk) {  // 64 weights: the low nibbles, then the high
+        const Bytes32 bytes = load_bytes<Bytes32>(block + 48 + 32 * chunk);
+        const Bytes32 low = (bytes & 15) | ((fifth & 1) << 4), high = (bytes >> 4) | ((fifth & 2) << 3);
+        fifth >>= 2;
+        store_bytes(level + 64 * chunk, low);
+        store_bytes(level + 64 * chunk + 32, high);
     }
 }
 

@@ -11,8 +11,8 @@
 namespace llama_chat_kernels {
 
 constexpr int PANEL = 16;       // weight rows a multi-token tile interleaves
-// Weights come as the file's blocks with rows in groups of ROW_GROUP, interleaved block by
-// block: block b of row n lies ((n / 4) * blocks + b) * 4 + n % 4 blocks from the start,
+// Q5_K, the one type not tiled, comes as the file's blocks with rows in groups of ROW_GROUP,
+// interleaved block by block: block b of row n lies ((n / 4) * blocks + b) * 4 + n % 4 blocks from the start,
 // the rows padded with zero blocks to a multiple of 4. A single token then reads 4 rows as
 // one sequential stream (measured 1.36x faster from memory than 4 rows as 4 streams).
 constexpr int ROW_GROUP = 4;
@@ -38,17 +38,21 @@ struct QuantizedRows {
     int64_t columns;
 };
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K matrices are laid out at load in tiles of TILE_ROWS
-// rows, one tile after another, each a run of units of columns (32 for Q4_0, Q4_1, Q5_0
-// and Q5_1, a block of 256 for the K types). Each group of 32 columns has 256 bytes of
-// 4-bit levels (Q5 and Q6_K: their low 4 bits), whose 64-byte chunk k holds in byte 4 r + j
-// row r's level at column 8 k + j (low nibble) and 8 k + 4 + j (high nibble): the level
-// vector v = 2 k + half holds columns 4 v + (0..3).
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices are laid out at load in tiles of
+// TILE_ROWS rows, one tile after another, each a run of units of columns (32 for Q4_0,
+// Q4_1, Q5_0, Q5_1 and Q8_0, a block of 256 for the K types). Each group of 32 columns is
+// 8 level vectors, vector v holding in byte 4 r + j row r's level at column 4 v + j. With
+// 4-bit levels (Q5 and Q6_K: their low 4 bits) a group has 256 bytes, two vectors a 64-byte
+// chunk: chunk k holds vector 2 k in its low nibbles and 2 k + 1 in its high ones (row r's
+// columns 8 k + j and 8 k + 4 + j in byte 4 r + j); Q8_0's 8-bit levels are 512 bytes,
+// vector v the 64 bytes from 64 v.
 //   Q4_0 unit (288 bytes): levels, the 16 rows' float16 scales d     w = d (q - 8)
 //   Q4_1 unit (320 bytes): levels, 16 float16 d, 16 float16 m         w = d q + m
 //   Q5_0 unit (352 bytes): low 4 bits, then the fifth bits (64 bytes: bit v of byte 4 r + j
 //     is level vector v's, row r's column 4 v + j), 16 float16 d     w = d (q - 16)
 //   Q5_1 unit (384 bytes): as Q5_0, then 16 float16 m                 w = d q + m
+//   Q8_0 unit (544 bytes): the file's int8 levels plus 128 (0..255: unsigned, as vpdpbusd
+//     reads its first operand), 16 float16 d                         w = d (q - 128)
 //   Q4_K unit (2368 bytes): 8 groups' levels, 16 float16 d, 16 float16 dmin, then the 6-bit
 //     scales of group j for the 16 rows as 16 bytes, j = 0..7, then the minimums alike
 //                                                                     w = d sc q - dmin mn
@@ -57,13 +61,15 @@ struct QuantizedRows {
 //     4 c + i's), 16 float16 d, the int8 scales of the 16 sub-blocks of 16 columns for the
 //     16 rows (16 bytes each)                                         w = d sc (q - 32)
 // so the weights keep their file's size (Q4_K: 148 bytes a row's block against 144), and
-// one 64-byte load, split into nibbles, feeds two vpdpbusd with 16 rows each, single tokens
-// and several alike. A Q5 level vector's fifth bits come from one more line, all 8
-// vectors' from the same: one bit test (AVX-512) or one shift and one mask (AVX2) away.
+// one 64-byte load (split into nibbles for 4-bit levels) feeds vpdpbusd with 16 rows at
+// once, single tokens and several alike. A Q5 level vector's fifth bits come from one more
+// line, all 8 vectors' from the same: one bit test (AVX-512) or one shift and one mask
+// (AVX2) away.
 constexpr int TILE_ROWS = 16;
 
 constexpr bool tiled_type(int type) {
-    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q4_K || type == Q6_K;
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == Q4_K ||
+           type == Q6_K;
 }
 constexpr int64_t tile_unit_columns(int type) { return type == Q4_K || type == Q6_K ? 256 : 32; }
 constexpr int64_t tile_unit_bytes(int type) {
@@ -72,6 +78,7 @@ constexpr int64_t tile_unit_bytes(int type) {
         case Q4_1: return 320;
         case Q5_0: return 352;
         case Q5_1: return 384;
+        case Q8_0: return 544;
         case Q4_K: return 2368;
         default: return 3360;  // Q6_K
     }
@@ -87,7 +94,9 @@ struct Halves {
     int count;
 };
 constexpr Halves halves_of(int type) {
-    return type == Q6_K ? Halves{208, 1} : type == Q4_0 || type == Q5_0 ? Halves{0, 1} : Halves{0, 2};
+    return type == Q6_K                                   ? Halves{208, 1}
+           : type == Q4_0 || type == Q5_0 || type == Q8_0 ? Halves{0, 1}
+                                                          : Halves{0, 2};
 }
 
 struct KernelSet {

@@ -1,6 +1,6 @@
-// The row-group kernels (Q8_0 and Q5_K, the types not tiled; tiles_impl.h has the rest),
-// written once and compiled once per instruction set: a variant's file sets VARIANT (0
-// portable, 1 AVX2, 2 AVX-512 with VNNI) and its target, then includes this.
+// The row-group kernels (Q5_K, the type not tiled; tiles_impl.h has the rest), written once
+// and compiled once per instruction set: a variant's file sets VARIANT (0 portable, 1 AVX2,
+// 2 AVX-512 with VNNI) and its target, then includes this.
 //
 // float_rows (single tokens): each weight block is decoded to levels and multiplied
 // with float32 activations, so decode keeps float32 numerics and reads each weight once.
@@ -68,51 +68,12 @@ constexpr int per_variant(int avx512, int avx2, int portable) {
 constexpr int MAX_BLOCK = 256;
 constexpr int FLOAT_ROWS_AT_ONCE = 8;  // token rows sharing one decoded block
 
-#if VARIANT == 2
-inline float half(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-// Single tokens on Q8_0 for AVX-512: sum_k w[k] x[k] for the 4 rows of a row group, into
-// out[4]. The group is one sequential stream; each load of x serves 4 rows, and the 4
-// rows' multiply-adds are 4 independent chains.
-void group_dot_q8_0(const uint8_t* group, const float* x, int64_t blocks, float* out) {
-    const int size = type_info(Q8_0).block_bytes;
-    auto levels = [](const uint8_t* p) {
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    };
-    __m512 acc[ROW_GROUP];
-    for (int r = 0; r < ROW_GROUP; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-        for (int r = 0; r < ROW_GROUP; ++r) {
-            const uint8_t* block = group + (ROW_GROUP * b + r) * size;
-            const __m512 part = _mm512_fmadd_ps(levels(block + 18), x1, _mm512_mul_ps(levels(block + 2), x0));
-            acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(half(block)), acc[r]);
-        }
-    }
-    for (int r = 0; r < ROW_GROUP; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-}
-#endif
-
 template <int TYPE>
 void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, const float* sums, int64_t rows,
                       float* y, int64_t out_features, int64_t n0, int64_t n1) {
     constexpr TypeInfo info = type_info(TYPE);
     constexpr int S = info.scale_group, BW = info.block_weights;
     const int64_t blocks = columns / BW;
-#if VARIANT == 2
-    if (TYPE == Q8_0 && rows == 1) {
-        float out[ROW_GROUP];
-        for (int64_t n = n0; n < n1; n += ROW_GROUP) {
-            group_dot_q8_0(block_at(weight, n, 0, blocks, info.block_bytes), x, blocks, out);
-            std::memcpy(y + n, out, std::min<int64_t>(ROW_GROUP, out_features - n) * sizeof(float));
-        }
-        return;
-    }
-#endif
     alignas(64) int8_t level[MAX_BLOCK];
     float scale[MAX_BLOCK / 16], offset[MAX_BLOCK / 32];
     for (int64_t n = n0; n < std::min(n1, out_features); ++n) {
@@ -144,9 +105,8 @@ void float_rows_typed(const uint8_t* weight, int64_t columns, const float* x, co
     }
 }
 
-void float_rows(int type, const uint8_t* weight, int64_t columns, const float* x, const float* sums, int64_t rows,
+void float_rows(int, const uint8_t* weight, int64_t columns, const float* x, const float* sums, int64_t rows,
                 float* y, int64_t out_features, int64_t n0, int64_t n1) {
-    if (type == Q8_0) return float_rows_typed<Q8_0>(weight, columns, x, sums, rows, y, out_features, n0, n1);
     float_rows_typed<Q5_K>(weight, columns, x, sums, rows, y, out_features, n0, n1);
 }
 
@@ -339,7 +299,7 @@ void unpack_panel(const uint8_t* weight, int64_t columns, int64_t first_row, int
 
 // R token rows against one panel: out[r][0..16) for rows m..m+R. TWO: 16-bit activations
 // (each group's dot product is 255 * the high halves' + the low halves').
-template <int R, int S, bool OFFSETS, bool SIGNED_LEVELS, bool TWO>
+template <int R, int S, bool OFFSETS, bool TWO>
 void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) {
     const int64_t columns = xq.columns, groups = columns / S, x_groups = columns / X_GROUP;
     constexpr int PLANES = TWO ? 2 : 1;
@@ -356,7 +316,6 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
         return four;
     };
 #if VARIANT == 2
-    (void)SIGNED_LEVELS;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
@@ -391,16 +350,14 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * PANEL, acc[r]);
 #elif VARIANT == 1
     // vpmaddubsw adds pairs of unsigned x signed byte products into saturating 16 bits:
-    // safe for levels up to 64 with x + 128 (255 * 64 * 2 < 32768). Q8_0's levels reach
-    // 127, so there the levels' magnitudes go in unsigned and their signs move onto x.
-    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
+    // safe for Q5_K's levels (up to 31) with x + 128 (255 * 31 * 2 < 32768).
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
         __m256i dot[PLANES][R][2];
         for (int h = 0; h < 2; ++h) {
-            const __m256i start = SIGNED_LEVELS ? _mm256_setzero_si256()
-                                                : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.start + g * PANEL + 8 * h));
+            const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.start + g * PANEL + 8 * h));
             for (int plane = 0; plane < PLANES; ++plane)
                 for (int r = 0; r < R; ++r) dot[plane][r][h] = start;
         }
@@ -408,13 +365,10 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
         for (int k = 0; k < S / 4; ++k) {
             for (int h = 0; h < 2; ++h) {
                 const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k * 4 * PANEL + 32 * h));
-                const __m256i magnitudes = SIGNED_LEVELS ? _mm256_abs_epi8(weights) : weights;
                 for (int plane = 0; plane < PLANES; ++plane) {
                     for (int r = 0; r < R; ++r) {
                         const __m256i xv = _mm256_set1_epi32(four_bytes(xu[plane][r] + g * S + 4 * k));
-                        const __m256i pairs =
-                            SIGNED_LEVELS ? _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(_mm256_xor_si256(xv, flip), weights))
-                                          : _mm256_maddubs_epi16(xv, weights);
+                        const __m256i pairs = _mm256_maddubs_epi16(xv, weights);
                         dot[plane][r][h] = _mm256_add_epi32(dot[plane][r][h], _mm256_madd_epi16(pairs, ones));
                     }
                 }
@@ -443,7 +397,6 @@ void panel_rows(const Panel& p, const QuantizedRows& xq, int64_t m, float* out) 
     for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + r * PANEL + 8 * h, acc[r][h]);
 #else
-    (void)SIGNED_LEVELS;
     (void)four_bytes;
     for (int r = 0; r < R; ++r) {
         for (int n = 0; n < PANEL; ++n) {
@@ -493,8 +446,6 @@ template <int TYPE, bool TWO>
 void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                        int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
     constexpr TypeInfo info = type_info(TYPE);
-    // Levels past 64 would saturate AVX2's pair sums: they take the signed path there.
-    constexpr bool SIGNED = info.max_level > 64;
     constexpr int S = info.scale_group;
     const Panel p = carve(scratch, columns, S);
     alignas(64) float out[ROWS_AT_ONCE * PANEL];
@@ -503,7 +454,7 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
         const int count = int(std::min<int64_t>(PANEL, out_features - first));
         unpack_panel<TYPE>(weight, columns, first, count, p);
         token_runs<ROWS_AT_ONCE>(xq.rows, [&](int64_t m, auto run) {
-            panel_rows<decltype(run)::value, S, info.has_offsets, SIGNED, TWO>(p, xq, m, out);
+            panel_rows<decltype(run)::value, S, info.has_offsets, TWO>(p, xq, m, out);
             for (int r = 0; r < decltype(run)::value; ++r)
                 std::memcpy(y + (m + r) * out_features + first, out + r * PANEL, count * sizeof(float));
         });
@@ -518,9 +469,8 @@ void int8_panels_typed(const uint8_t* weight, int64_t columns, const QuantizedRo
     });
 }
 
-void int8_panels(int type, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
+void int8_panels(int, const uint8_t* weight, int64_t columns, const QuantizedRows& xq, float* y,
                  int64_t out_features, int64_t p0, int64_t p1, uint8_t* scratch) {
-    if (type == Q8_0) return int8_panels_typed<Q8_0>(weight, columns, xq, y, out_features, p0, p1, scratch);
     int8_panels_typed<Q5_K>(weight, columns, xq, y, out_features, p0, p1, scratch);
 }
 

@@ -128,10 +128,10 @@ static const KernelSet& kernel_set(int64_t variant) {
     }
 }
 
-// y = x w^T, w [out_features, columns]: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K in tiles of 16
-// rows, Q8_0 and Q5_K as GGUF blocks with rows in groups of 4 (kernels.h). activation_bits 0: x stays float32
-// (the single-token kernels of untiled types); 8 or 16: x is quantised in groups of 32
-// for the integer kernels.
+// y = x w^T, w [out_features, columns]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K in tiles
+// of 16 rows, Q5_K as GGUF blocks with rows in groups of 4 (kernels.h). activation_bits 0: x
+// stays float32 (Q5_K's single-token kernel); 8 or 16: x is quantised in groups of 32 for
+// the integer kernels.
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t block_type, int64_t out_features,
                         int64_t variant, int64_t activation_bits) {
     TORCH_CHECK(activation_bits == 0 || activation_bits == 8 || activation_bits == 16,

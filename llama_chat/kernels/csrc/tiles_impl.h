@@ -1,15 +1,19 @@
-// Tiled Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K matrices (layout in kernels.h) times int8 or
-// 16-bit activations, for single tokens and several alike; included by kernels_impl.h, once
-// per variant.
+// Tiled Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices (layout in kernels.h) times
+// int8 or 16-bit activations, for single tokens and several alike; included by
+// kernels_impl.h, once per variant.
 //
 // Per group of 32 columns (Q6_K: per half group of 16, each with its own scale) and token,
 // the levels (unsigned) go through byte dot products with the token's signed bytes, 16
 // rows a vector; with w = scale q + minimum,
 //   y += scale * xscale * sum(q x) + minimum * xsum
 // where x ~ xscale * levels and xsum is the sum of the rounded x (see quantize_rows); for
-// a fixed offset (minimum = -8 scale for Q4_0, -16 scale for Q5_0, -32 scale for Q6_K) as
+// a fixed offset (minimum = -8 scale for Q4_0, -16 scale for Q5_0, -32 scale for Q6_K,
+// -128 scale for Q8_0, whose levels are stored plus 128) as
 //   y += scale * (xscale * sum(q x) - offset * xsum).
-// With 16 bits, sum(q x) = 255 * (the high halves' sum) + the low halves' sum.
+// With 16 bits, sum(q x) = 255 * (the high halves' sum) + the low halves' sum. Q8_0's two
+// terms can be far larger than their difference (activations of one sign, levels near 0):
+// each is rounded to float32 once, about 2^-24 of at most 128 x 32 x the group's largest
+// activation, some 100 times less than the 16-bit activations' own rounding there.
 
 namespace llama_chat_kernels {
 namespace VARIANT_NAMESPACE {
@@ -29,16 +33,23 @@ struct TileGroup {
     static constexpr int64_t UNIT = tile_unit_bytes(TYPE);
     static constexpr int HALVES = TYPE == Q6_K ? 2 : 1;  // scales a group
     static constexpr bool FIFTH_BIT = TYPE == Q5_0 || TYPE == Q5_1;  // levels of 5 bits
-    static constexpr int TOP_LEVEL = TYPE == Q6_K ? 63 : FIFTH_BIT ? 31 : 15;  // the largest level
+    static constexpr bool EIGHT_BIT = TYPE == Q8_0;                  // a byte a level, no nibbles
+    // the largest level AVX2 multiplies (Q8_0's as the file's signed levels: |-128|)
+    static constexpr int TOP_LEVEL = EIGHT_BIT ? 128 : TYPE == Q6_K ? 63 : FIFTH_BIT ? 31 : 15;
     // minimum = -OFFSET scale, or 0: minimums stored
-    static constexpr float OFFSET = TYPE == Q4_0 ? 8.0f : TYPE == Q5_0 ? 16.0f : TYPE == Q6_K ? 32.0f : 0.0f;
-    static constexpr int64_t LEVELS = 256 * GROUPS;  // bytes of 4-bit levels a unit
+    static constexpr float OFFSET = TYPE == Q4_0   ? 8.0f
+                                    : TYPE == Q5_0 ? 16.0f
+                                    : TYPE == Q6_K ? 32.0f
+                                    : EIGHT_BIT    ? 128.0f
+                                                   : 0.0f;
+    static constexpr int64_t GROUP_LEVELS = EIGHT_BIT ? 512 : 256;  // bytes of levels (4-bit: low 4 bits) a group
+    static constexpr int64_t LEVELS = GROUP_LEVELS * GROUPS;
     // bytes a group of the bits above the 4: Q6_K's two, Q5's one
     static constexpr int64_t HIGH = TYPE == Q6_K ? 128 : FIFTH_BIT ? 64 : 0;
     static constexpr int64_t HEAD = LEVELS + HIGH * GROUPS;  // where d starts
 
     static const uint8_t* unit(const uint8_t* tile, int64_t g) { return tile + g / GROUPS * UNIT; }
-    static const uint8_t* levels(const uint8_t* tile, int64_t g) { return unit(tile, g) + g % GROUPS * 256; }
+    static const uint8_t* levels(const uint8_t* tile, int64_t g) { return unit(tile, g) + g % GROUPS * GROUP_LEVELS; }
     static const uint8_t* high_bits(const uint8_t* tile, int64_t g) { return unit(tile, g) + LEVELS + g % GROUPS * HIGH; }
     // where the byte factors of (half) group g start, scales and (Q4_K) minimums
     static int64_t factors(int64_t g, int half) {
@@ -110,7 +121,10 @@ inline __m512 add_group(__m512 acc, __m512i total, __m512 scale, __m512 minimum,
     }
 }
 
-inline __m512i combine(__m512i high, __m512i low) {  // 255 high + low
+// 255 high + low. A group's sums fit in int32 for every type: Q8_0's are the largest, each
+// plane's at most 32 x 255 x 127 = 1,036,320 (levels to 255 against activations to +-127),
+// and 255 times that is 264 million, below 2^31.
+inline __m512i combine(__m512i high, __m512i low) {
     return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(high, 8), high), low);
 }
 
@@ -118,10 +132,15 @@ inline __m512i combine(__m512i high, __m512i low) {  // 255 high + low
 // Q6_K's high bits added.
 template <int TYPE>
 inline void unpack_chunk(const uint8_t* levels, const uint8_t* high_bits, int k, __m512i& low, __m512i& high) {
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    const __m512i bytes = _mm512_loadu_si512(levels + 64 * k);
-    low = _mm512_and_si512(bytes, nibble);
-    high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    if constexpr (TileGroup<TYPE>::EIGHT_BIT) {  // a line a vector, read as stored
+        low = _mm512_loadu_si512(levels + 128 * k);
+        high = _mm512_loadu_si512(levels + 128 * k + 64);
+    } else {
+        const __m512i nibble = _mm512_set1_epi8(0x0F);
+        const __m512i bytes = _mm512_loadu_si512(levels + 64 * k);
+        low = _mm512_and_si512(bytes, nibble);
+        high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    }
     if constexpr (TYPE == Q6_K) {
         // vectors 2 k and 2 k + 1 have bits 2 i, 2 i + 1 of chunk k / 2, i = 2 (k % 2) + half:
         // shifted to bits 4-5 of each byte (16-bit shifts; the mask drops what crosses bytes)
@@ -218,39 +237,50 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
     // vpmaddubsw: pairs of unsigned level x signed byte products in 16 bits, at most
     // 2 * 15 * 127 = 3810 for 4-bit levels, so a group's 8 products add up in 16 bits
     // (30480) before one vpmaddwd widens them; Q5's (2 * 31 * 127 = 7874) four at a time,
-    // Q6_K's (2 * 63 * 127 = 16002) two. Rows 0-7 and 8-15 in two halves h.
+    // Q6_K's (2 * 63 * 127 = 16002) two. Q8_0's stored levels (to 255) would saturate a
+    // single pair (2 * 255 * 127), so they become the file's signed levels again (xor 0x80),
+    // whose magnitudes go in unsigned and whose signs move onto x (vpsignb; x is never -128):
+    // 2 * 128 * 127 = 32512, one product at a time, and no offset. Rows 0-7 and 8-15 in two
+    // halves h.
     constexpr int IN_16_BITS = 32767 / (2 * Group::TOP_LEVEL * 127);
     static_assert(IN_16_BITS >= 1 && 2 * GROUP_CHUNKS % IN_16_BITS == 0, "a group's products in whole runs");
     const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), fifth = _mm256_set1_epi8(0x10),
-                  ones = _mm256_set1_epi16(1);
+                  flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* levels = Group::levels(tile, g);
         for (int h = 0; h < 2; ++h) {
             __m256i level[2 * GROUP_CHUNKS];
-            for (int k = 0; k < GROUP_CHUNKS; ++k) {
-                const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(levels + 64 * k + 32 * h));
-                level[2 * k] = _mm256_and_si256(bytes, nibble);
-                level[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-                if constexpr (TYPE == Q6_K) {  // as unpack_chunk
-                    const __m256i bits = _mm256_loadu_si256(
-                        reinterpret_cast<const __m256i*>(Group::high_bits(tile, g) + 64 * (k / 2) + 32 * h));
-                    const __m256i first = k % 2 ? bits : _mm256_slli_epi16(bits, 4);
-                    const __m256i second = k % 2 ? _mm256_srli_epi16(bits, 2) : _mm256_slli_epi16(bits, 2);
-                    level[2 * k] = _mm256_or_si256(level[2 * k], _mm256_and_si256(first, top));
-                    level[2 * k + 1] = _mm256_or_si256(level[2 * k + 1], _mm256_and_si256(second, top));
-                } else if constexpr (Group::FIFTH_BIT) {
-                    // bit v of each byte moved to bit 4 and or-ed in (16-bit shifts: what
-                    // crosses from the neighbouring byte lands on bits 0-3, shifted left by at
-                    // most 4, or on bits 5-7, shifted right by at most 3; never on bit 4)
-                    const __m256i bits =
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Group::high_bits(tile, g) + 32 * h));
-                    for (int v = 2 * k; v < 2 * k + 2; ++v) {
-                        const __m256i moved = v < 4    ? _mm256_slli_epi16(bits, 4 - v)
-                                              : v == 4 ? bits
-                                                       : _mm256_srli_epi16(bits, v - 4);
-                        level[v] = _mm256_or_si256(level[v], _mm256_and_si256(moved, fifth));
+            if constexpr (Group::EIGHT_BIT) {
+                for (int v = 0; v < 2 * GROUP_CHUNKS; ++v)
+                    level[v] = _mm256_xor_si256(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(levels + 64 * v + 32 * h)), flip);
+            } else {
+                for (int k = 0; k < GROUP_CHUNKS; ++k) {
+                    const __m256i bytes =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(levels + 64 * k + 32 * h));
+                    level[2 * k] = _mm256_and_si256(bytes, nibble);
+                    level[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+                    if constexpr (TYPE == Q6_K) {  // as unpack_chunk
+                        const __m256i bits = _mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(Group::high_bits(tile, g) + 64 * (k / 2) + 32 * h));
+                        const __m256i first = k % 2 ? bits : _mm256_slli_epi16(bits, 4);
+                        const __m256i second = k % 2 ? _mm256_srli_epi16(bits, 2) : _mm256_slli_epi16(bits, 2);
+                        level[2 * k] = _mm256_or_si256(level[2 * k], _mm256_and_si256(first, top));
+                        level[2 * k + 1] = _mm256_or_si256(level[2 * k + 1], _mm256_and_si256(second, top));
+                    } else if constexpr (Group::FIFTH_BIT) {
+                        // bit v of each byte moved to bit 4 and or-ed in (16-bit shifts: what
+                        // crosses from the neighbouring byte lands on bits 0-3, shifted left by at
+                        // most 4, or on bits 5-7, shifted right by at most 3; never on bit 4)
+                        const __m256i bits =
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Group::high_bits(tile, g) + 32 * h));
+                        for (int v = 2 * k; v < 2 * k + 2; ++v) {
+                            const __m256i moved = v < 4    ? _mm256_slli_epi16(bits, 4 - v)
+                                                  : v == 4 ? bits
+                                                           : _mm256_srli_epi16(bits, v - 4);
+                            level[v] = _mm256_or_si256(level[v], _mm256_and_si256(moved, fifth));
+                        }
                     }
                 }
             }
@@ -259,15 +289,22 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
                 scale[half] = Group::scales(tile, g, half, h);
                 minimum[half] = Group::OFFSET != 0.0f ? scale[half] : Group::minimums(tile, g, h);
             }
+            // level vector v's pair sums with the 4 bytes of x at xg + 4 v
+            auto pairs_of = [&](int v, const uint8_t* xg) {
+                const __m256i xv = _mm256_set1_epi32(dword(xg + 4 * v));
+                if constexpr (Group::EIGHT_BIT)
+                    return _mm256_maddubs_epi16(_mm256_abs_epi8(level[v]), _mm256_sign_epi8(xv, level[v]));
+                else
+                    return _mm256_maddubs_epi16(level[v], xv);
+            };
             for (int r = 0; r < R; ++r) {
                 __m256i dot[PLANES][HALVES];
                 for (int plane = 0; plane < PLANES; ++plane) {
                     const uint8_t* xg = x[plane][r] + 32 * g;
                     for (int half = 0; half < HALVES; ++half) dot[plane][half] = _mm256_setzero_si256();
                     for (int v0 = 0; v0 < 2 * GROUP_CHUNKS; v0 += IN_16_BITS) {
-                        __m256i pairs = _mm256_maddubs_epi16(level[v0], _mm256_set1_epi32(dword(xg + 4 * v0)));
-                        for (int v = v0 + 1; v < v0 + IN_16_BITS; ++v)
-                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(level[v], _mm256_set1_epi32(dword(xg + 4 * v))));
+                        __m256i pairs = pairs_of(v0, xg);
+                        for (int v = v0 + 1; v < v0 + IN_16_BITS; ++v) pairs = _mm256_add_epi16(pairs, pairs_of(v, xg));
                         const int half = HALVES == 2 ? v0 / GROUP_CHUNKS : 0;
                         dot[plane][half] = _mm256_add_epi32(dot[plane][half], _mm256_madd_epi16(pairs, ones));
                     }
@@ -278,7 +315,10 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
                                                dot[PLANES - 1][half])
                             : dot[0][half];
                     const float step = xscale[r * groups + g], sum = summed(r, g, half);
-                    if constexpr (Group::OFFSET != 0.0f) {
+                    if constexpr (Group::EIGHT_BIT) {  // signed levels: w = d q
+                        acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(step)),
+                                                    scale[half], acc[r][h]);
+                    } else if constexpr (Group::OFFSET != 0.0f) {
                         const __m256 part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(step),
                                                             _mm256_set1_ps(-Group::OFFSET * sum));
                         acc[r][h] = _mm256_fmadd_ps(part, scale[half], acc[r][h]);
@@ -302,9 +342,14 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
             int level[32];  // by column
             for (int k = 0; k < GROUP_CHUNKS; ++k) {
                 for (int j = 0; j < 4; ++j) {
-                    const uint8_t both = levels[64 * k + 4 * n + j];
-                    level[8 * k + j] = both & 15;
-                    level[8 * k + 4 + j] = both >> 4;
+                    if (Group::EIGHT_BIT) {  // vector v = 2 k + half: the 64 bytes from 64 v
+                        level[8 * k + j] = levels[128 * k + 4 * n + j];
+                        level[8 * k + 4 + j] = levels[128 * k + 64 + 4 * n + j];
+                    } else {
+                        const uint8_t both = levels[64 * k + 4 * n + j];
+                        level[8 * k + j] = both & 15;
+                        level[8 * k + 4 + j] = both >> 4;
+                    }
                     if (TYPE == Q6_K) {
                         for (int half = 0; half < 2; ++half) {
                             const int v = 2 * k + half;
@@ -438,6 +483,7 @@ void tile_rows(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y
         case Q4_1: return tile_rows_of<Q4_1>(tiles, xq, y, out_features, t0, t1);
         case Q5_0: return tile_rows_of<Q5_0>(tiles, xq, y, out_features, t0, t1);
         case Q5_1: return tile_rows_of<Q5_1>(tiles, xq, y, out_features, t0, t1);
+        case Q8_0: return tile_rows_of<Q8_0>(tiles, xq, y, out_features, t0, t1);
         case Q4_K: return tile_rows_of<Q4_K>(tiles, xq, y, out_features, t0, t1);
         default: return tile_rows_of<Q6_K>(tiles, xq, y, out_features, t0, t1);
     }
