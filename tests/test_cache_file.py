@@ -47,7 +47,8 @@ def rewritten(path, change_tensors=None, change_metadata=None) -> None:
      "chat.kv.safetensors holds tensors of other shapes than this model's cache"),
     (lambda t: {name: value for name, value in t.items() if name != "values"}, None,
      "chat.kv.safetensors holds other tensors than this model's cache"),
-    (lambda t: {**t, "window_keys": t["keys"].clone()}, None, "chat.kv.safetensors holds other tensors than this model's cache"),
+    (lambda t: {**t, "window_keys": t["keys"].clone()}, None,
+     "chat.kv.safetensors holds other tensors than this model's cache"),
 ])
 def test_a_malformed_cache_is_refused_in_one_line_and_the_text_kept(tmp_path, saved, change_tensors,
                                                                      change_metadata, reason):

@@ -162,19 +162,26 @@ def trained_descendant(directory, kind: str):
     """descendant(kind) trained until it recites IDS (a few hundred Adam steps on one sequence,
     a second or two), saved as a Hugging Face folder: logits as peaked as a trained model's."""
     model = descendant(kind)
-    ids = torch.tensor([IDS])
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(300):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-    model.eval()
+    loss = train_to_recite(model, IDS)
     model.save_pretrained(directory)
     write_tokenizer_json(directory)
     write_json(directory / "tokenizer_config.json", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
-    return model, loss.item()
+    return model, loss
+
+
+def train_to_recite(model, ids: list[int], steps: int = 300) -> float:
+    """A few hundred Adam steps on one sequence (a second or two): logits as peaked as a
+    trained model's. Returns the last loss."""
+    tokens = torch.tensor([ids])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return loss.item()
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "granite", "phi3"])
@@ -201,26 +208,45 @@ def test_a_descendant_speculates_and_resumes_as_llama_does(tmp_path, kind):
     greedy reply as it was, and a conversation saved with its cache and opened again
     continues as the unbroken one."""
     save_descendant(tmp_path / "model", kind)
-    first = llama_chat.load(tmp_path / "model", device="cpu")
+    model = packed_and_mapped_again(tmp_path / "model")
+    assert_drafts_keep_the_greedy_reply(model, IDS[:20] * 2, 24)
+    assert_a_saved_conversation_resumes(model, tmp_path, ["one"])
+
+
+def packed_and_mapped_again(folder):
+    """The model at `folder` packed into the packed cache, then loaded again from it: the
+    second load, whose logits must be the first's."""
+    first = llama_chat.load(folder, device="cpu")
     assert any(entry_path("packed").iterdir())
-    model = llama_chat.load(tmp_path / "model", device="cpu")  # mapped from the packed cache
+    model = llama_chat.load(folder, device="cpu")  # mapped from the packed cache
     assert torch.equal(model.logits(IDS[:12]), first.logits(IDS[:12]))
-    greedy = SamplingSettings(temperature=0, max_tokens=24)
-    prompt = IDS[:20] * 2
+    return model
+
+
+def assert_drafts_keep_the_greedy_reply(model, prompt: list[int], max_tokens: int) -> None:
+    """Prompt-lookup drafts (some drafted) leave the greedy reply as it is without them."""
+    greedy = SamplingSettings(temperature=0, max_tokens=max_tokens)
     replies = []
     for speculation in (None, Speculation(lookup=4)):
         generation = model.generate(prompt, greedy, stop_ids=(), speculation=speculation)
         list(generation)
         replies.append(generation)
     assert replies[1].tokens == replies[0].tokens and replies[1].stats.drafted_tokens > 0
-    session = Session(model, GREEDY, model_path=tmp_path / "model")
-    say(session, "one")
-    path, cached = session.save(tmp_path / "chat.json")
-    opened, note = restored_session(model, path, tmp_path / "model")
+
+
+def assert_a_saved_conversation_resumes(model, folder, messages: list[str]):
+    """A conversation of `messages`, saved with its cache and opened again, continues as the
+    unbroken one, its whole cache reused. Returns the session."""
+    session = Session(model, GREEDY, model_path=folder / "model")
+    for message in messages:
+        say(session, message)
+    path, cached = session.save(folder / "chat.json")
+    opened, note = restored_session(model, path, folder / "model")
     assert note is None and cached > 0 and opened.cache.tokens == session.cache.tokens
     resumed = say(opened, "two")
     assert resumed.stats.reused_tokens == cached
     assert resumed.generation.tokens == say(session, "two").generation.tokens
+    return session
 
 
 def test_a_saved_phi3_cache_is_used_only_under_the_factors_it_was_turned_with(tmp_path):
@@ -291,19 +317,25 @@ def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path, ki
     were built: they read the model's tables as they are), in the packages compiled ahead of
     time, single tokens and a verify-sized call, against the eager runner."""
     save_descendant(tmp_path, kind)
-    model = llama_chat.load(tmp_path, device="cpu")
-    background = compiled.BackgroundBuild(model.transformer, model.cache_dtype, tmp_path / "decode.pt2")
+    compiled_logits, eager_logits = compiled_and_eager(llama_chat.load(tmp_path, device="cpu"), tmp_path, IDS[:40], 30)
+    torch.testing.assert_close(compiled_logits, eager_logits, atol=1e-3, rtol=0)
+
+
+def compiled_and_eager(model, folder, ids, singles: int):
+    """The model's logits through its packages compiled ahead of time (built into `folder`),
+    and through eager calls: a prompt of 20 tokens, then single tokens up to `singles`, then
+    the rest of `ids` in one verify-sized call."""
+    background = compiled.BackgroundBuild(model.transformer, model.cache_dtype, folder / "decode.pt2")
     background.wait()
     assert background.error == "" and background.packages is not None
-    results = {}
-    for name, packages in (("eager", None), ("compiled", background.packages)):
+    results = []
+    for packages in (background.packages, None):
         model.runner.inner.packages = packages
         cache = model.new_cache(80)
-        model.runner(cache, IDS[:20])
-        results[name] = torch.cat([torch.stack([model.runner(cache, [token]) for token in IDS[20:30]]),
-                                   model.runner(cache, IDS[30:40], every_logits=True)])
-    model.runner.inner.packages = None
-    torch.testing.assert_close(results["compiled"], results["eager"], atol=1e-3, rtol=0)
+        model.runner(cache, ids[:20])
+        results.append(torch.cat([torch.stack([model.runner(cache, [token]) for token in ids[20:singles]]),
+                                  model.runner(cache, ids[singles:], every_logits=True)]))
+    return results
 
 
 GGUF_IDS = [(37 * i) % 260 + 3 for i in range(64)]

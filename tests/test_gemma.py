@@ -15,23 +15,24 @@ from gguf import GGMLQuantizationType as QType
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
 import llama_chat
-from llama_chat.chat.session import Session
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.checkpoints.hf_writer import write_hf_directory
-from llama_chat.disk_cache import entry_path
-from llama_chat.engine import compiled
 from llama_chat.engine.cache import TRIM_MARGIN
-from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import LlamaChatError
 
 from . import parallel_ranks
 from .hf_reference import hf_logits, llama_from_checkpoint
+from .test_descendants import (
+    assert_a_saved_conversation_resumes,
+    assert_drafts_keep_the_greedy_reply,
+    compiled_and_eager,
+    packed_and_mapped_again,
+    train_to_recite,
+)
 from .test_gguf import VOCAB as GGUF_VOCAB
 from .test_hf_checkpoint import BOS, EOT, VOCAB, write_json, write_tokenizer_json
 from .test_hf_tokenizer import byte_level_metadata
-from .test_session import GREEDY, restored_session, say
 from .test_tensor_parallel import rendezvous_store
 
 WINDOW = 16
@@ -228,7 +229,8 @@ def test_a_gemma3_gguf_may_list_its_windowed_layers(tmp_path):
 
 @pytest.mark.parametrize("keys, message", [
     ({"attention.sliding_window": 0}, "gemma3.attention.sliding_window is 0, where a positive number of positions"),
-    ({"attention.sliding_window": 4096}, "the sliding window of 4096 positions is larger than the model's context of 128"),
+    ({"attention.sliding_window": 4096},
+     "the sliding window of 4096 positions is larger than the model's context of 128"),
     ({"final_logit_softcapping": 0.0}, "gemma3.final_logit_softcapping is 0.0, where a positive number belongs"),
     ({"final_logit_softcapping": math.nan}, "gemma3.final_logit_softcapping is nan, where a number belongs"),
     ({"attention.sliding_window_pattern": [True, False]},
@@ -279,17 +281,9 @@ def trained_gemma(directory, kind: str):
     Gemma 2's own caps: the tests' low ones would keep it from peaked logits)."""
     model = gemma(kind, **({"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0} if kind == "gemma2"
                            else {}))
-    ids = torch.tensor([IDS])
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(300):
-        optimizer.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-    model.eval()
+    loss = train_to_recite(model, IDS)
     save_gemma(directory, kind, model=model)
-    return loss.item()
+    return loss
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
@@ -308,28 +302,12 @@ def test_gemma_speculates_and_resumes_as_llama_does(tmp_path, kind):
     the greedy reply as it was; a conversation saved with its windowed cache and opened again
     continues as the unbroken one."""
     save_gemma(tmp_path / "model", kind)
-    first = llama_chat.load(tmp_path / "model", device="cpu")
-    assert any(entry_path("packed").iterdir())
-    model = llama_chat.load(tmp_path / "model", device="cpu")
-    assert torch.equal(model.logits(IDS[:12]), first.logits(IDS[:12]))
-    greedy = SamplingSettings(temperature=0, max_tokens=40)
-    prompt = IDS[:20] * 2
-    replies = []
-    for speculation in (None, Speculation(lookup=4)):
-        generation = model.generate(prompt, greedy, stop_ids=(), speculation=speculation)
-        list(generation)
-        replies.append(generation)
-    assert replies[1].tokens == replies[0].tokens and replies[1].stats.drafted_tokens > 0
-    session = Session(model, GREEDY, model_path=tmp_path / "model")
-    say(session, "the first message, long enough to fill the window of sixteen positions")
-    say(session, "and a second one, so that the ring turns over")
-    assert len(session.cache) > WINDOW + TRIM_MARGIN  # the rings hold the last positions only
-    path, cached = session.save(tmp_path / "chat.json")
-    opened, note = restored_session(model, path, tmp_path / "model")
-    assert note is None and cached > 0 and opened.cache.tokens == session.cache.tokens
-    resumed = say(opened, "three")
-    assert resumed.stats.reused_tokens == cached
-    assert resumed.generation.tokens == say(session, "three").generation.tokens
+    model = packed_and_mapped_again(tmp_path / "model")
+    assert_drafts_keep_the_greedy_reply(model, IDS[:20] * 2, 40)
+    session = assert_a_saved_conversation_resumes(model, tmp_path, [
+        "the first message, long enough to fill the window of sixteen positions",
+        "and a second one, so that the ring turns over"])
+    assert len(session.cache) > WINDOW + TRIM_MARGIN  # the rings held the last positions only
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
@@ -346,19 +324,8 @@ def test_gemma_resaved_by_convert_reads_back_the_same(tmp_path, kind):
 @pytest.mark.needs_compiler
 def test_gemmas_compiled_packages_agree_with_its_eager_calls_past_the_window(tmp_path):
     save_gemma(tmp_path, "gemma3")
-    model = llama_chat.load(tmp_path, device="cpu")
-    background = compiled.BackgroundBuild(model.transformer, model.cache_dtype, tmp_path / "decode.pt2")
-    background.wait()
-    assert background.error == "" and background.packages is not None
-    results = {}
-    for name, packages in (("eager", None), ("compiled", background.packages)):
-        model.runner.inner.packages = packages
-        cache = model.new_cache(80)
-        model.runner(cache, IDS[:20])
-        results[name] = torch.cat([torch.stack([model.runner(cache, [token]) for token in IDS[20:50]]),
-                                   model.runner(cache, IDS[50:64], every_logits=True)])
-    model.runner.inner.packages = None
-    torch.testing.assert_close(results["compiled"], results["eager"], atol=1e-3, rtol=0)
+    compiled_logits, eager_logits = compiled_and_eager(llama_chat.load(tmp_path, device="cpu"), tmp_path, IDS, 50)
+    torch.testing.assert_close(compiled_logits, eager_logits, atol=1e-3, rtol=0)
 
 
 def test_a_gemma_group_of_two_ranks_reproduces_one_process(tmp_path):

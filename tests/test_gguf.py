@@ -305,7 +305,8 @@ def test_sentencepiece_vocabulary_read_from_the_file(tmp_path):
 
 def test_other_architectures_are_refused_by_name(tmp_path):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(), architecture="gemma")
-    expected = r"model\.gguf is a 'gemma' model; llama-chat runs llama, qwen2, qwen3, granite, phi3, gemma2, gemma3 models"
+    expected = (r"model\.gguf is a 'gemma' model; llama-chat runs llama, qwen2, qwen3, granite, phi3, gemma2, "
+                r"gemma3 models")
     with pytest.raises(LlamaChatError, match=expected):
         load_gguf(path)
 

@@ -147,7 +147,9 @@ class ModelArgs:
             )
         window = self.sliding_window
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-            raise LlamaChatError(f"model config: the sliding window must be a positive number of positions, got {window}")
+            raise LlamaChatError(
+                f"model config: the sliding window must be a positive number of positions, got {window}"
+            )
         if window > self.max_seq_len:
             raise LlamaChatError(
                 f"model config: the sliding window of {window} positions is larger than the model's context of "

@@ -279,8 +279,8 @@ class Transformer(nn.Module):
 
     def _positions(self, cos, sin, position, time, x, window):
         """cos and sin of the tokens' positions, and the mask among them."""
-        return (cos[position : position + time].to(x.device, x.dtype), sin[position : position + time].to(x.device, x.dtype),
-                causal_mask(time, self.args.n_rep, x.device, x.dtype, window))
+        turning = [table[position : position + time].to(x.device, x.dtype) for table in (cos, sin)]
+        return (*turning, causal_mask(time, self.args.n_rep, x.device, x.dtype, window))
 
 
 def causal_mask(
