@@ -191,9 +191,11 @@ def compare(options: argparse.Namespace, ids_path: Path) -> int:
         ours = results.get("llama-chat")
         if ours and "read_bandwidth_gb_per_second" in ours:
             print(f"this machine in the same run: memory read {ours['read_bandwidth_gb_per_second']:.1f} GB/s, "
-                  f"int8 products {ours['int8_gops']:.0f} GOPS; llama-chat decode at "
-                  f"{ours['decode_share_of_bandwidth']:.0%} of that bandwidth, prefill at "
-                  f"{ours['prefill_share_of_int8_rate']:.0%} of that int8 rate")
+                  f"int8 products {ours['int8_gops']:.0f} GOPS, bfloat16 {ours['bfloat16_gflops']:.0f} GFLOPS "
+                  f"(PyTorch's), the model's largest matrix on a prompt chunk {ours['matrix_step_gflops']:.0f}; "
+                  f"llama-chat decode at {ours['decode_share_of_bandwidth']:.0%} of that bandwidth, prefill at "
+                  f"{ours['prefill_share_of_int8_rate']:.0%}, {ours['prefill_share_of_bfloat16_rate']:.0%} and "
+                  f"{ours['prefill_share_of_matrix_rate']:.0%} of those rates")
     return 0 if all(results.values()) else 1
 
 

@@ -1,7 +1,14 @@
 import pytest
 
 from llama_chat.cli import main
-from llama_chat.cli.bench import measure_speculation, random_prompt, run, speculation_line
+from llama_chat.cli.bench import (
+    add_machine_limits,
+    layer_matrices,
+    measure_speculation,
+    random_prompt,
+    run,
+    speculation_line,
+)
 
 from .test_session import chat_model
 
@@ -12,6 +19,20 @@ def test_bench_measures_a_model_and_says_how_it_ran(tiny_model):
     assert 0 < result["time_to_first_token"] and 0 < result["chat_turn_first_token"]
     assert (result["device"], result["dtype"], result["quantization"]) == ("cpu", "float32", "none")
     assert (result["prompt_tokens"], result["new_tokens"], result["repeats"]) == (12, 5, 2)
+
+
+def test_bench_rates_prefill_against_the_layers_matrices_and_the_largest_ones_rate(tiny_model):
+    a = tiny_model.args
+    per_layer = (a.dim * a.n_heads * a.head_dim + 2 * a.dim * a.n_kv_heads * a.head_dim  # q, k, v
+                 + a.n_heads * a.head_dim * a.dim + 3 * a.dim * a.hidden_dim)  # output; gate, up, down
+    multiply_adds = a.n_layers * per_layer
+    assert sum(m.in_features * m.out_features for m in layer_matrices(tiny_model)) == multiply_adds
+    result = {"prefill_tokens_per_second": 1000.0, "decode_tokens_per_second": 10.0}
+    add_machine_limits(result, tiny_model)
+    prefill_gflops = 1000.0 * 2 * multiply_adds / 1e9
+    for rate, share in (("int8_gops", "prefill_share_of_int8_rate"), ("bfloat16_gflops", "prefill_share_of_bfloat16_rate"),
+                        ("matrix_step_gflops", "prefill_share_of_matrix_rate")):
+        assert result[rate] > 0 and result[share] == pytest.approx(prefill_gflops / result[rate]), rate
 
 
 def test_the_benchmark_prompt_depends_only_on_vocabulary_and_length():

@@ -20,7 +20,13 @@ from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
 from llama_chat.errors import UsageError
 from llama_chat.kernels import native
-from llama_chat.kernels.machine_limits import int8_matrix_gops, read_bandwidth_gb_per_second
+from llama_chat.kernels.machine_limits import (
+    STEP_TOKENS,
+    bfloat16_matrix_gflops,
+    int8_matrix_gops,
+    matrix_step_gflops,
+    read_bandwidth_gb_per_second,
+)
 from llama_chat.llama import Llama
 from llama_chat.loading import model_memory_bytes
 from llama_chat.options import LoadOptions
@@ -204,22 +210,32 @@ def weight_bytes_a_token(model: Llama) -> int:
     return total
 
 
+def layer_matrices(model: Llama) -> list[torch.nn.Module]:
+    """The layers' matrices, what prefill multiplies: a stack's parts, not the stack."""
+    return [m for m in model.transformer.layers.modules()
+            if hasattr(m, "out_features") and next(m.children(), None) is None]
+
+
 def add_machine_limits(result: dict, model: Llama) -> None:
-    """This machine's read bandwidth and int8 rate, measured now, and the share of each
-    that decode and prefill reach."""
-    bandwidth, gops = read_bandwidth_gb_per_second(), int8_matrix_gops()
+    """This machine's read bandwidth and matrix rates (PyTorch's int8 and bfloat16, and the
+    model's largest matrix on a prompt chunk), measured now, and the share of each that
+    decode and prefill reach."""
+    bandwidth, gops, bfloat16_gflops = read_bandwidth_gb_per_second(), int8_matrix_gops(), bfloat16_matrix_gflops()
     bytes_a_token = weight_bytes_a_token(model)
-    multiply_adds = sum(  # the layers' matrices, what prefill multiplies
-        m.in_features * m.out_features
-        for m in model.transformer.layers.modules()
-        if hasattr(m, "out_features") and next(m.children(), None) is None  # a stack's parts, not the stack
-    )
+    matrices = layer_matrices(model)
+    largest = max(matrices, key=lambda m: m.in_features * m.out_features)
+    matrix_gflops = matrix_step_gflops(largest, model.dtype)
+    prefill_gflops = result["prefill_tokens_per_second"] * 2 * sum(m.in_features * m.out_features for m in matrices) / 1e9
     result.update(
         read_bandwidth_gb_per_second=bandwidth,
         int8_gops=gops,
+        bfloat16_gflops=bfloat16_gflops,
+        matrix_step_gflops=matrix_gflops,
         weight_bytes_a_token=bytes_a_token,
         decode_share_of_bandwidth=result["decode_tokens_per_second"] * bytes_a_token / 1e9 / bandwidth,
-        prefill_share_of_int8_rate=result["prefill_tokens_per_second"] * 2 * multiply_adds / 1e9 / gops,
+        prefill_share_of_int8_rate=prefill_gflops / gops,
+        prefill_share_of_bfloat16_rate=prefill_gflops / bfloat16_gflops,
+        prefill_share_of_matrix_rate=prefill_gflops / matrix_gflops,
     )
 
 
@@ -313,10 +329,13 @@ def print_report(result: dict) -> None:
     print(f"time to first token: {result['time_to_first_token'] * 1000:.0f} ms after the "
           f"{result['prompt_tokens']}-token prompt; {result['chat_turn_first_token'] * 1000:.0f} ms for a "
           "20-token chat turn after 200 cached")
-    print(f"this machine now: memory read {result['read_bandwidth_gb_per_second']:.1f} GB/s, int8 products "
-          f"{result['int8_gops']:.0f} GOPS; decode reads {result['weight_bytes_a_token'] / 1e6:.0f} MB a token, "
-          f"{result['decode_share_of_bandwidth']:.0%} of that bandwidth; prefill at "
-          f"{result['prefill_share_of_int8_rate']:.0%} of that int8 rate")
+    print(f"this machine now: memory read {result['read_bandwidth_gb_per_second']:.1f} GB/s; decode reads "
+          f"{result['weight_bytes_a_token'] / 1e6:.0f} MB a token, {result['decode_share_of_bandwidth']:.0%} of that "
+          "bandwidth")
+    print(f"matrix products now, {STEP_TOKENS}-token steps: PyTorch's int8 {result['int8_gops']:.0f} GOPS and bfloat16 "
+          f"{result['bfloat16_gflops']:.0f} GFLOPS, this model's largest matrix {result['matrix_step_gflops']:.0f}; "
+          f"prefill at {result['prefill_share_of_int8_rate']:.0%}, {result['prefill_share_of_bfloat16_rate']:.0%} and "
+          f"{result['prefill_share_of_matrix_rate']:.0%} of them")
     print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
           f"{result['memory_before_load_mb']:.0f} MB before loading, "
           f"{result['peak_memory_after_load_mb']:.0f} MB right after; now {result['resident_memory_mb']:.0f} MB "

@@ -1,7 +1,7 @@
 """What this machine can do, measured on the threads PyTorch uses: the rate a streaming
 read of memory runs at (decode reads every weight once a token, so tokens a second are at
-most this over the bytes of the weights) and the rate of int8 matrix products (what
-prompt steps' integer products could reach at best)."""
+most this over the bytes of the weights), and the rates of PyTorch's int8 and bfloat16 matrix
+products (on the CPU's tile unit where it has one: what prompt steps' products could reach)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 READ_BYTES = 512 * 2**20  # larger than any CPU cache, so the read comes from memory
 INT8_SHAPE = (256, 2048, 8192)  # rows, inner, outer: a 256-token step through a 1 B layer
+STEP_TOKENS = INT8_SHAPE[0]
 
 
 def _fastest(call, repeats: int = 3) -> float:
@@ -38,3 +39,22 @@ def int8_matrix_gops() -> float:
     b = torch.randint(-127, 128, (inner, outer), dtype=torch.int8, generator=generator)
     seconds = _fastest(lambda: torch._int_mm(a, b))
     return 2 * rows * inner * outer / seconds / 1e9
+
+
+def bfloat16_matrix_gflops() -> float:
+    """Billions of bfloat16 multiply-adds x 2 a second (float32 sums), by torch.mm at INT8_SHAPE."""
+    rows, inner, outer = INT8_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, inner, generator=generator).bfloat16()
+    b = torch.randn(inner, outer, generator=generator).bfloat16()
+    seconds = _fastest(lambda: torch.mm(a, b))
+    return 2 * rows * inner * outer / seconds / 1e9
+
+
+def matrix_step_gflops(matrix: torch.nn.Module, dtype: torch.dtype) -> float:
+    """Billions of multiply-adds x 2 a second of one of a model's matrices (any module with
+    in_features and out_features) on a STEP_TOKENS-token step: a prompt chunk's rate."""
+    x = torch.randn(STEP_TOKENS, matrix.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
+    with torch.no_grad():
+        seconds = _fastest(lambda: matrix(x))
+    return 2 * STEP_TOKENS * matrix.in_features * matrix.out_features / seconds / 1e9
