@@ -129,6 +129,41 @@ void split_weights(const uint8_t* tile, int64_t g, uint16_t* panel) {
     }
 }
 
+// A token block's groups against two tiles' panels into C 0 and 1. Tile registers are not
+// renamed, so a load waits for every product that reads the register before it: each
+// group's loads for the next one are issued as soon as their register's last product has
+// been, in an order where the first products of a group read the registers loaded
+// earliest (A high 2, A low 3; B high 4 and 6, B low 5 and 7).
+inline void two_tiles(const uint16_t* const panels[2], const uint16_t* tokens, int64_t groups) {
+    auto a = [&](int64_t g) { return tokens + g * 2 * amx::PLANE; };
+    auto b = [&](int k, int64_t g) { return panels[k] + g * 2 * amx::PLANE; };
+    _tile_loadd(2, a(0), 64);
+    _tile_loadd(3, a(0) + amx::PLANE, 64);
+    _tile_loadd(4, b(0, 0), 64);
+    _tile_loadd(5, b(0, 0) + amx::PLANE, 64);
+    _tile_loadd(6, b(1, 0), 64);
+    _tile_loadd(7, b(1, 0) + amx::PLANE, 64);
+    for (int64_t g = 0; g < groups; ++g) {
+        const bool more = g + 1 < groups;
+        _tile_dpbf16ps(0, 2, 5);  // x_hi w_lo
+        _tile_dpbf16ps(1, 2, 7);
+        if (more) {
+            _tile_loadd(5, b(0, g + 1) + amx::PLANE, 64);
+            _tile_loadd(7, b(1, g + 1) + amx::PLANE, 64);
+        }
+        _tile_dpbf16ps(0, 2, 4);  // x_hi w_hi
+        _tile_dpbf16ps(1, 2, 6);
+        if (more) _tile_loadd(2, a(g + 1), 64);
+        _tile_dpbf16ps(0, 3, 4);  // x_lo w_hi
+        if (more) _tile_loadd(4, b(0, g + 1), 64);
+        _tile_dpbf16ps(1, 3, 6);
+        if (more) {
+            _tile_loadd(3, a(g + 1) + amx::PLANE, 64);
+            _tile_loadd(6, b(1, g + 1), 64);
+        }
+    }
+}
+
 // One token block against the panels of one or two tiles (`two`); their results added to
 // y's columns (or set, where `first_pass`). A block of fewer than 16 tokens is configured so;
 // a tile of fewer than 16 rows goes through `scratch`, never past y's bounds.
@@ -152,23 +187,19 @@ inline void split_tiles(const uint16_t* const panels[2], bool two, const uint16_
         _tile_loadd(0, target[0], stride[0]);
         if (two) _tile_loadd(1, target[1], stride[1]);
     }
-    for (int64_t g = 0; g < groups; ++g) {
-        const uint16_t* block = tokens + g * 2 * amx::PLANE;
-        const uint16_t* first = panels[0] + g * 2 * amx::PLANE;
-        _tile_loadd(2, block, 64);
-        _tile_loadd(3, block + amx::PLANE, 64);
-        _tile_loadd(4, first, 64);
-        _tile_loadd(5, first + amx::PLANE, 64);
-        _tile_dpbf16ps(0, 2, 4);
-        _tile_dpbf16ps(0, 2, 5);
-        _tile_dpbf16ps(0, 3, 4);
-        if (two) {
-            const uint16_t* second = panels[1] + g * 2 * amx::PLANE;
-            _tile_loadd(6, second, 64);
-            _tile_loadd(7, second + amx::PLANE, 64);
-            _tile_dpbf16ps(1, 2, 6);
-            _tile_dpbf16ps(1, 2, 7);
-            _tile_dpbf16ps(1, 3, 6);
+    if (two) {
+        two_tiles(panels, tokens, groups);
+    } else {
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint16_t* block = tokens + g * 2 * amx::PLANE;
+            const uint16_t* first = panels[0] + g * 2 * amx::PLANE;
+            _tile_loadd(2, block, 64);
+            _tile_loadd(3, block + amx::PLANE, 64);
+            _tile_loadd(4, first, 64);
+            _tile_loadd(5, first + amx::PLANE, 64);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(0, 2, 5);
+            _tile_dpbf16ps(0, 3, 4);
         }
     }
     _tile_stored(0, target[0], stride[0]);
