@@ -39,6 +39,7 @@ struct QueryRows {
     int64_t head_dim;
     float scale;          // applied to every dot product (1 / sqrt(head_dim))
     float softcap;        // scores capped to softcap * tanh(score / softcap) (0: not capped)
+    int64_t step_tokens;  // the step's new tokens: a prompt chunk's (more than 32) go to the tile unit, where there is one
 };
 
 // A row's partial softmax in `state`: [maximum, sum, head_dim weighted values], one after
@@ -53,5 +54,6 @@ struct AttentionKernels {
 const AttentionKernels& attention_portable();
 const AttentionKernels& attention_avx2();
 const AttentionKernels& attention_avx512_vnni();
+const AttentionKernels& attention_avx512_amx();
 
 }  // namespace llama_chat_kernels

@@ -257,7 +257,14 @@ bool hidden_from_all(const QueryRows& rows, const KeyValueSpan& span, int64_t fi
     return true;
 }
 
+#if defined(AMX_TILES)
+#include "attention_amx.h"
+#endif
+
 void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) {
+#if defined(AMX_TILES)
+    if (tiles::takes(rows)) return attend_span_tiles(rows, span, state);
+#endif
     const int64_t head_dim = rows.head_dim, row_count = rows.tokens * rows.n_rep;
     const int64_t state_size = state_floats(head_dim);
     if (span.count == 0 || row_count == 0) return;

@@ -34,8 +34,8 @@ static const AttentionKernels& attention_kernels(int64_t variant) {
                 variant);
     switch (variant) {
         case 1: return attention_avx2();
-        case 2:
-        case 3: return attention_avx512_vnni();  // avx512-amx attends as avx512-vnni does
+        case 2: return attention_avx512_vnni();
+        case 3: return attention_avx512_amx();
         default: return attention_portable();
     }
 }
@@ -124,7 +124,8 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
             const int64_t run_tokens = std::min(tokens, first_token + run_length) - first_token;
             if (run_tokens == 0) continue;
             const QueryRows query{q.const_data_ptr<float>() + first_token * q.stride(0) + head * n_rep * head_dim,
-                                  q.stride(0), run_tokens, first_token, n_rep, head_dim, float(scale), float(softcap)};
+                                  q.stride(0), run_tokens, first_token, n_rep, head_dim, float(scale), float(softcap),
+                                  tokens};
             float* state = states.get() + ((head * chunks + chunk) * rows + first_token * n_rep) * state_size;
             for (int64_t row = 0; row < run_tokens * n_rep; ++row) {
                 state[row * state_size] = -INFINITY;

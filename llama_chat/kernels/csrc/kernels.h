@@ -123,6 +123,10 @@ struct KernelSet {
                             float* y, int64_t out_features, int64_t t0, int64_t t1);
 };
 
+// Steps of more tokens than this (a prompt's chunks: a verify step has at most 32) run on the
+// tile unit where the variant has one, their matrices and their attention; shorter ones keep
+// the integer kernels and the vector attention, whose results a single token's match.
+constexpr int64_t SPLIT_MIN_ROWS = 32;
 constexpr int SPLIT_BLOCK = 16;  // tokens a block of split activations holds
 inline int64_t split_bytes(int64_t rows, int64_t columns) {
     return (rows + SPLIT_BLOCK - 1) / SPLIT_BLOCK * SPLIT_BLOCK * columns * 2 * 2;  // two planes of bfloat16

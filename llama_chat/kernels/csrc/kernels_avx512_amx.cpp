@@ -13,6 +13,8 @@
 #define VARIANT_NAMESPACE avx512_amx
 #define KERNEL_SET_FUNCTION kernels_avx512_amx
 #include "kernels_impl.h"
+#define ATTENTION_SET_FUNCTION attention_avx512_amx
+#include "attention_impl.h"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

@@ -26,10 +26,6 @@
 namespace llama_chat_kernels {
 
 enum Variant : int64_t { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2, AVX512_AMX = 3 };
-// Steps of more tokens than this (a prompt's chunks: a verify step has at most 32) run on the
-// tile unit where the variant has one; shorter ones keep the integer kernels, whose results
-// a single token's match.
-constexpr int64_t SPLIT_MIN_ROWS = 32;
 // Their names for people and for LLAMA_CHAT_KERNEL_VARIANT, in that numbering.
 constexpr const char* VARIANT_NAMES[] = {"portable", "avx2", "avx512-vnni", "avx512-amx"};
 
