@@ -44,45 +44,39 @@ void pack_queries(const QueryRows& rows, int64_t row_count, uint16_t* packed) {
     }
 }
 
-// A block's keys (`count` of them, float32 rows of head_dim; zeros past count) as B
-// operands: keys_b[feature group][half][plane][16 feature pairs][16 positions][2].
-void pack_keys(const float* keys, int64_t count, int64_t head_dim, uint16_t* keys_b) {
-    alignas(64) uint16_t split[2][32][MAX_HEAD];  // [plane][position][feature]
+// A block's `count` float32 rows of head_dim (keys or values) split into bfloat16 planes
+// split[plane][position][feature], zeros past count.
+void split_block(const float* rows, int64_t count, int64_t head_dim, uint16_t (*split)[32][MAX_HEAD]) {
     for (int64_t j = 0; j < 32; ++j)
         for (int64_t d = 0; d < head_dim; d += 32) {
             if (j < count) {
-                split_row(keys + j * head_dim + d, &split[0][j][d], &split[1][j][d]);
+                split_row(rows + j * head_dim + d, &split[0][j][d], &split[1][j][d]);
             } else {
                 std::memset(&split[0][j][d], 0, 64);
                 std::memset(&split[1][j][d], 0, 64);
             }
         }
+}
+
+// A block's keys as B operands: keys_b[feature group][half][plane][16 feature pairs][16
+// positions][2].
+void pack_keys(const float* keys, int64_t count, int64_t head_dim, uint16_t* keys_b) {
+    alignas(64) uint16_t split[2][32][MAX_HEAD];
+    split_block(keys, count, head_dim, split);
     for (int64_t f = 0; f < head_dim / 32; ++f)
         for (int half = 0; half < 2; ++half)
             for (int plane = 0; plane < 2; ++plane) {
                 uint32_t* out = reinterpret_cast<uint32_t*>(keys_b + ((f * 2 + half) * 2 + plane) * PLANE);
                 for (int pair = 0; pair < 16; ++pair)
-                    for (int n = 0; n < 16; ++n) {
-                        uint32_t both;
-                        std::memcpy(&both, &split[plane][16 * half + n][32 * f + 2 * pair], 4);
-                        out[pair * 16 + n] = both;
-                    }
+                    for (int n = 0; n < 16; ++n) std::memcpy(out + pair * 16 + n, &split[plane][16 * half + n][32 * f + 2 * pair], 4);
             }
 }
 
-// A block's values (`count` float32 rows of head_dim; zeros past count) as B operands:
-// values_b[feature tile][plane][16 position pairs][16 features][2].
+// A block's values as B operands: values_b[feature tile][plane][16 position pairs][16
+// features][2].
 void pack_values(const float* values, int64_t count, int64_t head_dim, uint16_t* values_b) {
     alignas(64) uint16_t split[2][32][MAX_HEAD];
-    for (int64_t j = 0; j < 32; ++j)
-        for (int64_t d = 0; d < head_dim; d += 32) {
-            if (j < count) {
-                split_row(values + j * head_dim + d, &split[0][j][d], &split[1][j][d]);
-            } else {
-                std::memset(&split[0][j][d], 0, 64);
-                std::memset(&split[1][j][d], 0, 64);
-            }
-        }
+    split_block(values, count, head_dim, split);
     for (int64_t n = 0; n < head_dim / 16; ++n)
         for (int plane = 0; plane < 2; ++plane) {
             uint16_t* out = values_b + (n * 2 + plane) * PLANE;
@@ -94,6 +88,21 @@ void pack_values(const float* values, int64_t count, int64_t head_dim, uint16_t*
         }
 }
 
+// C 0 and C 1 plus A (2: hi, 3: lo) times two B operands of two planes each at b (4, 5 and
+// 6, 7): three products each, hi hi, hi lo and lo hi.
+inline void split_products(const uint16_t* b) {
+    _tile_loadd(4, b, 64);
+    _tile_loadd(5, b + PLANE, 64);
+    _tile_loadd(6, b + 2 * PLANE, 64);
+    _tile_loadd(7, b + 3 * PLANE, 64);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(1, 2, 7);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 2, 6);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 3, 6);
+}
+
 // One row group's scores over a block: scores[16 rows][BLOCK] (C 0: positions 0-15, C 1: 16-31).
 void group_scores(const uint16_t* queries, const uint16_t* keys_b, int64_t features, float* scores) {
     _tile_zero(0);
@@ -103,16 +112,7 @@ void group_scores(const uint16_t* queries, const uint16_t* keys_b, int64_t featu
         const uint16_t* b = keys_b + f * 4 * PLANE;
         _tile_loadd(2, a, 64);
         _tile_loadd(3, a + PLANE, 64);
-        _tile_loadd(4, b, 64);
-        _tile_loadd(5, b + PLANE, 64);
-        _tile_loadd(6, b + 2 * PLANE, 64);
-        _tile_loadd(7, b + 3 * PLANE, 64);
-        _tile_dpbf16ps(0, 2, 5);
-        _tile_dpbf16ps(1, 2, 7);
-        _tile_dpbf16ps(0, 2, 4);
-        _tile_dpbf16ps(1, 2, 6);
-        _tile_dpbf16ps(0, 3, 4);
-        _tile_dpbf16ps(1, 3, 6);
+        split_products(b);
     }
     _tile_stored(0, scores, BLOCK * 4);
     _tile_stored(1, scores + 16, BLOCK * 4);
@@ -138,16 +138,7 @@ void group_values(const float* weights, int rows_here, const uint16_t* values_b,
         const uint16_t* b = values_b + n * 2 * PLANE;
         _tile_zero(0);
         _tile_zero(1);
-        _tile_loadd(4, b, 64);
-        _tile_loadd(5, b + PLANE, 64);
-        _tile_loadd(6, b + 2 * PLANE, 64);
-        _tile_loadd(7, b + 3 * PLANE, 64);
-        _tile_dpbf16ps(0, 2, 5);
-        _tile_dpbf16ps(1, 2, 7);
-        _tile_dpbf16ps(0, 2, 4);
-        _tile_dpbf16ps(1, 2, 6);
-        _tile_dpbf16ps(0, 3, 4);
-        _tile_dpbf16ps(1, 3, 6);
+        split_products(b);
         _tile_stored(0, out, 32 * 4);
         _tile_stored(1, out + 16, 32 * 4);
         for (int r = 0; r < rows_here; ++r) {
@@ -196,17 +187,10 @@ void attend_span_tiles(const QueryRows& rows, const KeyValueSpan& span, float* s
             float* sums[tiles::ROWS];
             float rescale[tiles::ROWS];
             for (int i = 0; i < rows_here; ++i) {
-                const int64_t row = g * tiles::ROWS + i, t = row / rows.n_rep;
-                // Among the new tokens, token t sees itself and those before it (within the window).
-                const int64_t token = rows.first_token + t;
-                const int64_t visible = span.causal ? std::clamp<int64_t>(token + 1 - first, 0, count) : count;
-                const int64_t hidden =
-                    span.causal && span.window ? std::clamp<int64_t>(token + 1 - span.window - first, 0, visible) : 0;
-                const float* bias = span.bias ? span.bias + token * span.bias_stride + first : nullptr;
-                const bool skipped =
-                    bias && std::all_of(bias, bias + visible, [](float b) { return b == NEGATIVE_INFINITY; });
+                const int64_t row = g * tiles::ROWS + i;
+                const TokenView view = token_view(rows, span, first, count, row / rows.n_rep);
                 float* row_scores = group_scores + i * BLOCK;
-                finish_scores(row_scores, visible, hidden, skipped, rows.scale, 0.0f, bias);
+                finish_scores(row_scores, view, rows.scale, 0.0f);
                 float* row_state = state + row * state_size;
                 const float factor = take_scores(row_state, row_scores);
                 if (factor < 0.0f) std::fill(row_scores, row_scores + BLOCK, 0.0f);  // nothing visible: add nothing

@@ -165,23 +165,41 @@ void dot_products(const float* const* q, int count, const float* keys_t, int64_t
         for (int v = 0; v < LANES; ++v) store(scores + r * BLOCK + v * W, sums[r][v]);
 }
 
-// A row's dot products made scores: scaled, capped, biased for the first `visible`
-// positions, -inf for the first `hidden` and from `visible` on (and all, where `skipped`).
-void finish_scores(float* scores, int64_t visible, int64_t hidden, bool skipped, float scale, float softcap,
-                   const float* bias) {
-    if (skipped) {
+// What token t of the rows sees of the block at `first` (`count` positions).
+struct TokenView {
+    int64_t visible;     // positions 0..visible - 1 of the block: itself and those before it
+    int64_t hidden;      // of those, the first `hidden` lie before its window
+    const float* bias;   // its biases for the block's positions, or null
+    bool skipped;        // its bias hides every visible position
+};
+
+inline TokenView token_view(const QueryRows& rows, const KeyValueSpan& span, int64_t first, int64_t count, int64_t t) {
+    const int64_t token = rows.first_token + t;
+    const int64_t visible = span.causal ? std::clamp<int64_t>(token + 1 - first, 0, count) : count;
+    const int64_t hidden =
+        span.causal && span.window ? std::clamp<int64_t>(token + 1 - span.window - first, 0, visible) : 0;
+    const float* bias = span.bias ? span.bias + token * span.bias_stride + first : nullptr;
+    const bool skipped = bias && std::all_of(bias, bias + visible, [](float b) { return b == NEGATIVE_INFINITY; });
+    return {visible, hidden, bias, skipped};
+}
+
+// A row's dot products made scores: scaled, capped, biased for the visible positions, -inf
+// for the hidden ones and from `visible` on (and all, where the token's block is skipped).
+void finish_scores(float* scores, const TokenView& view, float scale, float softcap) {
+    if (view.skipped) {
         std::fill(scores, scores + BLOCK, NEGATIVE_INFINITY);
         return;
     }
+    const float* bias = view.bias;
     int64_t j = 0;
     if (softcap == 0.0f)
-        for (; j + W <= visible; j += W) {
+        for (; j + W <= view.visible; j += W) {
             const VecF scaled = mul(load(scores + j), broadcast(scale));
             store(scores + j, bias ? add(scaled, load(bias + j)) : scaled);
         }
-    for (; j < visible; ++j) scores[j] = capped(scores[j] * scale, softcap) + (bias ? bias[j] : 0.0f);
-    std::fill(scores, scores + hidden, NEGATIVE_INFINITY);
-    std::fill(scores + visible, scores + BLOCK, NEGATIVE_INFINITY);
+    for (; j < view.visible; ++j) scores[j] = capped(scores[j] * scale, softcap) + (bias ? bias[j] : 0.0f);
+    std::fill(scores, scores + view.hidden, NEGATIVE_INFINITY);
+    std::fill(scores + view.visible, scores + BLOCK, NEGATIVE_INFINITY);
 }
 
 // One row's running softmax takes a block's scores[BLOCK] (-inf where hidden): they become
@@ -291,17 +309,9 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
             dot_products(q, together, keys_t, head_dim, scores + row * BLOCK);
         }
         for (int64_t t = 0; t < rows.tokens; ++t) {
-            // Among the new tokens, token t sees itself and those before it (within the window).
-            const int64_t token = rows.first_token + t;
-            const int64_t visible = span.causal ? std::clamp<int64_t>(token + 1 - first, 0, count) : count;
-            const int64_t hidden = span.causal && span.window ? std::clamp<int64_t>(token + 1 - span.window - first, 0, visible)
-                                                              : 0;
-            const float* bias = span.bias ? span.bias + token * span.bias_stride + first : nullptr;
-            // A token whose bias hides the whole block takes none of it.
-            const bool skipped = bias && std::all_of(bias, bias + visible, [](float b) { return b == NEGATIVE_INFINITY; });
+            const TokenView view = token_view(rows, span, first, count, t);
             for (int64_t r = 0; r < rows.n_rep; ++r)
-                finish_scores(scores + (t * rows.n_rep + r) * BLOCK, visible, hidden, skipped, rows.scale, rows.softcap,
-                              bias);
+                finish_scores(scores + (t * rows.n_rep + r) * BLOCK, view, rows.scale, rows.softcap);
         }
         const float* values = reinterpret_cast<const float*>(value_source);
         int64_t value_stride = span.value_stride;
