@@ -47,6 +47,17 @@ inline VecF round_to_integer(VecF v) { return _mm512_roundscale_ps(v, _MM_FROUND
 inline VecF power_of_two(VecF whole) {  // 2^whole for whole in -126..0, through the exponent bits
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(whole), _mm512_set1_epi32(127)), 23));
 }
+// The sums of four vectors, into out[4]: one tree for the four (about a third of the
+// instructions of four sums one by one), as every dot product of a key ends in one.
+inline void sum4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+    const __m512 pairs01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 pairs23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(pairs01, pairs23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_ps(pairs01, pairs23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(lanes),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
+}
 inline VecF zero_below(VecF x, VecF value, float lowest) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, broadcast(lowest), _CMP_GE_OQ), value);
 }
@@ -72,6 +83,10 @@ inline VecF round_to_integer(VecF v) { return _mm256_round_ps(v, _MM_FROUND_TO_N
 inline VecF power_of_two(VecF whole) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23));
 }
+inline void sum4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+    const __m256 lanes = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1)));
+}
 inline VecF zero_below(VecF x, VecF value, float lowest) {
     return _mm256_and_ps(_mm256_cmp_ps(x, broadcast(lowest), _CMP_GE_OQ), value);
 }
@@ -83,6 +98,9 @@ inline VecF maximum(VecF a, VecF b) { return std::max(a, b); }
 inline float largest(VecF v) { return v; }
 inline VecF load_float16(const uint16_t* p) { return half_to_float(reinterpret_cast<const uint8_t*>(p)); }
 inline VecF load_bfloat16(const uint16_t* p) { return bfloat16_to_float(*p); }
+inline void sum4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+    out[0] = a0, out[1] = a1, out[2] = a2, out[3] = a3;
+}
 #endif
 
 // e^x for x <= 0 (and -inf), as 2^n e^r with n whole and |r| <= ln(2) / 2: a degree-6
@@ -145,9 +163,42 @@ void keys_transposed(const void* source, int type, int64_t stride, int64_t count
 // A score capped to softcap * tanh(score / softcap), where softcap is set (Gemma 2).
 inline float capped(float score, float softcap) { return softcap > 0.0f ? softcap * std::tanh(score / softcap) : score; }
 
+// One row's dot products with a block's `count` keys (rows of key_stride) into scores:
+// four keys at a time, each a chain of its own, so that a load of q serves four. The
+// arrangement of a step of up to 32 tokens (a single token's, a verify step's), whose few
+// rows would not pay for transposing the keys.
+void row_dot_products(const float* q, const float* keys, int64_t key_stride, int64_t count, int64_t head_dim,
+                      float* scores) {
+    int64_t j = 0;
+    for (; j + 4 <= count; j += 4) {
+        const float* k = keys + j * key_stride;
+        VecF a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+        int64_t d = 0;
+        for (; d + W <= head_dim; d += W) {
+            const VecF qv = load(q + d);
+            a0 = fma(qv, load(k + d), a0);
+            a1 = fma(qv, load(k + key_stride + d), a1);
+            a2 = fma(qv, load(k + 2 * key_stride + d), a2);
+            a3 = fma(qv, load(k + 3 * key_stride + d), a3);
+        }
+        sum4(a0, a1, a2, a3, scores + j);
+        for (; d < head_dim; ++d)
+            for (int i = 0; i < 4; ++i) scores[j + i] += q[d] * k[i * key_stride + d];
+    }
+    for (; j < count; ++j) {
+        const float* k = keys + j * key_stride;
+        VecF a = zero();
+        int64_t d = 0;
+        for (; d + W <= head_dim; d += W) a = fma(load(q + d), load(k + d), a);
+        float total = sum(a);
+        for (; d < head_dim; ++d) total += q[d] * k[d];
+        scores[j] = total;
+    }
+}
+
 // The dot products of `count` rows' queries (count <= SCORE_ROWS) with a block's keys
-// (transposed), into scores[r * BLOCK ..]. Each row's and key's sum runs along the features
-// in one chain, whatever rows share the call.
+// (transposed), into scores[r * BLOCK ..]: a prompt chunk's many rows. Each row's and key's
+// sum runs along the features in one chain, whatever rows share the call.
 void dot_products(const float* const* q, int count, const float* keys_t, int64_t head_dim, float* scores) {
     VecF sums[SCORE_ROWS][LANES];
     for (int r = 0; r < SCORE_ROWS; ++r)
@@ -288,31 +339,55 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
     if (span.count == 0 || row_count == 0) return;
     // float32 values are read where they lie; others are converted a block at a time.
     const bool converted = span.type != CACHE_FLOAT32;
-    std::unique_ptr<float[]> buffer(new float[row_count * BLOCK + BLOCK * head_dim + (converted ? BLOCK * head_dim : 0)]);
+    // Steps of up to 32 tokens score row by row; longer ones on transposed keys, rows together.
+    const bool transposed = rows.step_tokens > SPLIT_MIN_ROWS;
+    std::unique_ptr<float[]> buffer(new float[row_count * BLOCK + 2 * BLOCK * head_dim]);
     float* scores = buffer.get();
-    float* keys_t = scores + row_count * BLOCK;
-    float* value_block = keys_t + BLOCK * head_dim;
+    float* key_block = scores + row_count * BLOCK;
+    float* value_block = key_block + BLOCK * head_dim;
     const int64_t element_bytes = span.type == CACHE_FLOAT32 ? 4 : 2;
     for (int64_t first = 0; first < span.count; first += BLOCK) {
         const int64_t count = std::min<int64_t>(BLOCK, span.count - first);
         if (span.bias && hidden_from_all(rows, span, first, count)) continue;  // a ring's empty or old slots
         const char* key_source = static_cast<const char*>(span.keys) + first * span.key_stride * element_bytes;
         const char* value_source = static_cast<const char*>(span.values) + first * span.value_stride * element_bytes;
-        keys_transposed(key_source, span.type, span.key_stride, count, head_dim, keys_t);
-        for (int64_t row = 0; row < row_count; row += SCORE_ROWS) {
-            const int together = int(std::min<int64_t>(SCORE_ROWS, row_count - row));
-            const float* q[SCORE_ROWS];
-            for (int i = 0; i < together; ++i) {
-                const int64_t t = (row + i) / rows.n_rep, r = (row + i) % rows.n_rep;
-                q[i] = rows.q + t * rows.token_stride + r * head_dim;
+        if (transposed) {
+            keys_transposed(key_source, span.type, span.key_stride, count, head_dim, key_block);
+            for (int64_t row = 0; row < row_count; row += SCORE_ROWS) {
+                const int together = int(std::min<int64_t>(SCORE_ROWS, row_count - row));
+                const float* q[SCORE_ROWS];
+                for (int i = 0; i < together; ++i) {
+                    const int64_t t = (row + i) / rows.n_rep, r = (row + i) % rows.n_rep;
+                    q[i] = rows.q + t * rows.token_stride + r * head_dim;
+                }
+                dot_products(q, together, key_block, head_dim, scores + row * BLOCK);
             }
-            dot_products(q, together, keys_t, head_dim, scores + row * BLOCK);
+        } else {
+            const float* keys = reinterpret_cast<const float*>(key_source);
+            int64_t key_stride = span.key_stride;
+            if (converted) {
+                to_float32(key_source, span.type, span.key_stride, count, head_dim, key_block);
+                keys = key_block;
+                key_stride = head_dim;
+            }
+            // Each token's visible keys only: how they fall into fours depends on the token alone.
+            for (int64_t t = 0; t < rows.tokens; ++t) {
+                const TokenView view = token_view(rows, span, first, count, t);
+                for (int64_t r = 0; r < rows.n_rep; ++r) {
+                    float* row_scores = scores + (t * rows.n_rep + r) * BLOCK;
+                    if (!view.skipped)
+                        row_dot_products(rows.q + t * rows.token_stride + r * head_dim, keys, key_stride, view.visible,
+                                         head_dim, row_scores);
+                    finish_scores(row_scores, view, rows.scale, rows.softcap);
+                }
+            }
         }
-        for (int64_t t = 0; t < rows.tokens; ++t) {
-            const TokenView view = token_view(rows, span, first, count, t);
-            for (int64_t r = 0; r < rows.n_rep; ++r)
-                finish_scores(scores + (t * rows.n_rep + r) * BLOCK, view, rows.scale, rows.softcap);
-        }
+        if (transposed)
+            for (int64_t t = 0; t < rows.tokens; ++t) {
+                const TokenView view = token_view(rows, span, first, count, t);
+                for (int64_t r = 0; r < rows.n_rep; ++r)
+                    finish_scores(scores + (t * rows.n_rep + r) * BLOCK, view, rows.scale, rows.softcap);
+            }
         const float* values = reinterpret_cast<const float*>(value_source);
         int64_t value_stride = span.value_stride;
         if (converted) {
