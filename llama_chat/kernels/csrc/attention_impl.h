@@ -150,6 +150,16 @@ void to_float32(const void* source, int type, int64_t stride, int64_t count, int
     }
 }
 
+// A block's `count` rows (keys or values, `stride` elements apart) as float32: where they
+// lie in a float32 cache, else converted into `buffer` (and stride becomes head_dim).
+inline const float* block_rows(const void* source, int type, int64_t count, int64_t head_dim, float* buffer,
+                               int64_t& stride) {
+    if (type == CACHE_FLOAT32) return static_cast<const float*>(source);
+    to_float32(source, type, stride, count, head_dim, buffer);
+    stride = head_dim;
+    return buffer;
+}
+
 // `count` keys as float32 columns: out[d * BLOCK + j] is key j's feature d, zeros past count,
 // so that a row's scores over the block are sums of its features times whole vectors.
 void keys_transposed(const void* source, int type, int64_t stride, int64_t count, int64_t head_dim, float* out) {
@@ -337,8 +347,6 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
     const int64_t head_dim = rows.head_dim, row_count = rows.tokens * rows.n_rep;
     const int64_t state_size = state_floats(head_dim);
     if (span.count == 0 || row_count == 0) return;
-    // float32 values are read where they lie; others are converted a block at a time.
-    const bool converted = span.type != CACHE_FLOAT32;
     // Steps of up to 32 tokens score row by row; longer ones on transposed keys, rows together.
     const bool transposed = rows.step_tokens > SPLIT_MIN_ROWS;
     std::unique_ptr<float[]> buffer(new float[row_count * BLOCK + 2 * BLOCK * head_dim]);
@@ -363,13 +371,8 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
                 dot_products(q, together, key_block, head_dim, scores + row * BLOCK);
             }
         } else {
-            const float* keys = reinterpret_cast<const float*>(key_source);
             int64_t key_stride = span.key_stride;
-            if (converted) {
-                to_float32(key_source, span.type, span.key_stride, count, head_dim, key_block);
-                keys = key_block;
-                key_stride = head_dim;
-            }
+            const float* keys = block_rows(key_source, span.type, count, head_dim, key_block, key_stride);
             // Each token's visible keys only: how they fall into fours depends on the token alone.
             for (int64_t t = 0; t < rows.tokens; ++t) {
                 const TokenView view = token_view(rows, span, first, count, t);
@@ -388,13 +391,8 @@ void attend_span(const QueryRows& rows, const KeyValueSpan& span, float* state) 
                 for (int64_t r = 0; r < rows.n_rep; ++r)
                     finish_scores(scores + (t * rows.n_rep + r) * BLOCK, view, rows.scale, rows.softcap);
             }
-        const float* values = reinterpret_cast<const float*>(value_source);
         int64_t value_stride = span.value_stride;
-        if (converted) {
-            to_float32(value_source, span.type, span.value_stride, count, head_dim, value_block);
-            values = value_block;
-            value_stride = head_dim;
-        }
+        const float* values = block_rows(value_source, span.type, count, head_dim, value_block, value_stride);
         // The rows that see some of the block, VALUE_ROWS at a time.
         float* sums[VALUE_ROWS];
         const float* weights[VALUE_ROWS];
