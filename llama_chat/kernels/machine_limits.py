@@ -31,14 +31,20 @@ def read_bandwidth_gb_per_second() -> float:
     return READ_BYTES / seconds / 1e9
 
 
+def _matrix_rate(a: torch.Tensor, b: torch.Tensor, product) -> float:
+    """Billions of multiply-adds x 2 a second of product(a, b), a and b at INT8_SHAPE."""
+    rows, inner, outer = INT8_SHAPE
+    seconds = _fastest(lambda: product(a, b))
+    return 2 * rows * inner * outer / seconds / 1e9
+
+
 def int8_matrix_gops() -> float:
     """Billions of int8 multiply-adds x 2 a second, by torch._int_mm at INT8_SHAPE."""
     rows, inner, outer = INT8_SHAPE
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (rows, inner), dtype=torch.int8, generator=generator)
     b = torch.randint(-127, 128, (inner, outer), dtype=torch.int8, generator=generator)
-    seconds = _fastest(lambda: torch._int_mm(a, b))
-    return 2 * rows * inner * outer / seconds / 1e9
+    return _matrix_rate(a, b, torch._int_mm)
 
 
 def bfloat16_matrix_gflops() -> float:
@@ -47,8 +53,7 @@ def bfloat16_matrix_gflops() -> float:
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(rows, inner, generator=generator).bfloat16()
     b = torch.randn(inner, outer, generator=generator).bfloat16()
-    seconds = _fastest(lambda: torch.mm(a, b))
-    return 2 * rows * inner * outer / seconds / 1e9
+    return _matrix_rate(a, b, torch.mm)
 
 
 def matrix_step_gflops(matrix: torch.nn.Module, dtype: torch.dtype) -> float:
