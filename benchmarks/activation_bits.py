@@ -3,7 +3,8 @@ rounded per group of 32 as llama-chat's kernels round it, teacher-forced over th
 fidelity.py, against the unrounded model (same top token, mean KL divergence).
 
 Schemes: all groups at 16 bits (what the kernels do), all at 8 bits (what llama.cpp's
-Q8 activation blocks do), and 8 bits with the groups whose 8-bit rounding error is largest
+Q8 activation blocks do), 8 bits for the inputs of one kind of matrix only (wqkv, wo, w13,
+w2: per tensor, the rest at 16), 8 bits for the normed inputs (wqkv, w13) only, and 8 bits with the groups whose 8-bit rounding error is largest
 against their row promoted to 16 bits (a group is promoted when its squared error exceeds
 `share` times the row's energy a group), at several shares: the fraction promoted is
 printed beside, so the integer work saved is about half of the rest.
@@ -27,6 +28,7 @@ from fidelity import TEXT  # noqa: E402 (a sibling script)
 GROUP = 32
 LEVELS = {8: 127.0, 16: 32385.0}  # largest level a group's largest magnitude maps to
 SHARES = (1e-3, 3e-4, 1e-4, 3e-5)
+KINDS = ("wqkv", "wo", "w13", "w2")  # a layer's matrices, by the name of their module
 
 
 def rounded(groups: torch.Tensor, bits: int) -> torch.Tensor:
@@ -68,13 +70,17 @@ def main() -> None:
     model = llama_chat.load(options.model or str(download_default_model()), environment, device="cpu",
                             dtype="float32")
     tokens = torch.tensor([model.tokenizer.encode(TEXT * 4)[: options.positions]])
-    linears = [m for m in model.transformer.modules() if isinstance(m, nn.Linear)]
+    linears = {name: m for name, m in model.transformer.named_modules() if isinstance(m, nn.Linear)}
     with torch.no_grad():
         reference = model.transformer(tokens)[0].log_softmax(-1)
     print(f"{model.name}: {tokens.shape[1]} positions, every matrix input rounded per group of {GROUP}")
-    for name, share in [("16 bits", 0.0), ("8 bits", None)] + [(f"8, promoted at {s:g}", s) for s in SHARES]:
-        rounding = Rounding(share)
-        hooks = [linear.register_forward_pre_hook(rounding) for linear in linears]
+    schemes = [("16 bits", 0.0, KINDS), ("8 bits", None, KINDS)]
+    schemes += [(f"8 for {kind} only", None, (kind,)) for kind in KINDS]
+    schemes += [("8 for wqkv and w13", None, ("wqkv", "w13"))]
+    for name, share, kinds in schemes + [(f"8, promoted at {s:g}", s, KINDS) for s in SHARES]:
+        rounding, at_16 = Rounding(share), Rounding(0.0)
+        hooks = [linear.register_forward_pre_hook(rounding if key.rsplit(".", 1)[-1] in kinds else at_16)
+                 for key, linear in linears.items()]
         with torch.no_grad():
             got = model.transformer(tokens)[0].log_softmax(-1)
         for hook in hooks:
@@ -82,7 +88,7 @@ def main() -> None:
         same = float((got.argmax(-1) == reference.argmax(-1)).float().mean())
         divergence = float((reference.exp() * (reference - got)).sum(-1).mean())
         print(f"{name:>22}: same top token {same:.3f}, KL divergence {divergence:.2e}, "
-              f"groups at 16 bits {rounding.promoted / rounding.groups:.3f}")
+              f"groups at 16 bits {(rounding.promoted + at_16.groups) / (rounding.groups + at_16.groups):.3f}")
 
 
 if __name__ == "__main__":
