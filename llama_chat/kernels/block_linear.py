@@ -10,7 +10,7 @@ its size:
   with activations quantised per group of 32 to 16 bits carried as two int8 halves
   (within 1/65000 of each group's largest value; a step's activations can go to int8
   instead, half the integer work, but measured to change 4% of the default model's
-  teacher-forced choices; see the README).
+  teacher-forced choices; see docs/kernels.md).
 - Q5_K keeps its blocks with rows in groups of 4, interleaved block by block, so that a
   single token reads 4 rows as one sequential stream (1.36x faster from memory than 4
   rows side by side); a single token multiplies them with float32 activations, several

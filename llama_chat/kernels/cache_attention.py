@@ -8,7 +8,7 @@ PyTorch's attention reads a float16 cache back into float32 first (a copy of the
 every step), so a half-width cache used to cost time; the kernel reads the half-width
 cache as it is, half the bytes of a float32 one. Where the kernel runs, the cache is
 therefore float16 unless --kv-dtype says otherwise (fidelity: benchmarks/kv_dtype.py and
-the README).
+docs/chatting.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.text.chat_format import PICK_ANOTHER
 from llama_chat.text.template_worker import MEMORY_LIMIT_BYTES
 
-# Far above what real templates take (a few milliseconds; see the README), far below a hang.
+# Far above what real templates take (a few milliseconds; see docs/models.md), far below a hang.
 RENDER_SECONDS = 5.0
 # Starting Python and Jinja, on a machine busy loading a model.
 START_SECONDS = 60.0
