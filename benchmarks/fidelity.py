@@ -133,14 +133,14 @@ def main() -> None:
         "model": Path(path).name,
         "cpu": cpu_model_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "quantization": fast.quantization,
-        "weights_note": fast.weights_note,
+        "quantization": fast.weights.packing,
+        "weights_note": fast.weights.note,
         "positions": len(ids),
         "vocabulary": vocabulary,
         "rows": rows,
         "peak_memory_mb": peak_memory,
     }
-    print(f"{report['model']}: {fast.quantization} weights, {fast.weights_note}")
+    print(f"{report['model']}: {fast.describe_weights()}")
     print(f"CPU: {report['cpu']} (torch: {report['cpu_capability']}); {len(ids)} teacher-forced positions of "
           f"{TEXT_FILE.name}, vocabulary {vocabulary}, against float32 (the file's weights dequantised)\n")
     print(table(rows))

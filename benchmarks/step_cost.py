@@ -47,7 +47,7 @@ def main() -> None:
     model.runner.compile(wait=True)
     single = step_seconds(model, 1, options.repeats)
     several = step_seconds(model, options.tokens, options.repeats)
-    print(f"{model.name}: {model.quantization} weights, {model.weights_note}")
+    print(f"{model.name}: {model.describe_weights()}")
     print(f"1 token {single * 1000:.1f} ms; {options.tokens} tokens {several * 1000:.1f} ms: "
           f"{several / single:.2f}x a single token")
 

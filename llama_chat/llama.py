@@ -16,6 +16,7 @@ from llama_chat.engine.model import Transformer
 from llama_chat.engine.runners import model_runner
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
+from llama_chat.kernels.weights_record import DENSE, WeightsRecord
 from llama_chat.text.builtin_formats import PlainFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
@@ -37,18 +38,14 @@ class Llama:
         *,
         name: str = "",
         chat_format: ChatFormat | None = None,
-        quantization: str = "none",
-        weights_note: str = "",
-        arithmetic: str = "",
+        weights: WeightsRecord = DENSE,
         cache_dtype: torch.dtype | None = None,
         sampling_defaults: dict | None = None,
     ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
         self.name = name
-        self.quantization = quantization  # how the weights are packed: none, int8, int4, "int4 and int8"
-        self.weights_note = weights_note  # which cpu paths run, and why
-        self.arithmetic = arithmetic  # how packed weights are multiplied ("" for dense ones)
+        self.weights = weights  # how the weights run: packed or not, as what, and why
         self.chat_format = chat_format or PlainFormat(tokenizer)
         # A reply ends at the model's end ids and at whatever ends a turn in its chat format.
         self.stop_ids = self.chat_format.stop_ids
@@ -84,9 +81,7 @@ class Llama:
 
     def describe_weights(self) -> str:
         """How the weights run, for people: "float32", or "int4 weights, bfloat16 products ..."."""
-        if self.quantization == "none":
-            return str(self.dtype).removeprefix("torch.")
-        return f"{self.quantization} weights, {self.weights_note}"
+        return self.weights.describe(self.dtype)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache; by default the smaller of the model's context and 4096."""

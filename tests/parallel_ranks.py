@@ -129,7 +129,7 @@ def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], sett
             model, error = ParallelLoader(load_shard, peers)(path), None
         except LlamaChatError as failure:
             error = str(failure)
-        results.append({"error": error, "quantization": model.quantization, **observe(model)})
+        results.append({"error": error, "quantization": model.weights.packing, **observe(model)})
     peers.close()
     torch.save(results, Path(out) / "rank0.pt")
 
@@ -137,4 +137,4 @@ def run_loads(rank: int, world: int, port: int, out: str, paths: list[str], sett
 def run_alone_with(model_path: str, settings: dict) -> dict:
     """run_alone with these load settings, and the packing the model got."""
     model = load(model_path, options_from_environment(), device="cpu", **settings)
-    return {"quantization": model.quantization, **observe(model)}
+    return {"quantization": model.weights.packing, **observe(model)}

@@ -135,7 +135,7 @@ def test_packed_weights_agree_with_float32(default_gguf, model, matmul, kernel_r
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")  # PyTorch's kernels (llama-chat's: the test below)
     fast = llama_chat.load(default_gguf, options_from_environment(), device="cpu", dtype=matmul,
                            kernel_dtype="bfloat16", quantize="int4")
-    assert fast.quantization == "int4"
+    assert fast.weights.packing == "int4"
     ids = model.tokenizer.encode(" ".join(TEXTS[:6]) + " The Roman Empire was one of the largest empires in history.")
     reference = model.logits(ids)[15:]
     cache = fast.new_cache(512)
@@ -157,7 +157,7 @@ def test_llama_chats_kernels_agree_with_float32(default_gguf, model, bits, least
     int8 halves) by default, or int8 with LLAMA_CHAT_ACTIVATION_BITS=8."""
     monkeypatch.setenv("LLAMA_CHAT_ACTIVATION_BITS", bits)
     fast = llama_chat.load(default_gguf, options_from_environment(), device="cpu")
-    assert fast.quantization == "Q4_1" and f"{bits}-bit prompt steps" in fast.weights_note
+    assert fast.weights.packing == "Q4_1" and f"{bits}-bit prompt steps" in fast.weights.note
     ids = model.tokenizer.encode(" ".join(TEXTS))
     reference = model.logits(ids)
     cache = fast.new_cache(512)

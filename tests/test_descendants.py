@@ -120,7 +120,7 @@ def test_a_descendant_packed_for_the_cpu_chooses_as_the_exact_path_does(tmp_path
     model = save_descendant(tmp_path, kind)
     reference = hf_logits(model, IDS)
     packed = llama_chat.load(tmp_path, device="cpu")
-    assert packed.quantization != "none"
+    assert packed.weights.packed
     cache = packed.new_cache(80)
     prompt = packed.runner(cache, IDS[:16], every_logits=True)
     singles = torch.stack([packed.runner(cache, [token]) for token in IDS[16:]])
@@ -192,7 +192,7 @@ def test_a_trained_descendant_packed_agrees_with_the_exact_path_on_top_1(tmp_pat
     assert loss < 0.5  # it has learned the text
     exact = llama_chat.load(tmp_path, device="cpu", quantize="none")
     packed = llama_chat.load(tmp_path, device="cpu")
-    assert exact.quantization == "none" and packed.quantization != "none"
+    assert not exact.weights.packed and packed.weights.packed
     chosen = {}
     for name, model in (("exact", exact), ("packed", packed)):
         cache = model.new_cache(80)
@@ -357,7 +357,7 @@ def test_a_descendants_gguf_gives_transformers_logits(tmp_path, kind):
     path = write_gguf(tmp_path / "q8.gguf", model, qtype=QType.Q8_0, architecture=kind,
                       vocabulary=byte_level_metadata(pre="qwen2"), extra=extra)
     packed = llama_chat.load(path, device="cpu")
-    assert packed.quantization == "Q8_0"
+    assert packed.weights.packing == "Q8_0"
     logits = packed.runner(packed.new_cache(80), GGUF_IDS, every_logits=True)
     best, second = torch.topk(reference, 2).values.unbind(-1)
     clear = best - second > 0.2

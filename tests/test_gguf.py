@@ -560,6 +560,6 @@ def test_types_our_kernels_do_not_read_are_named_by_info_and_run_as_q8_0(tmp_pat
                                "Q3_K (2 matrices) read into Q8_0 blocks")
     exact = llama_chat.load(metadata_path, device="cpu", quantize="none")
     packed = llama_chat.load(metadata_path, device="cpu")
-    assert packed.quantization == "Q8_0"
+    assert packed.weights.packing == "Q8_0"
     reference, logits = exact.logits(IDS), packed.logits(IDS)
     assert (logits - reference).abs().max() < 0.05 * reference.abs().max()

@@ -20,7 +20,8 @@ from llama_chat.cli.options import configure_folders, kernel_options, options_fr
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
 from llama_chat.kernels import native
 from llama_chat.kernels.library_layout import library_layout
-from llama_chat.kernels.quantize import block_mode, describe_packing
+from llama_chat.kernels.quantize import block_mode, block_types
+from llama_chat.kernels.weights_record import WeightsRecord
 from llama_chat.kernels.block_linear import (
     BLOCK_TYPES,
     BlockEmbedding,
@@ -515,8 +516,9 @@ def test_stacked_matrices_of_different_types_each_keep_their_own():
     none widened to Q8_0, and the product that of the dequantised stack."""
     parts = [stored_blocks("Q4_K", 32, 256, 7), stored_blocks("Q4_K", 16, 256, 8), stored_blocks("Q6_K", 16, 256, 9)]
     stacked = StackedRows(parts)
-    assert block_mode(stacked, "auto", None, "wqkv") == "Q4_K+Q4_K+Q6_K"
-    assert describe_packing({"wqkv": "Q4_K+Q4_K+Q6_K", "w2": "Q6_K"}) == "Q4_K and Q6_K"
+    assert block_mode(stacked, "auto", None, "wqkv") == ("Q4_K", "Q4_K", "Q6_K")
+    assert block_types({"wqkv": ("Q4_K", "Q4_K", "Q6_K"), "w2": "Q6_K"}) == ("Q4_K", "Q6_K")
+    assert WeightsRecord(packed=True, block_types=("Q4_K", "Q6_K")).packing == "Q4_K and Q6_K"
     layer = StackedBlockLinear(stacked, native.variant_number(variants()[-1]))
     assert [(part.block_type, part.out_features) for part in layer.parts] == [("Q4_K", 48), ("Q6_K", 16)]
     x = torch.randn(3, 256)
@@ -535,7 +537,7 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
     for variant in variants():
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
         fast = llama_chat.load(path, options_from_environment(), device="cpu")
-        assert fast.quantization == "Q4_1" and f"{variant} kernels" in fast.weights_note
+        assert fast.weights.packing == "Q4_1" and f"{variant} kernels" in fast.weights.note
         assert isinstance(fast.transformer.output, BlockLinear)  # the untied head, as the file holds it
         cache = fast.new_cache(64)
         first = fast.runner(cache, ids[:12])
@@ -569,7 +571,7 @@ def test_a_gguf_files_five_and_eight_bit_matrices_are_held_in_their_own_type(tmp
     for variant in variants():
         monkeypatch.setenv("LLAMA_CHAT_KERNEL_VARIANT", variant)
         fast = llama_chat.load(path, options_from_environment(), device="cpu")
-        assert fast.quantization == qtype.name and f"{variant} kernels" in fast.weights_note
+        assert fast.weights.packing == qtype.name and f"{variant} kernels" in fast.weights.note
         w2 = fast.transformer.layers[1].feed_forward.w2
         assert isinstance(w2, BlockLinear) and held_as_stored(w2, "blk.1.ffn_down.weight")
         table = fast.transformer.tok_embeddings.table

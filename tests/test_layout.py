@@ -146,3 +146,57 @@ def test_import_llama_chat_pulls_in_no_checkpoint_reader_template_engine_or_term
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+BACKEND_MODULES = "kernels/*backend*.py"  # the back-ends and their interface (kernels/backend.py)
+
+
+def backend_classes() -> set[str]:
+    """WeightBackend and every class of the back-end modules derived from it."""
+    bases = {}
+    for path in PACKAGE.glob(BACKEND_MODULES):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {base.id for base in node.bases if isinstance(base, ast.Name)}
+    found = {"WeightBackend"}
+    while more := {name for name, parents in bases.items() if parents & found} - found:
+        found |= more
+    return found
+
+
+def type_tests_of(tree: ast.AST, classes: set[str]) -> list[str]:
+    """Each isinstance or issubclass in `tree` naming one of `classes` (alone or in a tuple)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 2
+                and node.func.id in ("isinstance", "issubclass")):
+            continue
+        second = node.args[1]
+        for candidate in second.elts if isinstance(second, ast.Tuple) else [second]:
+            name = candidate.id if isinstance(candidate, ast.Name) else getattr(candidate, "attr", None)
+            if name in classes:
+                found.append(f"line {node.lineno}: {node.func.id}(..., {name})")
+    return found
+
+
+def test_the_type_test_check_sees_back_end_classes_however_named():
+    classes = backend_classes()
+    assert {"WeightBackend", "PackedBackend", "DenseWeights", "PyTorchKernels", "BlockKernels"} <= classes
+    assert "Source" not in classes  # a class of those modules that is no back-end
+    source = "if isinstance(b, (int, BlockKernels)) or isinstance(b, block_backend.PyTorchKernels): pass\n"
+    assert type_tests_of(ast.parse(source), classes) == [
+        "line 1: isinstance(..., BlockKernels)", "line 1: isinstance(..., PyTorchKernels)"
+    ]
+    assert type_tests_of(ast.parse("isinstance(module, BlockLinear)"), classes) == []
+
+
+def test_only_the_back_end_modules_tell_back_ends_apart_by_type():
+    """The rest of the package (the loader first) calls the back-ends' interface, whichever
+    back-end was chosen."""
+    classes = backend_classes()
+    inside = set(PACKAGE.glob(BACKEND_MODULES))
+    found = [
+        f"{module_name(path)} {use}" for path in sorted(PACKAGE.rglob("*.py")) if path not in inside
+        for use in type_tests_of(ast.parse(path.read_text(encoding="utf-8")), classes)
+    ]
+    assert found == []

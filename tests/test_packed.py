@@ -190,7 +190,7 @@ def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, mat
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", kernel_rows)  # the prompt step dequantises, or not
     model = llama_chat.load(q4_file, options_from_environment(), device="cpu", quantize=quantize, dtype=matmul,
                             kernel_dtype=kernel)
-    assert model.quantization == quantize and model.dtype == torch.float32  # activations and cache
+    assert model.weights.packing == quantize and model.dtype == torch.float32  # activations and cache
     assert model.transformer.layers[0].feed_forward.w13.matmul_dtype == getattr(torch, matmul)
     reference = dense_reference(model).logits(IDS)
     cache = model.new_cache(64)
@@ -207,7 +207,7 @@ def test_every_path_matches_float32_with_the_same_weights(q4_file, quantize, mat
 def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
     model = llama_chat.load(q4_file, options_from_environment(), device="cpu", dtype="bfloat16", kernel_dtype="float32")
     exact = llama_chat.load(q4_file, options_from_environment(), device="cpu", dtype="float32", quantize="none")
-    assert model.quantization == "int4"
+    assert model.weights.packing == "int4"
     wqkv = exact.transformer.layers[0].attention.wqkv.weight
     packed = model.transformer.layers[0].attention.wqkv.dequantize(torch.float32)
     torch.testing.assert_close(packed, wqkv, atol=1e-6, rtol=0)
@@ -342,7 +342,7 @@ def test_a_file_wide_four_bit_hint_never_packs_another_type_to_int4(q4_file, tmp
     replacement = (gguf.quants.quantize(values, QType.Q8_0), QType.Q8_0)
     mixed = copy_gguf(q4_file, tmp_path / "mixed.gguf", {"blk.0.ffn_down.weight": replacement})
     model = llama_chat.load(mixed, options_from_environment(), device="cpu")
-    assert model.quantization == "int4 and int8"
+    assert model.weights.packing == "int4 and int8"
     assert model.transformer.layers[0].feed_forward.w2.mode == "int8"
     assert model.transformer.layers[0].feed_forward.w13.mode == "int4"
     assert model.transformer.layers[1].feed_forward.w2.mode == "int4"

@@ -149,7 +149,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
     with entry.open("r+b") as handle:
         handle.truncate(size // 2)
     model = llama_chat.load(path, options_from_environment(), device="cpu")
-    assert "packed cache rebuilt (" in model.weights_note and "\n" not in model.weights_note
+    assert "packed cache rebuilt (" in model.weights.note and "\n" not in model.weights.note
     assert entry.stat().st_size == size and torch.equal(model.logits([3, 4, 5]), expected)
 
 
@@ -167,7 +167,7 @@ def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_p
 
     edited_entry(entry, relabelled)
     model = llama_chat.load(path, options_from_environment(), device="cpu")
-    assert "packed cache rebuilt (its header is not the one it was written with)" in model.weights_note
+    assert "packed cache rebuilt (its header is not the one it was written with)" in model.weights.note
     assert torch.equal(model.logits([3, 4, 5]), expected)
 
 
@@ -223,7 +223,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_the_model_runs(tmp_path,
     (tmp_cache / "packed").write_text("a file where the folder should be")
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=18), qtype=QType.Q4_0)
     model = llama_chat.load(path, options_from_environment(), device="cpu")
-    assert "packed cache not written (" in model.weights_note and "\n" not in model.weights_note
+    assert "packed cache not written (" in model.weights.note and "\n" not in model.weights.note
     assert torch.isfinite(model.logits([3, 4, 5])).all()
 
 

@@ -282,7 +282,7 @@ def test_load_of_a_real_file_switches_weights_and_keeps_the_conversation(tmp_pat
                         load_model=lambda path: llama_chat.load(path, device="cpu"))
     assert session.model is not model and session.model.name == "tiny.gguf"
     assert session.model_path == str(path) and session.capacity == 128  # the file's context is 128
-    weights = session.model.quantization
+    weights = session.model.weights.packing
     assert weights in ("Q8_0", "int8")  # Q8_0 blocks on llama-chat's kernels, int8 rows on PyTorch's
     assert f"loaded tiny.gguf on cpu, {weights} weights, decode step eager, context 128 tokens" in output
     assert [e.user for e in session.exchanges] == ["one", "two"]

@@ -211,7 +211,7 @@ def test_widths_that_leave_part_blocks_are_refused_for_int4_on_our_kernels(model
         llama_chat.load(model_file, options_from_environment(), device="cpu", quantize="int4", shard=Shard(1, 2))
     assert str(refused.value) == ("layers.0.attention.wo.weight (48 columns) does not split into groups of 32; "
                                   "use --quantize int8")
-    assert llama_chat.load(model_file, options_from_environment(), device="cpu", quantize="int4").quantization == "Q4_1"
+    assert llama_chat.load(model_file, options_from_environment(), device="cpu", quantize="int4").weights.packing == "Q4_1"
 
 
 def test_widths_that_leave_part_blocks_are_refused_for_int4_on_pytorch_kernels(model_file, monkeypatch):

@@ -52,7 +52,7 @@ def identity(model, source: list, system: str | None) -> dict:
     args = model.args
     depends_on = {
         "model file": source,
-        "weights mode": [model.quantization, str(model.dtype).removeprefix("torch."), model.arithmetic],
+        "weights mode": [model.weights.packing, str(model.dtype).removeprefix("torch."), model.weights.arithmetic],
         "chat format": model.chat_format.name,
         "system prompt": system or "",
         "shape": [args.n_layers, args.n_kv_heads, args.head_dim],

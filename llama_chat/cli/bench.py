@@ -164,7 +164,7 @@ def run(model: Llama, prompt_tokens: int, new_tokens: int, repeats: int) -> dict
         cpu=cpu_model_name(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         torch=torch.__version__,
-        quantization=model.quantization,
+        quantization=model.weights.packing,
         threads=torch.get_num_threads(),
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,

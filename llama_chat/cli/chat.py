@@ -235,7 +235,7 @@ def read_files(session: Session, patterns: list[str]) -> PendingFiles:
 def kernels_wanting(model: Llama, kernels: KernelOptions) -> str | None:
     """Why llama-chat's kernels cannot run on this machine (no compiler, a failed build), for
     a model packed for the cpu; None where they run, are off by choice or are being built."""
-    if model.quantization == "none" or model.device.type != "cpu":
+    if not model.weights.packed or model.device.type != "cpu":
         return None
     state = native.status(kernels=kernels)
     return state.detail if state.wanting else None

@@ -4,19 +4,20 @@ modules, native.py the library, cpu_paths.py the choice of its variant)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
 
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.stored import GROUP, StoredMatrix
+from llama_chat.engine.model import Transformer
 from llama_chat.kernels import native
-from llama_chat.kernels.backend import WeightBackend
+from llama_chat.kernels.backend import PackedBackend, Progress, Source
 from llama_chat.kernels.block_linear import BLOCK_TYPES, BlockEmbedding, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.cache_attention import CACHE_DTYPE, use_cache_attention
 from llama_chat.kernels.packed import Int8Table, PackedEmbedding, PackedHead, PackedLinear, Scratch
-from llama_chat.kernels.quantize import MIXED, block_mode, layer_matrix_modes
+from llama_chat.kernels.packed_cache_load import packed_from_cache
+from llama_chat.kernels.quantize import Mode, block_mode, layer_matrix_modes
 
 
 def table_block_type(table: StoredMatrix) -> str | None:
@@ -29,26 +30,34 @@ def table_block_type(table: StoredMatrix) -> str | None:
 
 
 @dataclass(frozen=True)
-class BlockKernels(WeightBackend):
+class BlockKernels(PackedBackend):
     variant: str
     activation_bits: int  # of several tokens' activations: 16 or 8
     reason: str
-
-    keeps_packed_cache: ClassVar[bool] = True
-    # The kernels attend over the cache too, which they read at half width.
-    cache_dtype: ClassVar[torch.dtype | None] = CACHE_DTYPE
 
     @property
     def variant_number(self) -> int:
         return native.variant_number(self.variant)
 
     @staticmethod
-    def plan(checkpoint: Checkpoint, quantize: str) -> dict[str, str]:
-        """A GGUF block type (or several, MIXED) for each matrix (quantize.block_mode)."""
+    def plan(checkpoint: Checkpoint, quantize: str) -> dict[str, Mode]:
+        """A GGUF block type (or one for each stacked part) for each matrix (quantize.block_mode)."""
         return layer_matrix_modes(checkpoint, quantize, block_mode)
 
-    def pack_matrix(self, source: StoredMatrix, mode: str, scratch: Scratch, *, read: bool = True) -> nn.Module:
-        if MIXED in mode:
+    def build(
+        self, checkpoint: Checkpoint, modes: dict[str, Mode], source: Source, progress: Progress
+    ) -> tuple[Transformer, str]:
+        """Mapped from the packed cache (packed into it on a first load), every layer
+        attending over its KV cache with the kernels too."""
+        transformer, note = packed_from_cache(checkpoint, self, modes, source, progress)
+        use_cache_attention(transformer, self.variant_number)
+        return transformer, note
+
+    def kv_cache_dtype(self) -> torch.dtype | None:
+        return CACHE_DTYPE  # the kernels attend over the cache, which they read at half width
+
+    def pack_matrix(self, source: StoredMatrix, mode: Mode, scratch: Scratch, *, read: bool = True) -> nn.Module:
+        if isinstance(mode, tuple):
             return StackedBlockLinear(source, self.variant_number, self.activation_bits, read=read)
         if mode in BLOCK_TYPES:
             return BlockLinear(source, mode, self.variant_number, self.activation_bits, read=read)
@@ -72,6 +81,3 @@ class BlockKernels(WeightBackend):
 
     def arithmetic(self) -> str:
         return f"llama-chat's {self.variant} kernels, {self.activation_bits}-bit prompt steps"
-
-    def prepare(self, transformer: nn.Module) -> None:
-        use_cache_attention(transformer, self.variant_number)

@@ -21,7 +21,7 @@ A short probe times the candidates at the model's own widths, on one thread, and
 result is kept per CPU model, PyTorch version and shape in the cache folder.
 LLAMA_CHAT_DTYPE, LLAMA_CHAT_KERNEL_DTYPE (or --dtype and --kernel-dtype) and
 LLAMA_CHAT_KERNEL_ROWS force them, each arriving as a field of KernelOptions. choose_backend is
-where the back-end is chosen.
+where the back-end is chosen, dense weights among them.
 """
 
 from __future__ import annotations
@@ -41,15 +41,18 @@ from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.disk_cache import entry_path, read_checked, staged
 from llama_chat.engine.config import ModelArgs
-from llama_chat.engine.device import DTYPES, cpu_model_name
+from llama_chat.engine.device import DTYPES, cpu_model_name, resolve_dtype
 from llama_chat.engine.runners import PREFILL_CHUNK
 from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
 from llama_chat.kernels.backend import WeightBackend
 from llama_chat.kernels.block_backend import BlockKernels
 from llama_chat.kernels.block_linear import BlockLinear
+from llama_chat.kernels.dense_backend import DenseWeights
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
-from llama_chat.kernels.pytorch_backend import PyTorchKernels, dtype_name
+from llama_chat.kernels.pytorch_backend import PyTorchKernels
+from llama_chat.kernels.quantize import Mode, packs
+from llama_chat.kernels.weights_record import dtype_name
 from llama_chat.options import KernelOptions
 
 CANDIDATES = (torch.bfloat16, torch.float32)
@@ -274,11 +277,15 @@ def choose_cpu_paths(args: ModelArgs, mode: str, kernels: KernelOptions = Kernel
 
 
 def choose_backend(
-    checkpoint: Checkpoint, quantize: str, kernels: KernelOptions = KernelOptions()
-) -> tuple[WeightBackend, dict[str, str]]:
-    """The back-end a packed model runs on, and its plan for the layers' matrices:
-    llama-chat's kernels where choose_native picks a variant, else PyTorch's, measured for
-    the packing most of the matrices get."""
+    checkpoint: Checkpoint, quantize: str, device: torch.device, dtype: str | None,
+    kernels: KernelOptions = KernelOptions(),
+) -> tuple[WeightBackend, dict[str, Mode]]:
+    """The back-end the model runs on, and its plan for the layers' matrices: dense weights
+    in `dtype` where they are not packed (quantize.packs), else llama-chat's kernels where
+    choose_native picks a variant, else PyTorch's, measured for the packing most of the
+    matrices get."""
+    if not packs(quantize, device, dtype):
+        return DenseWeights(device, resolve_dtype(dtype, device)), {}
     variant, native_reason = choose_native(checkpoint.args, kernels)
     if variant is not None:
         modes = BlockKernels.plan(checkpoint, quantize)

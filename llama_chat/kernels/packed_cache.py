@@ -37,7 +37,7 @@ from llama_chat.kernels.packed_cache_entries import record_use
 # packs anew.
 PACKING_SOURCES = ("kernels/block_linear.py", "kernels/block_backend.py", "kernels/csrc/arrange.cpp",
                    "kernels/csrc/blocks.h", "kernels/csrc/kernels.h", "kernels/packed.py", "kernels/quantize.py",
-                   "loading.py", "checkpoints/stored.py", "checkpoints/gguf_blocks.py")
+                   "kernels/packed_build.py", "checkpoints/stored.py", "checkpoints/gguf_blocks.py")
 SAMPLES = 16
 SAMPLE_BYTES = 1 << 16
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,

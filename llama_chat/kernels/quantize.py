@@ -13,7 +13,9 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.kernels.packed import int4_layout, int8_kernels_available
 
 QUANTIZE_MODES = ("auto", "none", "int8", "int4")  # the choices of --quantize
-MIXED = "+"  # joins the block types of stacked parts held each in its own ("Q4_K+Q4_K+Q6_K")
+# How a matrix is packed: "int4", "int8" or a GGUF block type; stacked parts held each in
+# its own block type, one for each part: ("Q4_K", "Q4_K", "Q6_K").
+Mode = str | tuple[str, ...]
 
 # GGUF types whose values fit int4 groups of 32 exactly, when a converted checkpoint says
 # its float weights came from one of them (it says so for the whole file, so only weights
@@ -21,20 +23,24 @@ MIXED = "+"  # joins the block types of stacked parts held each in its own ("Q4_
 FOUR_BIT_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
 
 
+def refuse_unpackable(quantize: str, device: torch.device) -> None:
+    """Refuse a --quantize that is unknown, or that asks for packing where none runs (the
+    loader asks before it reads anything)."""
+    if quantize not in QUANTIZE_MODES:
+        raise LlamaChatError(f"unknown quantisation {quantize!r}: use auto, none, int8 or int4")
+    if quantize in ("auto", "none"):
+        return
+    if device.type != "cpu":
+        raise LlamaChatError(f"--quantize {quantize} runs on the cpu only; on {device.type} use --quantize none")
+    if not int8_kernels_available():
+        raise LlamaChatError("this PyTorch has no packed weight kernels; use --quantize none")
+
+
 def packs(quantize: str, device: torch.device, dtype: str | None) -> bool:
     """Whether the weights are packed: on the cpu, unless asked not to. `auto` with an explicit
     float32 or float16 asks for the exact, unpacked model."""
-    if quantize not in QUANTIZE_MODES:
-        raise LlamaChatError(f"unknown quantisation {quantize!r}: use auto, none, int8 or int4")
-    if quantize == "none":
-        return False
-    if device.type != "cpu":
-        if quantize != "auto":
-            raise LlamaChatError(f"--quantize {quantize} runs on the cpu only; on {device.type} use --quantize none")
-        return False
-    if not int8_kernels_available():
-        if quantize != "auto":
-            raise LlamaChatError("this PyTorch has no packed weight kernels; use --quantize none")
+    refuse_unpackable(quantize, device)
+    if quantize == "none" or device.type != "cpu" or not int8_kernels_available():
         return False
     name = (dtype or "auto").lower()
     return quantize != "auto" or name == "auto" or DTYPES.get(name) is torch.bfloat16
@@ -61,10 +67,10 @@ def matrix_mode(source: StoredMatrix, quantize: str, source_quantization: str | 
     return "int4" if four_bit and fits_int4(source) else "int8"
 
 
-def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | None, name: str) -> str:
+def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | None, name: str) -> Mode:
     """The GGUF block type llama-chat's kernels hold a matrix in: the file's own where they
     read it (and it fits what was asked; stacked parts of different types each their own,
-    joined by MIXED), else Q4_1 for 4-bit and Q8_0 for 8-bit; "int8" (PyTorch's int8 rows)
+    one for each part), else Q4_1 for 4-bit and Q8_0 for 8-bit; "int8" (PyTorch's int8 rows)
     for widths that are not whole groups of 32."""
     stored = source.block_type
     if source.shape[1] % GROUP:
@@ -76,7 +82,7 @@ def block_mode(source: StoredMatrix, quantize: str, source_quantization: str | N
     if quantize == "int8":
         return "Q8_0"
     if isinstance(source, StackedRows) and stored is None and all(part.block_type for part in source.parts):
-        return MIXED.join(part.block_type for part in source.parts)  # each part as its file holds it
+        return tuple(part.block_type for part in source.parts)  # each part as its file holds it
     return held_as(stored, source.float_storage, source_quantization)
 
 
@@ -90,8 +96,8 @@ def held_as(block_type: str | None, float_storage: bool, source_quantization: st
 
 
 def layer_matrix_modes(
-    checkpoint: Checkpoint, quantize: str, choose: Callable[[StoredMatrix, str, str | None, str], str]
-) -> dict[str, str]:
+    checkpoint: Checkpoint, quantize: str, choose: Callable[[StoredMatrix, str, str | None, str], Mode]
+) -> dict[str, Mode]:
     """How each of the layers' matrices will be packed, by name (nothing is read), as
     `choose` says: matrix_mode for PyTorch's kernels (int4, int8), block_mode for llama-chat's."""
     return {
@@ -101,6 +107,7 @@ def layer_matrix_modes(
     }
 
 
-def describe_packing(modes: dict[str, str]) -> str:
-    """'int4', 'int8', 'Q4_K and Q6_K' and the like, by what the layers' matrices are packed as."""
-    return " and ".join(sorted({kind for mode in modes.values() for kind in mode.split(MIXED)})) or "none"
+def block_types(modes: dict[str, Mode]) -> tuple[str, ...]:
+    """What the layers' matrices are packed as, each kind once, sorted: ("Q4_K", "Q6_K")."""
+    kinds = {kind for mode in modes.values() for kind in ((mode,) if isinstance(mode, str) else mode)}
+    return tuple(sorted(kinds))

@@ -276,8 +276,7 @@ def describe_device(model: Llama) -> str:
 
 def describe_briefly(model: Llama) -> str:
     """Where and how the model runs, in a few words (the reasons are in /device)."""
-    weights = str(model.dtype).removeprefix("torch.") if model.quantization == "none" else model.quantization
-    return f"{model.device}, {weights} weights, decode step {model.runner.status.mode.value}"
+    return f"{model.device}, {model.weights.brief(model.dtype)} weights, decode step {model.runner.status.mode.value}"
 
 
 def describe_memory() -> str:
