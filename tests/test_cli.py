@@ -16,6 +16,7 @@ from llama_chat import SamplingSettings
 from llama_chat.chat.display import visible
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
+from llama_chat.cli.chat import chat_parser, settle_flags
 from llama_chat.cli.load_progress import LoadProgress
 
 from .test_session import chat_model
@@ -93,6 +94,7 @@ def test_raw_is_plain_completion(loads, capsys):
     (["--ctx-size", "0", "-p", "x"], "--ctx-size must be a positive number"),
     (["--raw"], "--raw needs a prompt"),
     (["--lookup", "some", "-p", "x"], "--lookup takes auto or a number of tokens (0: off), not 'some'"),
+    (["--tp", "2", "--device", "cuda", "-p", "x"], "--tp runs on the cpu (gloo), not on cuda"),
 ])
 def test_bad_usage_exits_2_with_one_line_before_loading(loads, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(sys, "stdin", FakeTerminal())
@@ -100,6 +102,15 @@ def test_bad_usage_exits_2_with_one_line_before_loading(loads, capsys, monkeypat
     err = capsys.readouterr().err
     assert err.startswith("llama-chat: ") and message in err and err.count("\n") == 1
     assert loads == []
+
+
+def test_settled_flags_put_tensor_parallelism_on_the_cpu():
+    options = chat_parser().parse_args(["--tp", "2", "-p", "x"])
+    settle_flags(options)
+    assert options.device == "cpu"
+    alone = chat_parser().parse_args(["-p", "x"])
+    settle_flags(alone)
+    assert alone.device == "auto"
 
 
 def test_empty_stdin_is_bad_usage(loads, capsys, monkeypatch):

@@ -9,7 +9,10 @@ from gguf import GGMLQuantizationType as QType
 from transformers import LlamaForCausalLM
 
 import llama_chat
+from llama_chat.checkpoints.hf import args_from_hf_config
+from llama_chat.checkpoints.hf_writer import rope_scaling_config
 from llama_chat.cli import main
+from llama_chat.engine.config import RopeScaling
 
 from .test_gguf import CHAT_TEMPLATE, tiny_hf_model, write_gguf
 from .test_meta_checkpoint import llama2_style, llama3_style
@@ -80,3 +83,18 @@ def test_a_destination_that_cannot_be_made_is_one_line(tmp_path, capsys):
     assert main(["convert", str(source), str(tmp_path / "a-file" / "converted")]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("llama-chat: ") and "a-file" in error
+
+
+@pytest.mark.parametrize("scaling", [
+    RopeScaling(),
+    RopeScaling(kind="linear", factor=2.5),
+    RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.5, high_freq_factor=3.0,
+                original_max_position_embeddings=64),
+    RopeScaling(kind="longrope", short_factors=tuple(1.0 + i / 8 for i in range(8)), long_factors=(2.0,) * 8,
+                original_max_position_embeddings=64, attention_factor=1.25),
+])
+def test_config_json_rope_scaling_reads_back_as_the_same_scaling(scaling):
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "vocab_size": 300, "intermediate_size": 96, "max_position_embeddings": 128,
+              "rope_scaling": rope_scaling_config(scaling)}
+    assert args_from_hf_config(config).rope_scaling == scaling

@@ -670,7 +670,7 @@ def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
 def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_path, monkeypatch):
     """Each matrix of a Q4_1 file is held as the file's bytes (q and k rows reordered for
     the half-split rotary layout, nothing else), read in pieces of at most a chunk."""
-    from llama_chat.checkpoints import gguf as gguf_reader
+    from llama_chat.checkpoints import gguf_tensors as gguf_reader
     from llama_chat.kernels import block_linear
 
     path = write_gguf(tmp_path / "q4_1.gguf", tiny_hf_model(seed=6), qtype=QType.Q4_1)

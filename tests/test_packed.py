@@ -307,7 +307,7 @@ def test_pack_int4_of_row_ranges_joins_to_the_whole():
 
 
 def test_a_load_reads_each_matrix_once_a_bounded_block_of_rows_at_a_time(q4_file, monkeypatch):
-    from llama_chat.checkpoints.gguf import GGUFMatrix
+    from llama_chat.checkpoints.gguf_tensors import GGUFMatrix
     from llama_chat.kernels import packed
 
     monkeypatch.setattr(packed, "CHUNK_WEIGHTS", 4096)

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.hf import hf_names
 from llama_chat.directories import staged_directory
-from llama_chat.engine.config import ModelArgs
+from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.engine.rope import head_feature_order
 
 # The Hugging Face classes of the architectures whose config.json differs from Llama's.
@@ -42,26 +42,30 @@ def gemma_config(args: ModelArgs) -> dict:
     }
 
 
-def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
-    """config.json for these hyper-parameters (a LlamaConfig, or the architecture's own)."""
-    scaling = args.rope_scaling
-    rope_scaling = None
+def rope_scaling_config(scaling: RopeScaling) -> dict | None:
+    """config.json's rope_scaling entry for our rope scaling (None where there is none)."""
     if scaling.kind == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": scaling.factor}
-    elif scaling.kind == "llama3":
-        rope_scaling = {
+        return {"rope_type": "linear", "factor": scaling.factor}
+    if scaling.kind == "llama3":
+        return {
             "rope_type": "llama3",
             "factor": scaling.factor,
             "low_freq_factor": scaling.low_freq_factor,
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         }
-    elif scaling.kind == "longrope":
-        rope_scaling = {
+    if scaling.kind == "longrope":
+        return {
             "rope_type": "longrope", "short_factor": list(scaling.short_factors),
             "long_factor": list(scaling.long_factors), "attention_factor": scaling.attention_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         }
+    return None
+
+
+def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
+    """config.json for these hyper-parameters (a LlamaConfig, or the architecture's own)."""
+    scaling = args.rope_scaling
     multipliers = {"embedding_multiplier": args.embedding_scale, "residual_multiplier": args.residual_scale,
                    "attention_multiplier": args.attention_scale or args.head_dim**-0.5,
                    "logits_scaling": args.logit_scale}
@@ -84,7 +88,7 @@ def hf_config(args: ModelArgs, checkpoint: Checkpoint) -> dict:
         "vocab_size": args.vocab_size,
         "rms_norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta,
-        "rope_scaling": rope_scaling,
+        "rope_scaling": rope_scaling_config(scaling),
         "max_position_embeddings": args.max_seq_len,
         "tie_word_embeddings": args.tie_embeddings,
         "hidden_act": "gelu_pytorch_tanh" if args.gelu_feed_forward else "silu",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -95,9 +96,19 @@ def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleave
     brings each q and k head's features into our rotary layout (engine/rope's
     head_feature_order) from the interleaved one or from a partial rotation; nothing is read yet.
     """
+    rotary = _rotary_reorder(args, interleaved_rotary)
+    state = {"tok_embeddings.weight": take(names.embeddings), "norm.weight": take(names.norm)}
+    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take(names.output)
+    for i in range(args.n_layers):
+        layer = _layer_weights(args, names, lambda template, i=i: take(template.format(i=i)), rotary)
+        state.update({f"layers.{i}.{name}": weight for name, weight in layer.items()})
+    return state
+
+
+def _rotary_reorder(args: ModelArgs, interleaved_rotary: bool) -> Callable[[Weight, int], Weight]:
+    """What brings a q or k weight of so many heads into our rotary layout (nothing, where it is in it)."""
     order = head_feature_order(args.head_dim, args.rotary_dim, interleaved=interleaved_rotary)
     reordered = order != list(range(args.head_dim))
-    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
 
     def rotary(weight: Weight, n_heads: int) -> Weight:
         if not reordered:
@@ -106,40 +117,42 @@ def assemble_state_dict(args: ModelArgs, names: TensorNames, take, *, interleave
             return weight.view(-1, args.head_dim)[:, order].reshape(weight.shape)
         return HeadRows(weight, n_heads, order)
 
-    state = {"tok_embeddings.weight": take(names.embeddings), "norm.weight": take(names.norm)}
-    state["output.weight"] = state["tok_embeddings.weight"] if args.tie_embeddings else take(names.output)
-    for i in range(args.n_layers):
-        def layer(template: str) -> Weight:
-            return take(template.format(i=i))
+    return rotary
 
-        if names.qkv:
-            fused = layer(names.qkv)
-            q, k, v = (RowRange(fused, first, count) for first, count in
-                       ((0, q_rows), (q_rows, kv_rows), (q_rows + kv_rows, kv_rows)))
-        else:
-            q, k, v = layer(names.q), layer(names.k), layer(names.v)
-        ours = f"layers.{i}."
-        # Stacked parts even where the file fuses them: tensor parallelism splits each part.
-        state[ours + "attention.wqkv.weight"] = StackedRows([rotary(q, args.n_heads), rotary(k, args.n_kv_heads), v])
-        state[ours + "attention.wo.weight"] = layer(names.o)
-        if names.gate_up:
-            gate_up = layer(names.gate_up)
-            gate, up = RowRange(gate_up, 0, args.hidden_dim), RowRange(gate_up, args.hidden_dim, args.hidden_dim)
-        else:
-            gate, up = layer(names.gate), layer(names.up)
-        state[ours + "feed_forward.w13.weight"] = StackedRows([gate, up])
-        state[ours + "feed_forward.w2.weight"] = layer(names.down)
-        state[ours + "attention_norm.weight"] = layer(names.attention_norm)
-        state[ours + "ffn_norm.weight"] = layer(names.ffn_norm)
-        if args.qkv_bias:
-            state[ours + "attention.qkv_bias"] = torch.cat([
-                rotary(layer(names.q_bias), args.n_heads), rotary(layer(names.k_bias), args.n_kv_heads),
-                layer(names.v_bias),
-            ])
-        if args.qk_norm:
-            state[ours + "attention.q_norm.weight"] = rotary(layer(names.q_norm), 1)
-            state[ours + "attention.k_norm.weight"] = rotary(layer(names.k_norm), 1)
-        if args.sandwich_norms:
-            state[ours + "post_attention_norm.weight"] = layer(names.post_attention_norm)
-            state[ours + "post_ffn_norm.weight"] = layer(names.post_ffn_norm)
-    return state
+
+def _layer_weights(
+    args: ModelArgs, names: TensorNames, layer: Callable[[str], Weight], rotary: Callable[[Weight, int], Weight]
+) -> dict[str, Weight]:
+    """One layer's weights under our names (less the layers.{i}. prefix); `layer(template)`
+    takes the format's tensor of this layer."""
+    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    if names.qkv:
+        fused = layer(names.qkv)
+        q, k, v = (RowRange(fused, first, count) for first, count in
+                   ((0, q_rows), (q_rows, kv_rows), (q_rows + kv_rows, kv_rows)))
+    else:
+        q, k, v = layer(names.q), layer(names.k), layer(names.v)
+    # Stacked parts even where the file fuses them: tensor parallelism splits each part.
+    weights = {"attention.wqkv.weight": StackedRows([rotary(q, args.n_heads), rotary(k, args.n_kv_heads), v]),
+               "attention.wo.weight": layer(names.o)}
+    if names.gate_up:
+        gate_up = layer(names.gate_up)
+        gate, up = RowRange(gate_up, 0, args.hidden_dim), RowRange(gate_up, args.hidden_dim, args.hidden_dim)
+    else:
+        gate, up = layer(names.gate), layer(names.up)
+    weights["feed_forward.w13.weight"] = StackedRows([gate, up])
+    weights["feed_forward.w2.weight"] = layer(names.down)
+    weights["attention_norm.weight"] = layer(names.attention_norm)
+    weights["ffn_norm.weight"] = layer(names.ffn_norm)
+    if args.qkv_bias:
+        weights["attention.qkv_bias"] = torch.cat([
+            rotary(layer(names.q_bias), args.n_heads), rotary(layer(names.k_bias), args.n_kv_heads),
+            layer(names.v_bias),
+        ])
+    if args.qk_norm:
+        weights["attention.q_norm.weight"] = rotary(layer(names.q_norm), 1)
+        weights["attention.k_norm.weight"] = rotary(layer(names.k_norm), 1)
+    if args.sandwich_norms:
+        weights["post_attention_norm.weight"] = layer(names.post_attention_norm)
+        weights["post_ffn_norm.weight"] = layer(names.post_ffn_norm)
+    return weights

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llama_chat.chat.attachments import PendingFiles, read_into
 from llama_chat.chat.display import stats_line, visible
@@ -21,11 +22,14 @@ from llama_chat.engine.speculation import LOOKUP_AUTO, parse_lookup
 from llama_chat.errors import SettingError, UsageError
 from llama_chat.kernels import native
 from llama_chat.llama import Llama
-from llama_chat.options import KernelOptions
+from llama_chat.options import KernelOptions, LoadOptions
 from llama_chat.parallel.group_runner import run_in_group
 from llama_chat.paths import kept_conversation_path
 from llama_chat.parallel.ranks import shard_from_environment
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
+
+if TYPE_CHECKING:
+    from llama_chat.engine.constraint import Format
 
 COMPILE_CHOICES = ("auto", "wait", "off")
 
@@ -160,14 +164,7 @@ def main(argv: list[str]) -> int:
 
 
 def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    settings_from(options)  # every flag checked before anything loads
-    if options.ctx_size is not None and options.ctx_size <= 0:
-        raise UsageError(f"--ctx-size must be a positive number of tokens, got {options.ctx_size}")
-    if options.tp > 1 and options.device not in ("auto", "cpu"):
-        raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
-    if options.tp > 1 or shard_from_environment() is not None:
-        options.device = "cpu"
-
+    settle_flags(options)
     lookup = parse_lookup(options.lookup)
     answer_format = format_from(options)
     model_options = load_options(options)
@@ -185,32 +182,15 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         try:
             system = None if options.system is None else checked_text(options.system, "--system")
             model = load_model(model_path)
-            reason = kernels_wanting(model, model_options.kernels)
-            if reason:
-                print(f"llama-chat: PyTorch's kernels run: {reason}", file=sys.stderr)
-            if model_options.chat_format is None and model.chat_format.name == "plain":
-                print(f"llama-chat: {model.name} has no chat template (a base model?): replies continue the text "
-                      "as plain completion; --chat-format names a format for turns", file=sys.stderr)
+            warn_about_model(model, model_options)
             session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
                               model_path=model_path)
-            # Flags first, then what the model file recommends, then llama-chat's defaults.
-            session.apply_settings(model.sampling_defaults, "model file")
-            session.apply_settings(given_settings(argv), "command line")
-            session.speculation.lookup = lookup
-            session.format = answer_format
+            configure_session(session, argv, lookup, answer_format)
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
             open_conversation(session, options, argv)
             files = read_files(session, options.file or [])
-            if prompt is not None:
-                code = answer_once(session, files.message(prompt), options.stats, options.think == "show")
-            else:
-                from llama_chat.repl.app import ConversationKeeper, run_repl
-                from llama_chat.repl.render import Renderer
-
-                renderer = Renderer(show_thinking=options.think == "show")
-                code = run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
-                                keeper=ConversationKeeper(kept_conversation_path()), files=files)
+            code = converse(session, prompt, files, options, load_model, load_draft)
             if options.save:
                 session.save(options.save)
             return code
@@ -220,6 +200,51 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     return run_in_group(options.tp, argv, lambda shard: OptionsLoader(model_options, shard), chat,
                         group_timeout())
+
+
+def settle_flags(options: argparse.Namespace) -> None:
+    """Refuse flags that cannot work together before anything loads; tensor parallelism
+    (--tp, or a rank's environment) runs on the cpu."""
+    settings_from(options)
+    if options.ctx_size is not None and options.ctx_size <= 0:
+        raise UsageError(f"--ctx-size must be a positive number of tokens, got {options.ctx_size}")
+    if options.tp > 1 and options.device not in ("auto", "cpu"):
+        raise UsageError(f"--tp runs on the cpu (gloo), not on {options.device}")
+    if options.tp > 1 or shard_from_environment() is not None:
+        options.device = "cpu"
+
+
+def warn_about_model(model: Llama, model_options: LoadOptions) -> None:
+    """One line on stderr each where the loaded model will not run as the user may expect:
+    PyTorch's kernels instead of llama-chat's, or plain completion for want of a chat template."""
+    reason = kernels_wanting(model, model_options.kernels)
+    if reason:
+        print(f"llama-chat: PyTorch's kernels run: {reason}", file=sys.stderr)
+    if model_options.chat_format is None and model.chat_format.name == "plain":
+        print(f"llama-chat: {model.name} has no chat template (a base model?): replies continue the text "
+              "as plain completion; --chat-format names a format for turns", file=sys.stderr)
+
+
+def configure_session(session: Session, argv: Sequence[str], lookup: str | int, answer_format: Format | None) -> None:
+    """The sampling settings, prompt lookup and answer format the session starts with."""
+    # Flags first, then what the model file recommends, then llama-chat's defaults.
+    session.apply_settings(session.model.sampling_defaults, "model file")
+    session.apply_settings(given_settings(argv), "command line")
+    session.speculation.lookup = lookup
+    session.format = answer_format
+
+
+def converse(session: Session, prompt: str | None, files: PendingFiles, options: argparse.Namespace,
+             load_model: CompilingLoader, load_draft: CompilingLoader) -> int:
+    """Answer the one prompt, or, without one, run the chat in the terminal; the exit code."""
+    if prompt is not None:
+        return answer_once(session, files.message(prompt), options.stats, options.think == "show")
+    from llama_chat.repl.app import ConversationKeeper, run_repl
+    from llama_chat.repl.render import Renderer
+
+    renderer = Renderer(show_thinking=options.think == "show")
+    return run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
+                    keeper=ConversationKeeper(kept_conversation_path()), files=files)
 
 
 def read_files(session: Session, patterns: list[str]) -> PendingFiles:
