@@ -173,7 +173,7 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
 
 def packed_from_cache(
     checkpoint: Checkpoint, source: Path, backend: WeightBackend, modes: dict[str, str], shard: Shard | None,
-    progress: Progress, bound_gb: str | None = None,
+    progress: Progress, bound_gb: float | None = None,
 ) -> tuple[Transformer, str]:
     """The packed Transformer for llama-chat's kernels, mapped from the packed cache when
     entries for this source and packing are there, else packed from the source straight
@@ -248,7 +248,7 @@ def mapped_entries(entries: Iterable[Path]) -> dict[str, torch.Tensor]:
 
 def packed_transformer(
     checkpoint: Checkpoint, source: Path, backend: WeightBackend, modes: dict[str, str], shard: Shard | None,
-    progress: Progress, bound_gb: str | None = None,
+    progress: Progress, bound_gb: float | None = None,
 ) -> tuple[Transformer, str]:
     """The Transformer packed by `backend`: through the packed cache (pruned to bound_gb)
     where the back-end keeps its packing there, else in memory; and packed_from_cache's note."""
