@@ -29,7 +29,8 @@ from .test_session import GREEDY, assert_consistent, chat_model, say
 # A prompt that repeats itself, so that prompt lookup finds matches.
 PHRASE = [(i * 7) % 50 + 3 for i in range(40)]
 PROMPT = PHRASE * 2
-FORCED_LOOKUP = [Speculation(lookup=DraftLength(4)), Speculation(lookup=DraftLength(8)), Speculation(lookup=DraftLength())]
+FORCED_LOOKUP = [Speculation(lookup=DraftLength(4)), Speculation(lookup=DraftLength(8)),
+                 Speculation(lookup=DraftLength())]
 
 
 def reply(model, settings, speculation=None, prompt=PROMPT, cache=None):

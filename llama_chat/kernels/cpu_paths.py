@@ -203,7 +203,8 @@ def choose_native(args: ModelArgs, kernels: KernelOptions = KernelOptions()) -> 
     if not state.loaded:
         # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
         if family is KernelFamily.OURS or (forced is not None and family is KernelFamily.AUTO):
-            asked = "LLAMA_CHAT_KERNELS=ours" if family is KernelFamily.OURS else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
+            asked = ("LLAMA_CHAT_KERNELS=ours" if family is KernelFamily.OURS
+                     else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}")
             raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
     # The names are the loaded library's: without it there are none to check against.
