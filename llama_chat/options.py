@@ -1,44 +1,65 @@
-"""The settings a load and llama-chat's kernels take, made once where a program starts and
-passed down; no module below reads them from the environment.
+"""The settings a load, llama-chat's kernels and a chat's drafting take, made once where a
+program starts and passed down, typed: no module below reads them from the environment or
+checks their text.
 
-`cli/options.py` builds them from the command line's flags and the LLAMA_CHAT_* variables
-(`from_environment` below names each variable beside its field). Every default means
-auto (chosen or measured on this machine), so a library caller, `llama_chat.load(path)`,
-needs none. Values are kept as given (strings); the module that uses one checks it and
-names the variable or flag in its error.
+`cli/options.py` builds them from the command line's flags, and `environment.py` from the
+LLAMA_CHAT_* variables (each field below names its own). Every default means auto (chosen
+or measured on this machine), so a library caller, `llama_chat.load(path)`, needs none.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
+
+from llama_chat.errors import DeviceError, UsageError
+
+# The dtypes a model may be asked for, by the names a user may give them.
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+# Those the packed cpu path multiplies in.
+PACKED_DTYPES = {name: dtype for name, dtype in DTYPES.items() if dtype in (torch.bfloat16, torch.float32)}
+
+
+class KernelFamily(enum.Enum):
+    """Whose kernels a packed model runs on."""
+
+    AUTO = "auto"  # measured: llama-chat's where they are built and faster here
+    OURS = "ours"
+    ATEN = "aten"  # PyTorch's
+
+
+def packed_dtype(name: str | None, source: str) -> torch.dtype | None:
+    """The packed dtype `name` names (None: auto); a name of none is one line naming `source`."""
+    text = (name or "auto").lower()
+    if text == "auto":
+        return None
+    if text not in PACKED_DTYPES:
+        raise DeviceError(f"{source}={name!r}: use auto, bfloat16 or float32")
+    return PACKED_DTYPES[text]
 
 
 @dataclass(frozen=True)
 class KernelOptions:
     """How a model packed for the cpu multiplies: which kernels, in which dtypes."""
 
-    family: str = "auto"  # LLAMA_CHAT_KERNELS: auto (measured), ours or aten
+    family: KernelFamily = KernelFamily.AUTO  # LLAMA_CHAT_KERNELS
     variant: str | None = None  # LLAMA_CHAT_KERNEL_VARIANT: one of ours, forced (set, even empty, it forces)
-    activation_bits: str = "16"  # LLAMA_CHAT_ACTIVATION_BITS: several tokens' activations in ours, 16 or 8
-    matmul_dtype: str | None = None  # --dtype or LLAMA_CHAT_DTYPE: prompt steps' products on PyTorch's kernels
-    kernel_dtype: str | None = None  # --kernel-dtype or LLAMA_CHAT_KERNEL_DTYPE: what PyTorch's kernels take
-    kernel_rows: str | None = None  # LLAMA_CHAT_KERNEL_ROWS: steps up to this many tokens on PyTorch's kernels
-    packed_cache_gb: str | None = None  # LLAMA_CHAT_PACKED_CACHE_GB: the packed cache's bound (20 GB)
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> KernelOptions:
-        return cls(
-            family=environ.get("LLAMA_CHAT_KERNELS", "auto").lower(),
-            variant=environ.get("LLAMA_CHAT_KERNEL_VARIANT"),
-            activation_bits=environ.get("LLAMA_CHAT_ACTIVATION_BITS", "16"),
-            matmul_dtype=environ.get("LLAMA_CHAT_DTYPE"),
-            kernel_dtype=environ.get("LLAMA_CHAT_KERNEL_DTYPE"),
-            kernel_rows=environ.get("LLAMA_CHAT_KERNEL_ROWS"),
-            packed_cache_gb=environ.get("LLAMA_CHAT_PACKED_CACHE_GB"),
-        )
+    activation_bits: int = 16  # LLAMA_CHAT_ACTIVATION_BITS: several tokens' activations in ours, 16 or 8
+    matmul_dtype: torch.dtype | None = None  # --dtype or LLAMA_CHAT_DTYPE: prompt steps' products on PyTorch's kernels
+    kernel_dtype: torch.dtype | None = None  # --kernel-dtype or LLAMA_CHAT_KERNEL_DTYPE: what PyTorch's kernels take
+    kernel_rows: int | None = None  # LLAMA_CHAT_KERNEL_ROWS: steps up to this many tokens on PyTorch's kernels
+    packed_cache_gb: float | None = None  # LLAMA_CHAT_PACKED_CACHE_GB: the packed cache's bound (20 GB)
 
 
 @dataclass(frozen=True)
@@ -54,15 +75,22 @@ class LoadOptions:
 
     def packed_kernels(self) -> KernelOptions:
         """The kernel settings of a packed model: a dtype named for the model is what its
-        prompt steps multiply in."""
+        prompt steps multiply in (cpu_paths refuses one PyTorch's packed kernels do not run)."""
         if self.dtype in (None, "auto"):
             return self.kernels
-        return dataclasses.replace(self.kernels, matmul_dtype=self.dtype)
+        name = self.dtype.lower()
+        if name not in DTYPES:
+            raise DeviceError(f"unknown dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
+        return dataclasses.replace(self.kernels, matmul_dtype=DTYPES[name])
 
-    def replaced(self, **settings: str | None) -> LoadOptions:
-        """These options with some fields changed, a kernel setting (kernel_dtype=...) among them."""
+    def replaced(self, **settings: object) -> LoadOptions:
+        """These options with some fields changed, a kernel setting (kernel_dtype=...) among
+        them; a library caller may name a kernel dtype as text."""
         kernel_fields = {f.name for f in dataclasses.fields(KernelOptions)}
         kernels = {name: value for name, value in settings.items() if name in kernel_fields}
+        for name in ("matmul_dtype", "kernel_dtype"):
+            if isinstance(kernels.get(name), str):
+                kernels[name] = packed_dtype(kernels[name], name)
         rest = {name: value for name, value in settings.items() if name not in kernel_fields}
         return dataclasses.replace(self, kernels=dataclasses.replace(self.kernels, **kernels), **rest)
 
@@ -76,14 +104,34 @@ class Folders:
     weights: Path | None = None  # LLAMA_CHAT_WEIGHTS: the default model's folder
     kernels: Path | None = None  # LLAMA_CHAT_KERNELS_DIR: built kernels (default: kernels/ in the cache)
 
+
+@dataclass(frozen=True)
+class DraftLength:
+    """How many tokens a drafter (prompt lookup, a draft model) proposes before a verify
+    step: at most `most`, 0 for none, or None for auto (as many as measure faster here)."""
+
+    most: int | None = None
+
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> Folders:
-        cache = environ.get("LLAMA_CHAT_CACHE") or None
-        weights = environ.get("LLAMA_CHAT_WEIGHTS") or None
-        kernels = environ.get("LLAMA_CHAT_KERNELS_DIR") or None
-        return cls(
-            cache=Path(cache) if cache not in (None, "off") else None,
-            cache_off=cache == "off",
-            weights=Path(weights) if weights else None,
-            kernels=Path(kernels).expanduser() if kernels else None,
-        )
+    def parse(cls, text: str, flag: str = "--lookup") -> DraftLength:
+        """`flag`'s value: auto, or a whole number of tokens (0: off)."""
+        if text == "auto":
+            return cls()
+        try:
+            tokens = int(text)
+        except ValueError:
+            tokens = -1
+        if tokens < 0:
+            raise UsageError(f"{flag} takes auto or a number of tokens (0: off), not {text!r}")
+        return cls(tokens)
+
+    @property
+    def automatic(self) -> bool:
+        return self.most is None
+
+    @property
+    def off(self) -> bool:
+        return self.most == 0
+
+    def __str__(self) -> str:
+        return "auto" if self.most is None else str(self.most)

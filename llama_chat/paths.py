@@ -1,7 +1,7 @@
 """Where llama-chat keeps things on disk: weights, cached measurements and packages, history.
 
 Each folder follows the XDG base directories unless the program that started names
-another (`configure`, from the command line's LLAMA_CHAT_* variables).
+another (`configure`, from the LLAMA_CHAT_* variables, which environment.py reads).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from llama_chat import environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.options import Folders
 
@@ -26,8 +27,7 @@ def configure(folders: Folders) -> Folders:
 
 def user_directory(variable: str, default: str) -> Path:
     """llama-chat's folder under an XDG base directory: $variable, else ~/default."""
-    # The platform's own variables for where a user's folders are, read as Path.home() reads HOME.
-    return Path(os.environ.get(variable) or Path.home() / default) / "llama-chat"
+    return Path(environment.user_base(variable) or Path.home() / default) / "llama-chat"
 
 
 def weights_dir() -> Path:

@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.cli.options import configure_folders, group_timeout, options_from_environment
-from llama_chat.parallel.group_runner import ParallelLoader
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.environment import group_timeout
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load
+from llama_chat.parallel.group_runner import ParallelLoader
 from llama_chat.parallel.ranks import Peers, follow, join
 from llama_chat.parallel.sharding import Shard
 

@@ -42,9 +42,10 @@ def loads(monkeypatch):
 
 def as_keywords(options, **keywords) -> dict:
     """A load's options as the keywords llama_chat.load takes for them, with the others it was given."""
+    kernel_dtype = options.kernels.kernel_dtype
     return {"device": options.device, "dtype": options.dtype, "chat_format": options.chat_format,
-            "quantize": options.quantize, "kernel_dtype": options.kernels.kernel_dtype, "kv_dtype": options.kv_dtype,
-            **keywords}
+            "quantize": options.quantize, "kernel_dtype": str(kernel_dtype or "auto").removeprefix("torch."),
+            "kv_dtype": options.kv_dtype, **keywords}
 
 
 def greedy_reply(text, **settings):

@@ -15,6 +15,7 @@ from llama_chat.default_model import download_default_model
 from llama_chat.engine.constraint import Format, FormatError, engine_tokenizer
 from llama_chat.engine.sampling import Sampler
 from llama_chat.engine.speculation import Speculation
+from llama_chat.options import DraftLength
 
 from .conftest import tiny_args
 from .test_repl import chat
@@ -102,7 +103,7 @@ def greedy_reply(model, prompt, speculation):
 
 def test_greedy_replies_are_the_same_with_prompt_lookup_under_a_format(model):
     plain, _ = greedy_reply(model, PHRASE * 2, None)
-    drafted, _ = greedy_reply(model, PHRASE * 2, Speculation(lookup=4))
+    drafted, _ = greedy_reply(model, PHRASE * 2, Speculation(lookup=DraftLength(4)))
     assert drafted.tokens == plain.tokens and len(plain.tokens) >= 20
     assert re.fullmatch(MOST_BYTES, bytes(plain.tokens).decode())
     assert 0 < drafted.stats.accepted_tokens < drafted.stats.drafted_tokens  # kept, and refused by the model
@@ -110,7 +111,7 @@ def test_greedy_replies_are_the_same_with_prompt_lookup_under_a_format(model):
     # of them are refused by the format before the model sees them.
     prompt = PHRASE * 2 + [t for i, token in enumerate(plain.tokens) for t in ([token, 10] if i % 3 == 0 else [token])]
     plain, _ = greedy_reply(model, prompt, None)
-    drafted, checks = greedy_reply(model, prompt, Speculation(lookup=4))
+    drafted, checks = greedy_reply(model, prompt, Speculation(lookup=DraftLength(4)))
     assert drafted.tokens == plain.tokens
     assert any(allowed < count for count, allowed in checks)
     assert drafted.stats.accepted_tokens > 0

@@ -33,6 +33,7 @@ from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import LlamaChatError
 from llama_chat.model_info import model_info
+from llama_chat.options import DraftLength
 from llama_chat.parallel.sharding import Shard, is_sharded, shard_state
 from llama_chat.text.gguf_tokenizer import pre_tokenizer_for
 
@@ -227,7 +228,7 @@ def assert_drafts_keep_the_greedy_reply(model, prompt: list[int], max_tokens: in
     """Prompt-lookup drafts (some drafted) leave the greedy reply as it is without them."""
     greedy = SamplingSettings(temperature=0, max_tokens=max_tokens)
     replies = []
-    for speculation in (None, Speculation(lookup=4)):
+    for speculation in (None, Speculation(lookup=DraftLength(4))):
         generation = model.generate(prompt, greedy, stop_ids=(), speculation=speculation)
         list(generation)
         replies.append(generation)

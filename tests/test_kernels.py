@@ -16,12 +16,11 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
+from llama_chat import environment
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
+from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.environment import kernel_options
 from llama_chat.kernels import native
-from llama_chat.kernels.library_layout import library_layout
-from llama_chat.kernels.quantize import block_mode, block_types
-from llama_chat.kernels.weights_record import WeightsRecord
 from llama_chat.kernels.block_linear import (
     BLOCK_TYPES,
     BlockEmbedding,
@@ -32,6 +31,9 @@ from llama_chat.kernels.block_linear import (
     q8_0_blocks,
     untile_rows,
 )
+from llama_chat.kernels.library_layout import library_layout
+from llama_chat.kernels.quantize import block_mode, block_types
+from llama_chat.kernels.weights_record import WeightsRecord
 
 from .block_layout_reference import (
     BLOCK_SIZES,
@@ -607,13 +609,13 @@ def test_a_chat_without_a_compiler_answers_on_pytorch_kernels_with_one_line(tmp_
     nothing built: it answers, on PyTorch's kernels, and one line says why."""
     path = write_gguf(tmp_path / "q4_1.gguf", tiny_hf_model(seed=5), qtype=QType.Q4_1)
     (tmp_path / "no-programs").mkdir()
-    environment = {**os.environ, "PATH": str(tmp_path / "no-programs"), "LLAMA_CHAT_CACHE": str(tmp_path / "cache"),
-                   "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "kernels")}
-    for inherited in ("CXX", "LLAMA_CHAT_KERNELS", native.LOADED_LIBRARY):
-        environment.pop(inherited, None)
+    variables = {**os.environ, "PATH": str(tmp_path / "no-programs"), "LLAMA_CHAT_CACHE": str(tmp_path / "cache"),
+                 "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "kernels")}
+    for inherited in ("CXX", "LLAMA_CHAT_KERNELS", environment.LOADED_LIBRARY):
+        variables.pop(inherited, None)
     command = [sys.executable, "-m", "llama_chat", "--model", str(path), "-p", "hi", "--max-tokens", "4",
                "--temperature", "0"]  # greedy: a sampled end-of-turn token would leave no reply to see
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()  # the reply
     assert result.stderr.splitlines() == [
@@ -654,11 +656,11 @@ def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
     shutil.copytree(build, tmp_path / build.name)
     library = native.library_file(tmp_path / build.name)
     library.write_bytes(library.read_bytes()[:4096])
-    environment = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path)}
-    environment.pop(native.LOADED_LIBRARY, None)
+    variables = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path)}
+    variables.pop(environment.LOADED_LIBRARY, None)
     script = ("from llama_chat.cli.options import configure_folders; from llama_chat.kernels import native; "
               "configure_folders(); s = native.status(wait=True); print(s.loaded, s.detail)")
-    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"True {library.name} was not the file its build wrote, and was removed; built again; " \
@@ -696,14 +698,14 @@ def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
     """The decode step's compiler unpickles the model in a child process: it loads the file
     its parent loaded, even with no build of the sources on disk for its own key."""
     assert native.load_built()
-    environment = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path / "nothing-built")}
+    child = environment.child_environment(LLAMA_CHAT_KERNELS_DIR=str(tmp_path / "nothing-built"))
     imports = ("from llama_chat.cli.options import configure_folders; from llama_chat.kernels import native; "
                "import torch; configure_folders()")
     code = f"{imports}; print(native.load_built(), torch.ops.llama_chat.supported_variants() > 0)"
-    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-500:]
     assert result.stdout.split() == ["True", "True"]
-    del environment[native.LOADED_LIBRARY]
-    alone = subprocess.run([sys.executable, "-c", f"{imports}; print(native.load_built())"], env=environment,
+    del child[environment.LOADED_LIBRARY]
+    alone = subprocess.run([sys.executable, "-c", f"{imports}; print(native.load_built())"], env=child,
                            capture_output=True, text=True, check=True)
     assert alone.stdout.split() == ["False"]

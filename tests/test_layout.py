@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llama_chat"
 
 # Floors in the order data flows through them; a module may import its own floor and lower ones.
 FLOORS = [
-    {"errors", "options", "paths", "disk_cache", "directories", "process_memory"},
+    {"errors", "options", "environment", "paths", "disk_cache", "directories", "process_memory"},
     {"text"},
     {"engine"},
     {"checkpoints"},
@@ -200,3 +200,59 @@ def test_only_the_back_end_modules_tell_back_ends_apart_by_type():
         for use in type_tests_of(ast.parse(path.read_text(encoding="utf-8")), classes)
     ]
     assert found == []
+
+
+ENVIRONMENT_MODULE = "llama_chat.environment"  # the one module that reads LLAMA_CHAT_* variables
+
+
+def environment_reads(tree: ast.AST) -> set[str]:
+    """The LLAMA_CHAT_* variables a module reads: `os.environ[NAME]`, `X.environ.get(NAME)`,
+    `os.getenv(NAME)`, and `environ.get(NAME)` or `environ[NAME]` on a mapping called environ,
+    NAME being the variable's name or a module-level constant holding it."""
+    constants = {
+        target.id: node.value.value
+        for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+    }
+
+    def named(node: ast.AST | None) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        return constants.get(node.id) if isinstance(node, ast.Name) else None
+
+    def is_environ(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+            isinstance(node, ast.Name) and node.id in ("environ", "environment"))
+
+    reads = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_environ(node.value):
+            reads.add(named(node.slice))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            function = node.func
+            if (function.attr in ("get", "pop", "setdefault") and is_environ(function.value)) or (
+                function.attr == "getenv" and isinstance(function.value, ast.Name) and function.value.id == "os"
+            ):
+                reads.add(named(node.args[0]))
+    return {name for name in reads if name and name.startswith("LLAMA_CHAT_")}
+
+
+def test_the_environment_reads_are_found_however_written():
+    source = (
+        "import os\nLIBRARY = 'LLAMA_CHAT_KERNELS_LIBRARY'\n"
+        "def f(environ):\n"
+        "    return (os.environ.get('LLAMA_CHAT_A'), os.environ['LLAMA_CHAT_B'], os.getenv(LIBRARY),\n"
+        "            environ.get('LLAMA_CHAT_C', '1'), os.environ.get('HOME'), 'LLAMA_CHAT_D=off: a message')\n"
+    )
+    assert environment_reads(ast.parse(source)) == {"LLAMA_CHAT_A", "LLAMA_CHAT_B", "LLAMA_CHAT_KERNELS_LIBRARY",
+                                                     "LLAMA_CHAT_C"}
+
+
+def test_only_the_environment_module_reads_llama_chat_variables():
+    sources = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    readers = {
+        name: sorted(environment_reads(ast.parse(path.read_text(encoding="utf-8"))))
+        for name, path in sources.items()
+    }
+    assert readers[ENVIRONMENT_MODULE]  # the reads are seen where they are
+    assert {name: reads for name, reads in readers.items() if reads and name != ENVIRONMENT_MODULE} == {}

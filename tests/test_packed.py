@@ -16,9 +16,10 @@ import llama_chat
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf_blocks import int4_groups
 from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
+from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.engine.model import Transformer
+from llama_chat.environment import kernel_options
 from llama_chat.errors import LlamaChatError
-from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
 from llama_chat.kernels.cpu_paths import choose_cpu_paths
 from llama_chat.kernels.packed import (
     GROUP,
@@ -29,6 +30,7 @@ from llama_chat.kernels.packed import (
     int8_rows,
     pack_int4,
 )
+from llama_chat.kernels.probe_times import Timing
 
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
@@ -228,7 +230,7 @@ def test_forced_paths_skip_the_probe_and_say_so(monkeypatch):
     assert (paths.matmul_dtype, paths.kernel_dtype, paths.kernel_rows) == (torch.float32, torch.bfloat16, 7)
     assert "forced" in paths.describe()
     with pytest.raises(LlamaChatError, match="float16"):
-        choose_cpu_paths(tiny_args_for_probe(), "int4", replace(kernel_options(), matmul_dtype="float16"))
+        choose_cpu_paths(tiny_args_for_probe(), "int4", replace(kernel_options(), matmul_dtype=torch.float16))
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "0")
     with pytest.raises(LlamaChatError, match="LLAMA_CHAT_KERNEL_ROWS"):
         choose_cpu_paths(tiny_args_for_probe(), "int4", kernel_options())
@@ -250,13 +252,14 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
     def fake_dtypes(args, mode):
         calls.append(mode)
         # Per call: a 64-row prompt step, and one row through the packed kernel.
-        return {"prompt steps bfloat16": 3.0, "prompt steps float32": 1.0,
-                "kernels bfloat16": 0.1, "kernels float32": 0.9}
+        return {Timing("prompt steps", 64, torch.bfloat16): 3.0, Timing("prompt steps", 64, torch.float32): 1.0,
+                Timing("kernels", 1, torch.bfloat16): 0.1, Timing("kernels", 1, torch.float32): 0.9}
 
     def fake_rows(args, mode, compute, kernel):
         calls.append((compute, kernel))
         # kernel: 0.1 s a row; dequantise and multiply: 2.0 s and 0.02 s a row.
-        return {"kernel 16": 1.6, "kernel 256": 25.6, "dequantise 16": 2.32, "dequantise 256": 7.12}
+        return {Timing("kernel", 16): 1.6, Timing("kernel", 256): 25.6, Timing("dequantise", 16): 2.32,
+                Timing("dequantise", 256): 7.12}
 
     monkeypatch.setattr(cpu_paths, "measure_dtypes", fake_dtypes)
     monkeypatch.setattr(cpu_paths, "measure_rows", fake_rows)
@@ -277,14 +280,40 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
     assert [path.name for path in tmp_path.iterdir()] == ["cpu-paths.json"]  # nothing half-written left
 
 
+def test_probe_times_are_kept_as_readable_records_and_old_entries_measured_again(monkeypatch, tmp_path):
+    from llama_chat.kernels import probe_times
+    from llama_chat.kernels.probe_times import Probe, remembered
+
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
+    configure_folders()
+    probe = Probe("rows", "int4", (64, 192), ("float32", "bfloat16"))
+    times = {Timing("kernel", 16): 1.5, Timing("prompt steps", 64, torch.bfloat16): 0.25}
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return times
+
+    table = tmp_path / probe_times.PROBE_FILE
+    table.write_text(json.dumps({probe.label(): {"kernel 16": 1.5, "prompt steps bfloat16": 0.25}}))  # the old form
+    assert remembered(probe, measure, frozenset(times)) == times and len(calls) == 1
+    assert json.loads(table.read_text()) == {probe.label(): [
+        {"path": "kernel", "rows": 16, "seconds": 1.5},
+        {"path": "prompt steps", "rows": 64, "seconds": 0.25, "dtype": "bfloat16"},
+    ]}
+    assert remembered(probe, measure, frozenset(times)) == times and len(calls) == 1  # read back, typed
+
+
 def test_real_probe_times_every_candidate():
     from llama_chat.kernels.cpu_paths import measure_dtypes, measure_rows
 
     mode = "int4" if int4_layout() else "int8"
     times = measure_dtypes(tiny_args_for_probe(), mode)
     times.update(measure_rows(tiny_args_for_probe(), mode, torch.float32, torch.bfloat16))
-    assert set(times) == {"prompt steps bfloat16", "prompt steps float32", "kernels bfloat16", "kernels float32",
-                          "kernel 16", "kernel 256", "dequantise 16", "dequantise 256"}
+    assert set(times) == {Timing("prompt steps", 64, torch.bfloat16), Timing("prompt steps", 64, torch.float32),
+                          Timing("kernels", 1, torch.bfloat16), Timing("kernels", 1, torch.float32),
+                          Timing("kernel", 16), Timing("kernel", 256), Timing("dequantise", 16),
+                          Timing("dequantise", 256)}
     assert all(0 < t < 1 for t in times.values())
 
 

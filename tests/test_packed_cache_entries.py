@@ -12,10 +12,11 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.cli import main
-from llama_chat.cli.options import configure_folders, kernel_options, options_from_environment
+from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.environment import PACKED_CACHE_GB, kernel_options
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import packed_cache
-from llama_chat.kernels.packed_cache_entries import BOUND_VARIABLE, bound_bytes, entries, make_room
+from llama_chat.kernels.packed_cache_entries import bound_bytes, entries, make_room
 
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_packed_cache import write_entry
@@ -46,7 +47,7 @@ def entry_used(folder, name: str, megabytes: int, hours_ago: float):
 
 
 def test_the_least_recently_used_entries_go_first_until_the_new_one_fits(folder, monkeypatch):
-    monkeypatch.setenv(BOUND_VARIABLE, "0.010")  # 10 MB
+    monkeypatch.setenv(PACKED_CACHE_GB, "0.010")  # 10 MB
     oldest = entry_used(folder, "oldest", 3, hours_ago=30)
     in_use = entry_used(folder, "in-use", 3, hours_ago=20)  # the load under way maps it: kept
     older = entry_used(folder, "older", 3, hours_ago=10)
@@ -58,7 +59,7 @@ def test_the_least_recently_used_entries_go_first_until_the_new_one_fits(folder,
 
 
 def test_entries_in_use_are_kept_even_past_the_bound(folder, monkeypatch):
-    monkeypatch.setenv(BOUND_VARIABLE, "0")
+    monkeypatch.setenv(PACKED_CACHE_GB, "0")
     kept = entry_used(folder, "big", 2, hours_ago=5)
     other = entry_used(folder, "other", 1, hours_ago=1)
     assert [entry.path for entry in make_room(folder, MB, keep={kept}, bound_gb=configured_bound())] == [other]
@@ -66,7 +67,7 @@ def test_entries_in_use_are_kept_even_past_the_bound(folder, monkeypatch):
 
 
 def test_unfinished_writes_are_removed_only_when_a_day_old(folder, monkeypatch):
-    monkeypatch.setenv(BOUND_VARIABLE, "20")
+    monkeypatch.setenv(PACKED_CACHE_GB, "20")
     folder.mkdir(parents=True)
     stale, fresh = folder / ".a.safetensors.x1.partial", folder / ".b.safetensors.x2.partial"
     for path, hours in ((stale, 25), (fresh, 1)):
@@ -79,16 +80,16 @@ def test_unfinished_writes_are_removed_only_when_a_day_old(folder, monkeypatch):
 def test_the_bound_is_the_setting_or_half_the_room_the_cache_could_have(folder, monkeypatch):
     folder.mkdir(parents=True)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, 100 * 10**9))
-    monkeypatch.delenv(BOUND_VARIABLE, raising=False)
+    monkeypatch.delenv(PACKED_CACHE_GB, raising=False)
     assert bound_bytes(folder, held=0, configured_gb=configured_bound()) == 20 * 10**9  # the default: 20 GB
-    monkeypatch.setenv(BOUND_VARIABLE, "2.5")
+    monkeypatch.setenv(PACKED_CACHE_GB, "2.5")
     assert bound_bytes(folder, held=0, configured_gb=configured_bound()) == 2.5 * 10**9
-    monkeypatch.setenv(BOUND_VARIABLE, "500")
+    monkeypatch.setenv(PACKED_CACHE_GB, "500")
     # half of 100 GB free and the 10 held
     assert bound_bytes(folder, held=10 * 10**9, configured_gb=configured_bound()) == 55 * 10**9
     for bad in ("lots", "-1", "inf", "nan"):
-        monkeypatch.setenv(BOUND_VARIABLE, bad)
-        with pytest.raises(LlamaChatError, match=f"{BOUND_VARIABLE}='{bad}'"):
+        monkeypatch.setenv(PACKED_CACHE_GB, bad)
+        with pytest.raises(LlamaChatError, match=f"{PACKED_CACHE_GB}='{bad}'"):
             bound_bytes(folder, held=0, configured_gb=configured_bound())
 
 
@@ -100,7 +101,7 @@ def test_mapping_an_entry_records_its_use(folder):
 
 @pytest.mark.needs_kernels
 def test_a_first_load_makes_room_by_last_use_and_names_its_model_file(tmp_path, folder, monkeypatch, capsys):
-    monkeypatch.setenv(BOUND_VARIABLE, "0.001")  # 1 MB: the stale entry and the new one do not fit
+    monkeypatch.setenv(PACKED_CACHE_GB, "0.001")  # 1 MB: the stale entry and the new one do not fit
     stale = entry_used(folder, "stale", 2, hours_ago=3)
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=30), qtype=QType.Q4_0)
     llama_chat.load(path, options_from_environment(), device="cpu")
@@ -111,7 +112,7 @@ def test_a_first_load_makes_room_by_last_use_and_names_its_model_file(tmp_path, 
 
 
 def test_the_cache_command_lists_every_entry_and_survives_bad_ones(folder, monkeypatch, capsys):
-    monkeypatch.setenv(BOUND_VARIABLE, "20")
+    monkeypatch.setenv(PACKED_CACHE_GB, "20")
     entry_used(folder, "unnamed", 1, hours_ago=1)  # written without the model file's name
     with packed_cache.writing(folder / "named.safetensors", {"w": torch.zeros(2 * MB, dtype=torch.uint8)},
                               "llama\x1b[31m.gguf"):

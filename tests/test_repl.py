@@ -20,6 +20,7 @@ from llama_chat.default_model import download_default_model
 from llama_chat.engine.generation import GenerationStats, Piece
 from llama_chat.engine.runners import Wrapper
 from llama_chat.errors import LlamaChatError
+from llama_chat.options import DraftLength
 from llama_chat.repl.app import ChatCompleter, history_path, run_repl, toolbar
 from llama_chat.repl.render import Renderer
 
@@ -123,7 +124,7 @@ def test_speculation_is_set_from_the_chat():
     assert "drafting with tiny draft" in output and "draft = " in output and "draft.gguf" in output
     assert "(the draft model drafts instead)" in output
     assert "draft model off; prompt lookup: up to 5 tokens" in output and "prompt lookup: off" in output
-    assert session.speculation.draft is None and session.speculation.lookup == 0
+    assert session.speculation.draft is None and session.speculation.lookup == DraftLength(0)
     assert session.exchanges and session.exchanges[0].reply
 
 
@@ -182,7 +183,7 @@ def test_ctrl_d_at_an_empty_prompt_leaves_with_code_0():
 def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     model = chat_model()
     session = Session(model, SamplingSettings(temperature=0, max_tokens=10))
-    session.speculation.lookup = 0  # a step per token
+    session.speculation.lookup = DraftLength(0)  # a step per token
 
     class UntilCtrlC(Wrapper):
         """Ctrl-C lands while the model computes: here, in the fourth call (the prefill, then

@@ -18,9 +18,9 @@ from llama_chat.engine.speculation import (
     PromptLookup,
     Speculation,
     accept,
-    parse_lookup,
 )
 from llama_chat.errors import UsageError
+from llama_chat.options import DraftLength
 from llama_chat.text.tokenizer import ByteTokenizer
 
 from .conftest import tiny_args
@@ -29,7 +29,8 @@ from .test_session import GREEDY, assert_consistent, chat_model, say
 # A prompt that repeats itself, so that prompt lookup finds matches.
 PHRASE = [(i * 7) % 50 + 3 for i in range(40)]
 PROMPT = PHRASE * 2
-FORCED_LOOKUP = [Speculation(lookup=4), Speculation(lookup=8), Speculation(lookup="auto")]
+FORCED_LOOKUP = [Speculation(lookup=DraftLength(4)), Speculation(lookup=DraftLength(8)),
+                 Speculation(lookup=DraftLength())]
 
 
 def reply(model, settings, speculation=None, prompt=PROMPT, cache=None):
@@ -52,12 +53,12 @@ def test_greedy_replies_are_the_same_with_prompt_lookup(echo_model, speculation)
     drafted = reply(echo_model, settings, speculation)
     assert drafted.tokens == plain.tokens and len(plain.tokens) == 40
     stats = drafted.stats
-    if speculation.lookup != "auto":  # auto drafts only where this machine's timings say it pays
+    if not speculation.lookup.automatic:  # auto drafts only where this machine's timings say it pays
         assert 0 < stats.accepted_tokens < stats.drafted_tokens  # some kept, some refused and rolled back
 
 
 def test_lookup_zero_drafts_nothing(echo_model):
-    drafted = reply(echo_model, SamplingSettings(temperature=0, max_tokens=30), Speculation(lookup=0))
+    drafted = reply(echo_model, SamplingSettings(temperature=0, max_tokens=30), Speculation(lookup=DraftLength(0)))
     assert drafted.stats.drafted_tokens == 0
 
 
@@ -74,7 +75,7 @@ def test_a_draft_model_gives_the_same_greedy_reply(echo_model):
     plain = reply(echo_model, settings)
     for draft_seed in (0, 1):  # itself (every draft kept), and another model (most refused)
         draft = DraftModel(Llama.random(tiny_args(), seed=draft_seed))
-        drafted = reply(echo_model, settings, Speculation(draft=draft, draft_length=4))
+        drafted = reply(echo_model, settings, Speculation(draft=draft, draft_length=DraftLength(4)))
         assert drafted.tokens == plain.tokens
         assert drafted.stats.drafted_tokens > 0
         if draft_seed == 0:
@@ -90,7 +91,7 @@ def test_the_cache_after_refused_drafts_is_the_one_without_speculation(echo_mode
     settings = SamplingSettings(temperature=0, max_tokens=40)
     plain_cache, drafted_cache = echo_model.new_cache(128), echo_model.new_cache(128)
     plain = reply(echo_model, settings, cache=plain_cache)
-    drafted = reply(echo_model, settings, Speculation(lookup=8), cache=drafted_cache)
+    drafted = reply(echo_model, settings, Speculation(lookup=DraftLength(8)), cache=drafted_cache)
     assert drafted.stats.accepted_tokens < drafted.stats.drafted_tokens
     assert drafted_cache.tokens == plain_cache.tokens == PROMPT + plain.tokens[:-1]
     # The rolled-back positions were written again: the next step agrees with a fresh pass.
@@ -103,10 +104,10 @@ def test_drafts_stop_at_the_context_and_max_tokens(echo_model):
     """A verify step never runs past the context: the reply ends at the same token."""
     settings = SamplingSettings(temperature=0, max_tokens=200)
     plain = reply(echo_model, settings, cache=echo_model.new_cache(120))
-    drafted = reply(echo_model, settings, Speculation(lookup=8), cache=echo_model.new_cache(120))
+    drafted = reply(echo_model, settings, Speculation(lookup=DraftLength(8)), cache=echo_model.new_cache(120))
     assert plain.stats.stop_reason == drafted.stats.stop_reason == "context_full"
     assert drafted.tokens == plain.tokens and drafted.stats.drafted_tokens > 0
-    exact = reply(echo_model, SamplingSettings(temperature=0, max_tokens=7), Speculation(lookup=8))
+    exact = reply(echo_model, SamplingSettings(temperature=0, max_tokens=7), Speculation(lookup=DraftLength(8)))
     assert len(exact.tokens) == 7 and exact.tokens == plain.tokens[:7]
 
 
@@ -114,7 +115,7 @@ def test_retry_undo_and_a_full_context_keep_the_session_consistent():
     model = chat_model(max_seq_len=160)
     settings = SamplingSettings(temperature=0, max_tokens=40)
     plain, drafted = Session(model, settings), Session(model, settings)
-    drafted.speculation.lookup = 6
+    drafted.speculation.lookup = DraftLength(6)
     texts = ["abcabcabcabc abcabc", "abc abc abc abc", "xyzxyz xyzxyz xyz"]
     for text in texts:  # the third overflows the context: the oldest exchange is dropped
         assert say(plain, text).text == say(drafted, text).text
@@ -188,13 +189,6 @@ def test_auto_stops_drafting_when_rounds_with_drafts_cost_more_a_token():
     assert planner.length() == 8
 
 
-def test_lookup_values():
-    assert parse_lookup("auto") == "auto" and parse_lookup("0") == 0 and parse_lookup("5") == 5
-    for bad in ("-1", "many", ""):
-        with pytest.raises(UsageError, match="--lookup takes auto or a number of tokens"):
-            parse_lookup(bad)
-
-
 def chi_square_p_value(counts: dict, expected: dict, samples: int) -> float:
     """The chance of a fit at least this bad if counts were drawn from `expected` (chances
     by outcome); outcomes expected fewer than 5 times are pooled into one cell."""
@@ -243,7 +237,7 @@ def test_sampled_replies_keep_their_distribution():
     draft_replies = exact_reply_distribution(draft_model, prompt, SAMPLED)
     overlap = sum(min(p, draft_replies.get(key, 0.0)) for key, p in expected.items())
     assert overlap < 0.8, overlap
-    speculation = Speculation(draft=DraftModel(draft_model), draft_length=2)
+    speculation = Speculation(draft=DraftModel(draft_model), draft_length=DraftLength(2))
     samples, counts = 1500, {}
     drafted = accepted = 0
     cache = model.new_cache(64)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
+import torch
+
 from llama_chat.kernels.quantize import QUANTIZE_MODES
+from llama_chat.options import PACKED_DTYPES, packed_dtype
 
 
 def positive_int(text: str) -> int:
@@ -30,6 +33,13 @@ def finite_float(text: str) -> float:
     return value
 
 
+def kernel_dtype(text: str) -> torch.dtype | None:
+    """argparse type: a dtype the packed kernels take, or None for auto (measured)."""
+    if text.lower() not in ("auto", *PACKED_DTYPES):
+        raise argparse.ArgumentTypeError(f"{text!r}: use auto, bfloat16 or float32")
+    return packed_dtype(text, "--kernel-dtype")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that say which model runs and how it is loaded: one declaration, for the
     chat and `bench` alike (cli/options.py makes the load options of them)."""
@@ -43,7 +53,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--quantize", default="auto", choices=QUANTIZE_MODES,
                        help="pack weights for the cpu; auto: int4 where the file stores 4-bit groups, int8 "
                        "otherwise, none with --dtype float32 or off the cpu (default: auto)")
-    model.add_argument("--kernel-dtype", default="auto",
+    model.add_argument("--kernel-dtype", default=None, type=kernel_dtype,
                        help="bfloat16 or float32 for the packed single-token kernels (default: auto, "
                        "measured on this CPU)")
     model.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),

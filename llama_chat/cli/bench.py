@@ -12,12 +12,13 @@ import torch
 
 from llama_chat.cli.arguments import add_model_arguments, positive_int
 from llama_chat.cli.loaders import OptionsLoader
-from llama_chat.cli.options import draft_options, group_timeout, load_options
+from llama_chat.cli.options import draft_options, load_options
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
+from llama_chat.environment import group_timeout
 from llama_chat.errors import UsageError
 from llama_chat.kernels import native
 from llama_chat.kernels.machine_limits import (
@@ -29,7 +30,7 @@ from llama_chat.kernels.machine_limits import (
 )
 from llama_chat.llama import Llama
 from llama_chat.loading import model_memory_bytes
-from llama_chat.options import LoadOptions
+from llama_chat.options import DraftLength, LoadOptions
 from llama_chat.parallel.group_runner import GroupRunner, run_in_group
 from llama_chat.process_memory import memory_now_mb, memory_report, peak_memory_mb
 
@@ -100,7 +101,7 @@ def measure_speculation(model: Llama, text: str, new_tokens: int, repeats: int, 
     same as without speculation."""
     prompt = model.chat_format.encode([{"role": "user", "content": text}])
     settings = SamplingSettings(temperature=0, max_tokens=new_tokens)
-    ways = {"without": Speculation(lookup=0), "lookup": Speculation()}
+    ways = {"without": Speculation(lookup=DraftLength(0)), "lookup": Speculation()}
     if draft is not None:
         ways["draft"] = Speculation(draft=DraftModel(draft))
     runs: dict[str, list] = {name: [] for name in ways}

@@ -7,9 +7,9 @@ import argparse
 import time
 
 from llama_chat.chat.display import visible
-from llama_chat.cli.options import kernel_options
+from llama_chat.environment import PACKED_CACHE_GB, kernel_options
 from llama_chat.kernels import packed_cache
-from llama_chat.kernels.packed_cache_entries import BOUND_VARIABLE, bound_bytes, entries
+from llama_chat.kernels.packed_cache_entries import bound_bytes, entries
 from llama_chat.paths import cache_root
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     held = sum(entry.size for entry in found)
     bound = bound_bytes(folder, held, kernel_options().packed_cache_gb)
     print(f"packed weights in {folder}: {gigabytes(held)} of at most {gigabytes(bound)} "
-          f"(the least recently used go first; {BOUND_VARIABLE} sets the bound)")
+          f"(the least recently used go first; {PACKED_CACHE_GB} sets the bound)")
     if found:
         print(f"{'last used':17}  {'size':>9}  model file")
     for entry in reversed(found):  # the most recently used first

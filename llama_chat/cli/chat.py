@@ -14,18 +14,18 @@ from llama_chat.chat.session import Session
 from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
 from llama_chat.cli.arguments import add_model_arguments, finite_float
 from llama_chat.cli.loaders import CompilingLoader, OptionsLoader
-from llama_chat.cli.options import draft_options, group_timeout, load_options
+from llama_chat.cli.options import draft_options, load_options
 from llama_chat.cli.subcommands import SUBCOMMANDS
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
-from llama_chat.engine.speculation import LOOKUP_AUTO, parse_lookup
+from llama_chat.environment import group_timeout
 from llama_chat.errors import SettingError, UsageError
 from llama_chat.kernels import native
 from llama_chat.llama import Llama
-from llama_chat.options import KernelOptions, LoadOptions
+from llama_chat.options import DraftLength, KernelOptions, LoadOptions
 from llama_chat.parallel.group_runner import run_in_group
-from llama_chat.paths import kept_conversation_path
 from llama_chat.parallel.ranks import shard_from_environment
+from llama_chat.paths import kept_conversation_path
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def chat_parser() -> argparse.ArgumentParser:
                         help="write the conversation and its cache to FILE after the reply (with -p) or at exit")
     parser.add_argument("--resume", action="store_true",
                         help="continue the chat's last conversation (kept after every input)")
-    parser.add_argument("--lookup", default=LOOKUP_AUTO, metavar="N|auto",
+    parser.add_argument("--lookup", default="auto", metavar="N|auto",
                         help="speculative decoding by prompt lookup: draft up to N tokens from the conversation "
                         "(0: off; default auto: where it measures faster)")
     parser.add_argument("--draft", metavar="MODEL",
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
 
 def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settle_flags(options)
-    lookup = parse_lookup(options.lookup)
+    lookup = DraftLength.parse(options.lookup)
     answer_format = format_from(options)
     model_options = load_options(options)
     if options.raw:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from torch import nn
 
 from llama_chat.engine.cache import TRIM_MARGIN, layer_sources
 from llama_chat.engine.device import cpu_model_name
+from llama_chat.environment import child_environment
 from llama_chat.errors import first_line
 from llama_chat.disk_cache import cache_key, entry_path, read_checked, remove, staged
 
@@ -281,7 +281,7 @@ class BackgroundBuild:
             command = [sys.executable, "-m", "llama_chat.engine.compiled", str(structure), dtype_name,
                        str(self.destination), str(torch.get_num_threads())]
             # One thread: the chat keeps the other cores while this compiles.
-            environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+            environment = child_environment(OMP_NUM_THREADS="1")
             with open(Path(workdir) / "log.txt", "w+b") as log:
                 self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
                 code = self.process.wait()

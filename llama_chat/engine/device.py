@@ -7,15 +7,7 @@ import platform
 import torch
 
 from llama_chat.errors import DeviceError
-
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+from llama_chat.options import DTYPES
 
 
 def mps_available() -> bool:

@@ -30,8 +30,8 @@ import torch
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import Sampler
 from llama_chat.errors import UsageError
+from llama_chat.options import DraftLength
 
-LOOKUP_AUTO = "auto"
 MOST_DRAFTED = 8  # tokens drafted at most by default: a verify step of 9
 NGRAM_SIZES = (3, 2)  # the tail lengths prompt lookup matches, longest first
 GAIN_MARGIN = 1.1  # drafting must promise this much more speed than single steps
@@ -42,19 +42,6 @@ ACCEPTANCE_WINDOW = 24  # drafts and refusals that acceptance is estimated over,
 RATE_MEMORY = 0.95  # the weight of earlier rounds in the seconds a token, per round
 MIN_RATE_TOKENS = 8  # tokens each kind of round must have given before their rates are compared
 RETRY_AFTER = 32  # after this many decisions in a row to draft nothing, one draft is tried
-
-
-def parse_lookup(value: str) -> str | int:
-    """--lookup's value: "auto", or a whole number of tokens (0: off)."""
-    if value == LOOKUP_AUTO:
-        return value
-    try:
-        tokens = int(value)
-    except ValueError:
-        tokens = -1
-    if tokens < 0:
-        raise UsageError(f"--lookup takes auto or a number of tokens (0: off), not {value!r}")
-    return tokens
 
 
 @dataclass
@@ -258,18 +245,17 @@ class DraftPlanner:
 @dataclass
 class Speculation:
     """How a reply drafts: with a draft model when there is one, else by prompt lookup.
-    `lookup` and `draft_length` say how many tokens each drafts: "auto", at most N, or 0
-    for none."""
+    `lookup` and `draft_length` say how many tokens each drafts."""
 
-    lookup: str | int = LOOKUP_AUTO
+    lookup: DraftLength = field(default_factory=DraftLength)
     draft: DraftModel | None = None
-    draft_length: str | int = LOOKUP_AUTO
+    draft_length: DraftLength = field(default_factory=DraftLength)
     acceptance: Acceptance = field(default_factory=Acceptance)  # over the conversation's replies
 
     def planner(self, runner) -> DraftPlanner | None:
         """A planner for one reply, None when nothing is drafted."""
         length = self.lookup if self.draft is None else self.draft_length
-        if length == 0:
+        if length.off:
             return None
-        automatic = length == LOOKUP_AUTO
-        return DraftPlanner(MOST_DRAFTED if automatic else int(length), automatic, runner, self.acceptance)
+        most = MOST_DRAFTED if length.automatic else length.most
+        return DraftPlanner(most, length.automatic, runner, self.acceptance)

@@ -47,7 +47,7 @@ class Source:
 
     path: Path  # the model file or folder
     shard: Shard | None = None  # this tensor-parallel rank's share, if any
-    cache_bound_gb: str | None = None  # what the packed cache is pruned to (LLAMA_CHAT_PACKED_CACHE_GB)
+    cache_bound_gb: float | None = None  # what the packed cache is pruned to (LLAMA_CHAT_PACKED_CACHE_GB)
 
 
 class WeightBackend(ABC):

@@ -28,20 +28,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.stored import TensorMatrix
-from llama_chat.disk_cache import entry_path, read_checked, staged
 from llama_chat.engine.config import ModelArgs
-from llama_chat.engine.device import DTYPES, cpu_model_name, resolve_dtype
+from llama_chat.engine.device import resolve_dtype
 from llama_chat.engine.runners import PREFILL_CHUNK
 from llama_chat.errors import DeviceError
 from llama_chat.kernels import native
@@ -50,10 +46,11 @@ from llama_chat.kernels.block_backend import BlockKernels
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.dense_backend import DenseWeights
 from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
+from llama_chat.kernels.probe_times import Probe, Timing, remembered
 from llama_chat.kernels.pytorch_backend import PyTorchKernels
 from llama_chat.kernels.quantize import Mode, packs
 from llama_chat.kernels.weights_record import dtype_name
-from llama_chat.options import KernelOptions
+from llama_chat.options import KernelFamily, KernelOptions
 
 CANDIDATES = (torch.bfloat16, torch.float32)
 PROBE_ROWS = 64  # prompt-step rows the matmul dtype is timed at
@@ -61,23 +58,21 @@ PROBE_MAX_OUT = 4096  # output rows timed, at most: the ratio, not the whole lay
 STEP_ROWS = (16, 256)  # a chat turn's step and a long prompt's, timed on both paths
 
 
-# The names measure_dtypes and measure_rows time under; a cached entry must have them all.
-DTYPE_TIMES = frozenset(f"{kind} {dtype_name(d)}" for kind in ("prompt steps", "kernels") for d in CANDIDATES)
-ROW_TIMES = frozenset(f"{kind} {rows}" for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
+# What measure_dtypes and measure_rows time; a kept entry must have them all.
+DTYPE_TIMES = frozenset(Timing(kind, rows, d) for kind, rows in (("prompt steps", PROBE_ROWS), ("kernels", 1))
+                        for d in CANDIDATES)
+ROW_TIMES = frozenset(Timing(kind, rows) for kind in ("kernel", "dequantise") for rows in STEP_ROWS)
 
 
-def forced_dtype(value: str | None, what: str) -> torch.dtype | None:
-    """A dtype named on the command line or in the environment; None for auto."""
-    name = (value or "auto").lower()
-    if name == "auto":
-        return None
-    dtype = DTYPES.get(name)
-    if dtype not in CANDIDATES:
-        raise DeviceError(f"{what} {value!r} is not one the packed cpu path runs: use auto, bfloat16 or float32")
+def forced_dtype(dtype: torch.dtype | None, what: str) -> torch.dtype | None:
+    """A dtype the options force (None: auto), one PyTorch's packed kernels run."""
+    if dtype is not None and dtype not in CANDIDATES:
+        raise DeviceError(f"{what} {dtype_name(dtype)} is not one the packed cpu path runs: use auto, bfloat16 "
+                          "or float32")
     return dtype
 
 
-def fastest_of(calls: dict[str, Callable[[], object]], budget: float = 0.4) -> dict[str, float]:
+def fastest_of(calls: dict[Timing, Callable[[], object]], budget: float = 0.4) -> dict[Timing, float]:
     """Each call's fastest time, taking turns between them after a warm-up of each, for
     about `budget` seconds in all: a busy moment on the machine then slows every
     candidate alike, and the fastest of several runs is the one it left alone."""
@@ -95,7 +90,7 @@ def fastest_of(calls: dict[str, Callable[[], object]], budget: float = 0.4) -> d
     return best
 
 
-def one_thread(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+def one_thread(measure: Callable[[], dict[Timing, float]]) -> dict[Timing, float]:
     """Times taken on one thread: what separates the candidates is how each core computes
     them, and a single thread does not wait on a second one the machine is busy elsewhere with."""
     threads = torch.get_num_threads()
@@ -106,16 +101,21 @@ def one_thread(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
         torch.set_num_threads(threads)
 
 
+def probe_widths(args: ModelArgs) -> tuple[int, int]:
+    """The probe layer's input and output widths: the model's, the outputs capped."""
+    return args.dim, min(2 * args.hidden_dim, PROBE_MAX_OUT)
+
+
 def probe_layer(
     args: ModelArgs, mode: str, kernel_dtype: torch.dtype, matmul_dtype: torch.dtype = torch.float32
 ) -> PackedLinear:
     """A packed layer of random weights at the model's feed-forward widths."""
-    out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
+    in_features, out_features = probe_widths(args)
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
     return PackedLinear(TensorMatrix.of(weight), mode, Scratch(), kernel_dtype, matmul_dtype=matmul_dtype)
 
 
-def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
+def measure_dtypes(args: ModelArgs, mode: str) -> dict[Timing, float]:
     """Seconds per call of a prompt step's matrix product and of a packed single-token
     kernel, in each candidate dtype."""
     calls = {}
@@ -123,12 +123,12 @@ def measure_dtypes(args: ModelArgs, mode: str) -> dict[str, float]:
         layer = probe_layer(args, mode, dtype)
         rows = torch.randn(PROBE_ROWS, args.dim).to(dtype)
         dense = layer.dequantize(dtype).clone()
-        calls[f"prompt steps {dtype_name(dtype)}"] = lambda rows=rows, dense=dense: rows @ dense.t()
-        calls[f"kernels {dtype_name(dtype)}"] = lambda layer=layer, one=rows[:1].clone(): layer(one)
+        calls[Timing("prompt steps", PROBE_ROWS, dtype)] = lambda rows=rows, dense=dense: rows @ dense.t()
+        calls[Timing("kernels", 1, dtype)] = lambda layer=layer, one=rows[:1].clone(): layer(one)
     return one_thread(lambda: fastest_of(calls))
 
 
-def measure_rows(args: ModelArgs, mode: str, matmul: torch.dtype, kernel: torch.dtype) -> dict[str, float]:
+def measure_rows(args: ModelArgs, mode: str, matmul: torch.dtype, kernel: torch.dtype) -> dict[Timing, float]:
     """Seconds for a short and a long step through the packed kernel, and through
     dequantising and multiplying."""
     layer = probe_layer(args, mode, kernel, matmul)
@@ -140,19 +140,19 @@ def measure_rows(args: ModelArgs, mode: str, matmul: torch.dtype, kernel: torch.
     calls = {}
     for count in STEP_ROWS:
         rows = torch.randn(count, args.dim)
-        calls[f"kernel {count}"] = lambda rows=rows: forward(rows, PREFILL_CHUNK)
-        calls[f"dequantise {count}"] = lambda rows=rows: forward(rows, 0)
+        calls[Timing("kernel", count)] = lambda rows=rows: forward(rows, PREFILL_CHUNK)
+        calls[Timing("dequantise", count)] = lambda rows=rows: forward(rows, 0)
     return one_thread(lambda: fastest_of(calls))
 
 
-def kernel_rows(row_times: dict[str, float]) -> int:
+def kernel_rows(row_times: dict[Timing, float]) -> int:
     """The most rows a step may have for the packed kernel to beat dequantising and
     multiplying, from straight lines through each one's times at the two step sizes."""
     short, long = STEP_ROWS
 
     def line(kind: str) -> tuple[float, float]:
-        slope = (row_times[f"{kind} {long}"] - row_times[f"{kind} {short}"]) / (long - short)
-        return row_times[f"{kind} {short}"] - slope * short, slope
+        slope = (row_times[Timing(kind, long)] - row_times[Timing(kind, short)]) / (long - short)
+        return row_times[Timing(kind, short)] - slope * short, slope
 
     kernel_start, kernel_slope = line("kernel")
     dense_start, dense_slope = line("dequantise")
@@ -162,8 +162,8 @@ def kernel_rows(row_times: dict[str, float]) -> int:
     return int(min(PREFILL_CHUNK, max(1, round(crossing, 6))))
 
 
-def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
-    first, second = (times[f"{kind} {dtype_name(d)}"] for d in CANDIDATES)
+def _faster(times: dict[Timing, float], kind: str, rows: int) -> tuple[torch.dtype, str]:
+    first, second = (times[Timing(kind, rows, d)] for d in CANDIDATES)
     winner, loser = CANDIDATES if first <= second else reversed(CANDIDATES)
     ratio = max(first, second) / max(min(first, second), 1e-12)
     return winner, f"{kind} {ratio:.1f}x faster in {dtype_name(winner)} than {dtype_name(loser)}"
@@ -174,10 +174,10 @@ def _faster(times: dict[str, float], kind: str) -> tuple[torch.dtype, str]:
 VARIANT_TIMES_ROWS = (1, 16, 256)
 
 
-def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
+def measure_native(args: ModelArgs, variants: list[str]) -> dict[Timing, float]:
     """Seconds for each step of VARIANT_TIMES_ROWS tokens through each variant of ours (4-bit
     blocks), and through PyTorch's int4 kernel (each dtype; the steps dequantise)."""
-    out_features, in_features = min(2 * args.hidden_dim, PROBE_MAX_OUT), args.dim
+    in_features, out_features = probe_widths(args)
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
     inputs = {rows: torch.randn(rows, in_features) for rows in VARIANT_TIMES_ROWS}
     blocks = BlockLinear(TensorMatrix.of(weight), "Q4_1", native.variant_number(variants[0]))
@@ -186,30 +186,29 @@ def measure_native(args: ModelArgs, variants: list[str]) -> dict[str, float]:
         layer = copy.copy(blocks)  # the same blocks, through another variant
         layer.variant = native.variant_number(variant)
         for rows, x in inputs.items():
-            calls[f"{variant} {rows}"] = lambda layer=layer, x=x: layer(x)
+            calls[Timing(variant, rows)] = lambda layer=layer, x=x: layer(x)
     mode = "int4" if in_features % 32 == 0 and int4_layout() is not None else "int8"
     for dtype in CANDIDATES:
         aten = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), dtype, matmul_dtype=dtype)
         for rows, x in inputs.items():
-            calls[f"aten {dtype_name(dtype)} {rows}"] = lambda aten=aten, x=x: aten(x)
+            calls[Timing("aten", rows, dtype)] = lambda aten=aten, x=x: aten(x)
     times = one_thread(lambda: fastest_of(calls))
     for rows in VARIANT_TIMES_ROWS:  # PyTorch's path in its faster dtype for each step
-        times[f"aten {rows}"] = min(times.pop(f"aten {dtype_name(d)} {rows}") for d in CANDIDATES)
+        times[Timing("aten", rows)] = min(times.pop(Timing("aten", rows, d)) for d in CANDIDATES)
     return times
 
 
 def choose_native(args: ModelArgs, kernels: KernelOptions = KernelOptions()) -> tuple[str | None, str]:
     """The variant of llama-chat's kernels to run, or None for PyTorch's, and why."""
     family = kernels.family
-    if family not in ("auto", "ours", "aten"):
-        raise DeviceError(f"LLAMA_CHAT_KERNELS={family!r}: use auto, ours or aten")
     # Set, even empty, it forces: a name that is none is refused, not taken for auto.
     forced = kernels.variant
     state = native.status(kernels=kernels)
     if not state.loaded:
         # A forced variant asks for our kernels as LLAMA_CHAT_KERNELS=ours does (aten, asked for, wins).
-        if family == "ours" or (forced is not None and family == "auto"):
-            asked = "LLAMA_CHAT_KERNELS=ours" if family == "ours" else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}"
+        if family is KernelFamily.OURS or (forced is not None and family is KernelFamily.AUTO):
+            asked = ("LLAMA_CHAT_KERNELS=ours" if family is KernelFamily.OURS
+                     else f"LLAMA_CHAT_KERNEL_VARIANT={forced!r}")
             raise DeviceError(f"{asked}, but llama-chat's kernels are not in use: {state.detail}")
         return None, f"llama-chat's kernels: {state.detail}"
     # The names are the loaded library's: without it there are none to check against.
@@ -224,31 +223,28 @@ def choose_native(args: ModelArgs, kernels: KernelOptions = KernelOptions()) -> 
         variants = [forced]
     elif len(variants) > 1:
         variants = variants[1:]  # the portable code is timed only where it is all there is (seconds a step)
-    names = frozenset({f"{v} {rows}" for v in ["aten", *variants] for rows in VARIANT_TIMES_ROWS})
-    shape = f"{args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
-    times = remembered(f"native {native.build_key()} {' '.join(variants)} {shape}",
-                       lambda: measure_native(args, variants), names)
+    timed = frozenset(Timing(v, rows) for v in ["aten", *variants] for rows in VARIANT_TIMES_ROWS)
+    probe = Probe("native", native.build_key(), probe_widths(args), tuple(variants))
+    times = remembered(probe, lambda: measure_native(args, variants), timed)
 
-    def cost(family: str) -> float:  # each step by its time a token, weighed alike
-        return sum(times[f"{family} {rows}"] / rows for rows in VARIANT_TIMES_ROWS)
+    def cost(path: str) -> float:  # each step by its time a token, weighed alike
+        return sum(times[Timing(path, rows)] / rows for rows in VARIANT_TIMES_ROWS)
 
     best = min(variants, key=cost)
-    single, step, prompt = (times[f"aten {rows}"] / max(times[f"{best} {rows}"], 1e-12)
+    single, step, prompt = (times[Timing("aten", rows)] / max(times[Timing(best, rows)], 1e-12)
                             for rows in VARIANT_TIMES_ROWS)
     how = "forced" if forced is not None else "measured fastest here"
     speeds = (f"a single token {single:.1f}x, a 16-token step {step:.1f}x and a 256-token prompt chunk {prompt:.1f}x "
               "PyTorch's kernels")
-    if family == "ours" or cost(best) <= cost("aten"):
+    if family is KernelFamily.OURS or cost(best) <= cost("aten"):
         return best, f"{best} {how}: {speeds}"
     return None, f"PyTorch's kernels: llama-chat's {best} ran {speeds}"
 
 
-def native_paths(variant: str, reason: str, bits: str = "16") -> BlockKernels:
-    """llama-chat's kernels in `variant` (they take float32 in and out); `bits`
-    (LLAMA_CHAT_ACTIVATION_BITS, 16 or 8) sets how several tokens' activations are quantised."""
-    if bits not in ("8", "16"):
-        raise DeviceError(f"LLAMA_CHAT_ACTIVATION_BITS={bits!r}: use 16 or 8")
-    return BlockKernels(variant, int(bits), reason)
+def native_paths(variant: str, reason: str, bits: int = 16) -> BlockKernels:
+    """llama-chat's kernels in `variant` (they take float32 in and out); `bits` (16 or 8)
+    sets how several tokens' activations are quantised."""
+    return BlockKernels(variant, bits, reason)
 
 
 def choose_cpu_paths(args: ModelArgs, mode: str, kernels: KernelOptions = KernelOptions()) -> PyTorchKernels:
@@ -256,22 +252,22 @@ def choose_cpu_paths(args: ModelArgs, mode: str, kernels: KernelOptions = Kernel
     PyTorch's kernels with these shapes on this CPU (each measured unless `kernels` forces it)."""
     forced_matmul = forced_dtype(kernels.matmul_dtype, "dtype")
     forced_kernel = forced_dtype(kernels.kernel_dtype, "kernel dtype")
-    forced_rows = forced_row_limit(kernels.kernel_rows)
+    forced_rows = kernels.kernel_rows
     if forced_matmul and forced_kernel and forced_rows:
         return PyTorchKernels(forced_matmul, forced_kernel, forced_rows, "forced")
-    shape = f"{mode} {args.dim}x{min(2 * args.hidden_dim, PROBE_MAX_OUT)}"
-    dtype_times = remembered(shape, lambda: measure_dtypes(args, mode), DTYPE_TIMES)
+    dtype_times = remembered(Probe("dtypes", mode, probe_widths(args)), lambda: measure_dtypes(args, mode),
+                             DTYPE_TIMES)
     matmul_dtype, matmul_reason = (
-        (forced_matmul, "matmul dtype forced") if forced_matmul else _faster(dtype_times, "prompt steps")
+        (forced_matmul, "matmul dtype forced") if forced_matmul else _faster(dtype_times, "prompt steps", PROBE_ROWS)
     )
     kernel_dtype, kernel_reason = (
-        (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels")
+        (forced_kernel, "kernel dtype forced") if forced_kernel else _faster(dtype_times, "kernels", 1)
     )
     if forced_rows:
         rows = forced_rows
     else:
-        row_times = remembered(f"{shape} {dtype_name(matmul_dtype)} {dtype_name(kernel_dtype)}",
-                               lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
+        probe = Probe("rows", mode, probe_widths(args), (dtype_name(matmul_dtype), dtype_name(kernel_dtype)))
+        row_times = remembered(probe, lambda: measure_rows(args, mode, matmul_dtype, kernel_dtype), ROW_TIMES)
         rows = kernel_rows(row_times)
     return PyTorchKernels(matmul_dtype, kernel_dtype, rows, f"measured here: {matmul_reason}, {kernel_reason}")
 
@@ -294,48 +290,3 @@ def choose_backend(
     most_used = Counter(modes.values()).most_common(1)[0][0]
     paths = choose_cpu_paths(checkpoint.args, most_used, kernels)
     return dataclasses.replace(paths, reason=f"{paths.reason}; {native_reason}"), modes
-
-
-def forced_row_limit(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        rows = int(value)
-    except ValueError:
-        rows = 0
-    if rows < 1:
-        raise DeviceError(f"LLAMA_CHAT_KERNEL_ROWS={value!r}: give a whole number of tokens, 1 or more")
-    return rows
-
-
-def _read_table(path: Path) -> dict:
-    known = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(known, dict):
-        raise ValueError("not a table of measurements")
-    return known
-
-
-def remembered(what: str, measure: Callable[[], dict[str, float]], names: frozenset[str]) -> dict[str, float]:
-    """measure() (times under these names), kept in the cache folder per CPU model,
-    capability, PyTorch version and `what`. A file that does not read back is replaced,
-    with one line on stderr."""
-    key = " | ".join([cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.__version__, what])
-    path = entry_path("cpu-paths.json")
-    known: dict = {}
-    if path is not None and path.exists():
-        table, damage = read_checked([path], lambda: _read_table(path))
-        if damage:
-            print(f"llama-chat: {path} did not read back ({damage}); measuring again", file=sys.stderr)
-        known = table or {}
-    entry = known.get(key)
-    if isinstance(entry, dict) and set(entry) == names and all(isinstance(v, float) for v in entry.values()):
-        return entry
-    times = measure()
-    if path is not None:
-        known[key] = times
-        try:
-            with staged(path) as staging:
-                staging.write_text(json.dumps(known, indent=1), encoding="utf-8")
-        except OSError:
-            pass  # an unwritable cache only means measuring again next time
-    return times

@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from llama_chat import environment
 from llama_chat.disk_cache import cache_key, read_checked, staged
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.library_layout import library_layout
-from llama_chat.options import Folders, KernelOptions
+from llama_chat.options import KernelFamily, KernelOptions
 from llama_chat.paths import configure, kernels_folder
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
@@ -100,7 +101,7 @@ def _check_kept(library: Path) -> str:
 
 def missing_tools() -> str | None:
     """Why this machine cannot build the kernels, or None."""
-    compiler = os.environ.get("CXX", "c++")  # the build tools' own variable, which they read too
+    compiler = environment.compiler()
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler}) found; install g++ or clang to build llama-chat's kernels"
     try:
@@ -144,7 +145,7 @@ def _started_build(directory: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "llama_chat.kernels.native", str(directory)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True,
+        start_new_session=True, env=environment.child_environment(),
     )
 
 
@@ -156,14 +157,9 @@ def _operators_registered() -> bool:
     return True
 
 
-# The library this process loaded, for its children (the decode step's compiler): they load
-# the same file, even where the sources on disk have changed since (an upgrade mid-chat).
-LOADED_LIBRARY = "LLAMA_CHAT_KERNELS_LIBRARY"
-
-
 @functools.cache
 def _load_library(path: str) -> None:
-    os.environ[LOADED_LIBRARY] = path
+    environment.hand_down(environment.LOADED_LIBRARY, path)  # a child loads this same file
     if _operators_registered():  # an equal build loaded from another folder (a second registration aborts)
         return
     torch.ops.load_library(path)
@@ -178,7 +174,7 @@ def _load_library(path: str) -> None:
 def status(wait: bool = False, kernels: KernelOptions = KernelOptions()) -> NativeStatus:
     """Load the kernels if a build is on disk; otherwise start one (in the background, or
     waited for with `wait`) and say so. Never raises: PyTorch's kernels are the fallback."""
-    if kernels.family == "aten":
+    if kernels.family is KernelFamily.ATEN:
         return NativeStatus(False, "PyTorch's kernels forced (LLAMA_CHAT_KERNELS=aten)")
     directory = build_directory()
     if directory is None:
@@ -217,7 +213,7 @@ def status(wait: bool = False, kernels: KernelOptions = KernelOptions()) -> Nati
 def load_built() -> bool:
     """Load a build already on disk (nothing is built): the parent's library in a child
     process, else this build's; whether the kernels are loaded."""
-    inherited = os.environ.get(LOADED_LIBRARY)  # handed down by the parent process, not a setting
+    inherited = environment.inherited_library()
     if inherited and Path(inherited).exists():
         _load_library(inherited)
         return True
@@ -270,5 +266,5 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     # A program of its own (scripts/setup runs it): its folders come from the environment.
-    configure(Folders.from_environment(os.environ))
+    configure(environment.folders())
     sys.exit(main(sys.argv[1:]))

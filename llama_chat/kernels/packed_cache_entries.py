@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llama_chat.disk_cache import STAGING_SUFFIX
-from llama_chat.errors import LlamaChatError
 
-BOUND_VARIABLE = "LLAMA_CHAT_PACKED_CACHE_GB"
 DEFAULT_BOUND_GB = 20
 DISK_SHARE = 0.5  # of the space the cache could have
 # Left by a process that ended mid-write; younger ones may be another process's write now.
@@ -55,21 +53,15 @@ def entries(folder: Path) -> list[Entry]:
     return sorted(found, key=lambda entry: entry.last_used)
 
 
-def bound_bytes(folder: Path, held: int, configured_gb: str | None = None) -> int:
+def bound_bytes(folder: Path, held: int, configured_gb: float | None = None) -> int:
     """How many bytes the entries may hold, `held` being what they hold now, within
-    `configured_gb` (LLAMA_CHAT_PACKED_CACHE_GB; None or empty: the default)."""
-    configured = (configured_gb or "").strip()
-    try:
-        gigabytes = float(configured) if configured else DEFAULT_BOUND_GB
-    except ValueError:
-        gigabytes = -1.0
-    if not 0 <= gigabytes < float("inf"):
-        raise LlamaChatError(f"{BOUND_VARIABLE}={configured!r}: give the packed cache's bound as a number of GB")
+    `configured_gb` (LLAMA_CHAT_PACKED_CACHE_GB; None: the default)."""
+    gigabytes = DEFAULT_BOUND_GB if configured_gb is None else configured_gb
     free = shutil.disk_usage(folder).free
     return int(min(gigabytes * 1e9, DISK_SHARE * (free + held)))
 
 
-def make_room(folder: Path, new_bytes: int, keep: set[Path], bound_gb: str | None = None) -> list[Entry]:
+def make_room(folder: Path, new_bytes: int, keep: set[Path], bound_gb: float | None = None) -> list[Entry]:
     """Remove the least recently used entries (never those in `keep`) until the rest and
     `new_bytes` more fit within the bound (bound_bytes, `bound_gb` configured), and
     unfinished writes left a day or more ago; what was removed."""

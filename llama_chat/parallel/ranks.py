@@ -28,6 +28,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from llama_chat import environment
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.parallel.sharding import Shard, summed
 from llama_chat.process_memory import memory_report
@@ -37,9 +38,8 @@ IDLE_WAIT = timedelta(days=30)  # how long the other ranks wait for rank 0's nex
 
 def shard_from_environment() -> Shard | None:
     """This process's place in a group started by --tp or torchrun (None: on its own)."""
-    # The launcher's variables, handed to each rank process: read here, at the one start-up point.
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return Shard(int(os.environ.get("RANK", "0")), world) if world > 1 else None
+    rank, world = environment.launched_place()
+    return Shard(rank, world) if world > 1 else None
 
 
 def start_ranks(
@@ -56,12 +56,12 @@ def start_ranks(
     threads = max(1, torch.get_num_threads() // world)
     common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.port), "WORLD_SIZE": str(world),
               "OMP_NUM_THREADS": str(threads)}
-    os.environ.update(common, RANK="0", LOCAL_RANK="0")
+    os.environ.update(common, RANK="0", LOCAL_RANK="0")  # where this process's init_process_group looks
     torch.set_num_threads(threads)
     return rendezvous, [
         subprocess.Popen(
             [sys.executable, "-m", "llama_chat", *argv],
-            env={**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            env=environment.child_environment(**common, RANK=str(rank), LOCAL_RANK=str(rank)),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )

@@ -12,10 +12,11 @@ import difflib
 from llama_chat.chat.display import stats_line
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
-from llama_chat.engine.speculation import LOOKUP_AUTO, Speculation, parse_lookup
+from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.llama import Llama
 from llama_chat.model_info import model_info
+from llama_chat.options import DraftLength
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
 from llama_chat.repl.chat_state import (
@@ -129,9 +130,9 @@ def run_load(state: ChatState, text: str) -> None:
 
 def run_lookup(state: ChatState, text: str) -> None:
     try:
-        state.session.speculation.lookup = parse_lookup(text)
+        state.session.speculation.lookup = DraftLength.parse(text, "/lookup")
     except UsageError as error:
-        raise CommandError(str(error).replace("--lookup", "/lookup")) from None
+        raise CommandError(str(error)) from None
     state.renderer.note(f"prompt lookup: {describe_lookup(state.session.speculation)}")
 
 
@@ -156,11 +157,11 @@ def run_draft(state: ChatState, text: str) -> None:
 
 
 def describe_lookup(speculation: Speculation) -> str:
-    if speculation.lookup == 0:
+    if speculation.lookup.off:
         return "off"
-    if speculation.lookup == LOOKUP_AUTO:
+    if speculation.lookup.automatic:
         return "auto (drafts where it measures faster)"
-    return f"up to {speculation.lookup} tokens"
+    return f"up to {speculation.lookup.most} tokens"
 
 
 def run_save(state: ChatState, text: str) -> None:

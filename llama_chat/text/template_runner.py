@@ -18,6 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from llama_chat.environment import child_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.chat_format import PICK_ANOTHER
 from llama_chat.text.template_worker import MEMORY_LIMIT_BYTES
@@ -110,8 +111,8 @@ class _Worker:
 
     def __init__(self) -> None:
         package_parent = str(Path(__file__).resolve().parents[2])  # where llama_chat is importable from
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        environment = child_environment(PYTHONPATH=os.pathsep.join(
+            [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-P", "-m", "llama_chat.text.template_worker"],
