@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from llama_chat import Llama
-from llama_chat.engine.cache import TRIM_MARGIN
+from llama_chat.engine import compiled
+from llama_chat.engine.cache import TRIM_MARGIN, KVCache
 from llama_chat.errors import ContextOverflowError
 
 from .conftest import tiny_args
@@ -148,3 +149,56 @@ def test_a_windowed_cache_saves_only_what_it_holds_exactly_and_reopens_it(window
                                atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="no longer hold what position 56 needs"):
         cache.state(56)
+
+
+# --- the one write: every call, eager or compiled, hands its keys and values over alike ------
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_write_stores_each_layers_keys_and_values_in_place_and_moves_the_position(windowed):
+    args = tiny_args(n_layers=3, sliding_window=WINDOW, windowed_layers=(True, False, True)) if windowed else tiny_args()
+    cache = KVCache(args, 64)
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(args.n_layers, 5, args.n_kv_heads, args.head_dim, generator=generator)
+                    for _ in range(2))
+    cache.write([1, 2, 3, 4, 5], keys, values)
+    assert (cache.position, len(cache), cache.tokens) == (5, 5, [1, 2, 3, 4, 5])
+    state = cache.state()
+    global_layers = [layer for layer in range(args.n_layers) if not args.is_windowed(layer)]
+    # [layers, kv_heads, positions, head_dim]: the one transpose, keys and values each where they belong.
+    assert torch.equal(state["keys"], keys[global_layers].transpose(1, 2))
+    assert torch.equal(state["values"], values[global_layers].transpose(1, 2))
+    if windowed:
+        assert torch.equal(state["window_keys"], keys[[0, 2]].transpose(1, 2))
+        assert torch.equal(state["window_values"], values[[0, 2]].transpose(1, 2))
+    assert cache.trim(2) == 2 and cache.position == 2 and cache.tokens == [1, 2]
+    cache.write([9], keys[:, :1], values[:, :1])
+    assert cache.position == 3 and torch.equal(cache.state()["keys"][:, :, 2], keys[global_layers, 0])
+    with pytest.raises(ContextOverflowError, match="is full"):
+        cache.write(list(range(62)), torch.zeros(args.n_layers, 62, 2, 8), torch.zeros(args.n_layers, 62, 2, 8))
+    assert cache.position == 3
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_the_eager_call_and_the_compiled_calls_form_write_the_same_keys_and_values(windowed, tiny_model,
+                                                                                   windowed_model):
+    """The call a package is compiled from, run as it is, hands the cache what the eager call
+    does: the same keys and values, to the bit, at the same position."""
+    model = windowed_model if windowed else tiny_model
+    caches = [model.new_cache(64), model.new_cache(64)]
+    for cache in caches:
+        model.runner(cache, IDS[:30])
+    ids = IDS[30:34]
+    with torch.inference_mode():
+        eager = model.transformer(torch.tensor([ids]), caches[0])[0]
+        call = compiled._FunctionalCall(model.transformer)
+        weights = list(compiled.traced_weights(model.transformer).values())
+        embeddings = model.transformer.tok_embeddings(torch.tensor([ids]))
+        logits, keys, values = call(embeddings, caches[1].call_inputs(len(ids)), weights)
+        caches[1].write(ids, keys, values)
+    assert torch.equal(logits, eager)
+    assert caches[0].position == caches[1].position == 34
+    saved = [cache.state() for cache in caches]
+    assert saved[0].keys() == saved[1].keys()
+    for name in saved[0]:
+        assert torch.equal(saved[0][name], saved[1][name]), name

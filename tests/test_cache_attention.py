@@ -211,14 +211,19 @@ def test_the_compiled_step_calls_the_kernel_and_agrees_with_the_eager_one(tmp_pa
     for package in (destination, compiled.verify_path(destination)):  # once a layer, in both packages
         assert dispatched_operators(package).count("llama_chat::cache_attention") == model.args.n_layers
     ids = [(37 * i) % 250 + 3 for i in range(40)]
-    results = {}
+    results, held = {}, {}
     for name, packages in (("eager", None), ("compiled", background.packages)):
         model.runner.inner.packages = packages
         cache = model.new_cache(64)
         model.runner(cache, ids[:20])
         results[name] = torch.stack([model.runner(cache, [token]) for token in ids[20:30]] +
                                     [model.runner(cache, ids[30:40], every_logits=True)[-1]])
+        held[name] = cache.state()
     assert torch.allclose(results["compiled"], results["eager"], atol=1e-4, rtol=1e-4)
+    # The compiled steps' keys and values went into the cache where the eager steps' go.
+    assert held["compiled"]["tokens"].tolist() == ids
+    for part in ("keys", "values"):
+        torch.testing.assert_close(held["compiled"][part], held["eager"][part], atol=1e-3, rtol=1e-3)
 
 
 def test_a_model_on_llama_chats_kernels_attends_with_them_over_a_float16_cache(tmp_path, monkeypatch):

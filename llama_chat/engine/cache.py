@@ -1,16 +1,18 @@
 """The KV cache: every layer's keys and values for one sequence, and the token ids they hold.
 
-The model hands each layer's new keys and values to the cache (`update_and_fetch`) and
-attends over what it gives back; the cache alone knows its layout and its position.
+A model call, eager or compiled, reads the cache through a `CacheCall`: each layer hands it
+its new keys and values and attends over what it gives back. When the call ends, the cache
+stores every layer's new keys and values at once (`write`); the cache alone knows its
+layout and its position.
 
 A windowed layer (Gemma's local layers) sees only the last `window` positions, so the
 cache keeps its keys and values in a ring of window + TRIM_MARGIN slots, position p in
 slot p % ring, whatever the conversation's length: its memory grows with the global
-layers alone. A ring's new entries are stored when the call ends (`advance`), after every
-token of the call has read the slots they replace. The margin lets a verify step's
-refused drafts be taken back exactly; for trims further back the cache keeps a few
-checkpoints of its rings (`checkpoint`), and past those it forgets back to a point it can
-restore (so the caller feeds the rest again).
+layers alone. Stored at the call's end, a ring's new entries replace slots only after
+every token of the call has read them. The margin lets a verify step's refused drafts be
+taken back exactly; for trims further back the cache keeps a few checkpoints of its rings
+(`checkpoint`), and past those it forgets back to a point it can restore (so the caller
+feeds the rest again).
 """
 
 from __future__ import annotations
@@ -45,6 +47,41 @@ def layer_sources(args: ModelArgs) -> list[tuple[bool, int]]:
     return [(kind, windowed[:layer].count(kind)) for layer, kind in enumerate(windowed)]
 
 
+class CacheCall:
+    """What one model call reads of a KV cache, and the new keys and values it hands back.
+
+    A layer gives `update_and_fetch` its new keys and values [time, kv_heads, head_dim] and
+    gets back its buffers of held keys and values [kv_heads, capacity (or ring), head_dim]
+    and their bias: None for a global layer (its first `position` slots held, all visible),
+    a windowed layer's window_bias [time, ring]. `new_entries` gives what the layers handed
+    over, for KVCache.write. `position` is an int, or a symbolic one in an exported call.
+    """
+
+    def __init__(self, sources: list[tuple[bool, int]], position, held: Sequence[torch.Tensor]) -> None:
+        self.sources = sources
+        self.position = position
+        # By kind (windowed or not): the bias of each layer's held positions, and its buffers.
+        self._kinds = {False: (None, *held[:2])}
+        if len(held) > 2:
+            self._kinds[True] = tuple(held[2:])
+        self._new_keys: list[torch.Tensor] = []
+        self._new_values: list[torch.Tensor] = []
+
+    def update_and_fetch(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        # Compact copies: a view would keep the layer's whole projection alive to the call's end.
+        self._new_keys.append(keys.contiguous())
+        self._new_values.append(values.contiguous())
+        windowed, index = self.sources[layer]
+        bias, held_keys, held_values = self._kinds[windowed]
+        return held_keys[index], held_values[index], bias
+
+    def new_entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer's new keys and values, [n_layers, time, kv_heads, head_dim] each."""
+        return torch.stack(self._new_keys), torch.stack(self._new_values)
+
+
 @dataclass
 class _RingCheckpoint:
     """The rings as they were when the cache held `position` positions."""
@@ -59,10 +96,11 @@ class KVCache:
     """Keys and values of every layer for up to `capacity` positions of one sequence.
 
     `tokens` lists the ids whose keys and values fill positions [0, len(tokens)); it is
-    the single record of what the cache holds. Trimming only shortens that list: the
-    stale entries past it are overwritten by the next write. A model call writes each
-    layer's keys and values as it goes (`update_and_fetch`) and moves the position on at
-    its end (`advance`), so a call interrupted half-way leaves the cache as it was.
+    the single record of what the cache holds, and so of its position. Trimming only
+    shortens that list: the stale entries past it are overwritten by the next write. A
+    model call reads the cache through `call` (or, compiled, `call_inputs`) and stores
+    its keys and values at its end (`write`), so a call interrupted half-way leaves the
+    cache as it was.
     """
 
     def __init__(
@@ -95,11 +133,9 @@ class KVCache:
         # Zeros: every slot is read, an empty one under a bias of -inf, which must not meet a NaN.
         self._ring_keys = torch.zeros(ring, device=device, dtype=dtype)
         self._ring_values = torch.zeros(ring, device=device, dtype=dtype)
-        self._zeros = torch.zeros(capacity, device=device, dtype=dtype)
         self.capacity = capacity
         self._tokens: list[int] = []
         self._ring_start = 0  # the first position the rings still hold
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # ring writes waiting for advance
         self._bias: tuple[int, int, torch.Tensor] | None = None  # this call's window bias, by position and length
         self._checkpoints: list[_RingCheckpoint] = []
 
@@ -114,7 +150,7 @@ class KVCache:
         return len(self._tokens)
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return self.position
 
     @property
     def dtype(self) -> torch.dtype:
@@ -128,15 +164,10 @@ class KVCache:
         """Bytes of the windowed layers' rings, whatever the length (0 without windowed layers)."""
         return 2 * self._ring_keys.numel() * self._ring_keys.element_size()
 
-    def past_bias(self) -> torch.Tensor:
-        """The attention bias of the positions held (zeros: every one visible to a new token);
-        its length tells a model call its position."""
-        return self._zeros[: len(self._tokens)]
-
     def window_bias(self, time: int) -> torch.Tensor:
         """The bias [time, ring] of each ring slot for each of `time` tokens fed next: 0 where
         the slot holds a position within that token's window, -inf elsewhere (float32)."""
-        position = len(self._tokens)
+        position = self.position
         if self._bias is not None and self._bias[:2] == (position, time):
             return self._bias[2]
         slots = torch.arange(self.ring)
@@ -147,66 +178,49 @@ class KVCache:
         self._bias = (position, time, bias)
         return bias
 
-    def update_and_fetch(
-        self, layer: int, keys: torch.Tensor, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store layer's keys and values [time, kv_heads, head_dim] of the tokens being fed at
-        the next positions; return that layer's buffers [kv_heads, capacity (or ring),
-        head_dim] and the bias of the positions held before them (past_bias, or a windowed
-        layer's window_bias). The new tokens are attended in the caller's own precision:
-        the stored copies serve later calls."""
-        start = len(self._tokens)
-        end = start + keys.shape[0]
-        if end > self.capacity:
-            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        windowed, index = self._sources[layer]
-        if windowed:
-            self._pending[index] = (keys, values)  # stored at advance: this call still reads the slots
-            return self._ring_keys[index], self._ring_values[index], self.window_bias(keys.shape[0])
-        self._keys[index, :, start:end] = keys.transpose(0, 1)
-        self._values[index, :, start:end] = values.transpose(0, 1)
-        return self._keys[index], self._values[index], self.past_bias()
-
-    def advance(self, ids: Sequence[int]) -> None:
-        """Record ids as held, once every layer has stored theirs."""
-        if len(self._tokens) + len(ids) > self.capacity:
-            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
-        if self._pending:  # every windowed layer's, in one write a tensor
-            pending = [self._pending[index] for index in range(self.windowed_layers)]
-            self._pending.clear()
-            self._store_in_rings(torch.stack([keys for keys, _ in pending]).transpose(1, 2),
-                                 torch.stack([values for _, values in pending]).transpose(1, 2))
-        self._extend(ids)
+    def call(self, time: int) -> CacheCall:
+        """The cache as a model call of `time` tokens reads it (see CacheCall)."""
+        self._check_fits(time)
+        return CacheCall(self._sources, self.position, self._held(time))
 
     def call_inputs(self, time: int) -> list[torch.Tensor]:
-        """What a compiled model call of `time` tokens reads of the cache, whole: past_bias and
-        the global layers' keys and values [layers, kv_heads, capacity, head_dim], then (with
-        windowed layers) window_bias and the rings' [layers, kv_heads, ring, head_dim]. The
-        call gives its new keys and values back for `write`."""
-        inputs = [self.past_bias(), self._keys, self._values]
+        """What a compiled model call of `time` tokens reads of the cache, as tensors (a
+        package takes nothing else): the position, a 0-d int64 tensor, then what CacheCall
+        takes as held. The call gives its new keys and values back for `write`."""
+        self._check_fits(time)
+        return [torch.tensor(self.position), *self._held(time)]
+
+    def _held(self, time: int) -> list[torch.Tensor]:
+        """The global layers' keys and values [layers, kv_heads, capacity, head_dim], then
+        (with windowed layers) window_bias and the rings' [layers, kv_heads, ring, head_dim]."""
+        held = [self._keys, self._values]
         if self.window is not None:
-            inputs += [self.window_bias(time), self._ring_keys, self._ring_values]
-        return inputs
+            held += [self.window_bias(time), self._ring_keys, self._ring_values]
+        return held
+
+    def _check_fits(self, time: int) -> None:
+        if self.position + time > self.capacity:
+            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
 
     def write(self, ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store the keys and values [n_layers, kv_heads, len(ids), head_dim] of ids at the next
-        positions, every layer at once."""
-        start = len(self._tokens)
-        if start + len(ids) > self.capacity:
-            raise ContextOverflowError(f"the context of {self.capacity} tokens is full")
+        """Store the keys and values [n_layers, len(ids), kv_heads, head_dim] of ids (as
+        CacheCall.new_entries gives them) at the next positions, every layer at once."""
+        self._check_fits(len(ids))
+        start, end = self.position, self.position + len(ids)
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # the buffers' [layers, kv_heads, time, head_dim]
         if self.window is None:
-            self._keys[:, :, start : start + len(ids)] = keys
-            self._values[:, :, start : start + len(ids)] = values
+            self._keys[:, :, start:end] = keys
+            self._values[:, :, start:end] = values
         else:  # one write a kind of layer and tensor
-            self._keys[:, :, start : start + len(ids)] = keys[self._global_layers]
-            self._values[:, :, start : start + len(ids)] = values[self._global_layers]
+            self._keys[:, :, start:end] = keys[self._global_layers]
+            self._values[:, :, start:end] = values[self._global_layers]
             self._store_in_rings(keys[self._windowed_layers], values[self._windowed_layers])
         self._extend(ids)
 
     def _store_in_rings(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """The windowed layers' keys and values [layers, kv_heads, time, head_dim] of the next
         positions into their rings: the last `ring` of them, each in its slot."""
-        start, time = len(self._tokens), keys.shape[2]
+        start, time = self.position, keys.shape[2]
         kept = min(time, self.ring)
         slots = torch.arange(start + time - kept, start + time, device=keys.device) % self.ring
         self._ring_keys.index_copy_(2, slots, keys[:, :, time - kept :].to(self.dtype))
@@ -215,7 +229,7 @@ class KVCache:
     def _extend(self, ids: Sequence[int]) -> None:
         self._tokens.extend(ids)
         if self.window is not None:
-            self._ring_start = max(self._ring_start, len(self._tokens) - self.ring)
+            self._ring_start = max(self._ring_start, self.position - self.ring)
         self._bias = None
 
     def state(self, length: int | None = None) -> dict[str, torch.Tensor]:
@@ -223,7 +237,7 @@ class KVCache:
         [global layers, kv_heads, length, head_dim], the windowed layers' last window - 1
         of them in order ("window_keys", "window_values"), and their token ids. A windowed
         cache saves only lengths it holds exactly (see exact_length)."""
-        length = len(self._tokens) if length is None else length
+        length = self.position if length is None else length
         state = {
             "keys": self._keys[:, :, :length].contiguous(),
             "values": self._values[:, :, :length].contiguous(),
@@ -272,7 +286,7 @@ class KVCache:
         """The most positions up to `length` (at most those held) that the cache holds exactly
         as they stand, without a checkpoint: for a windowed cache, those whose window the
         rings still hold; 0 when none but the start."""
-        length = min(length, len(self._tokens))
+        length = min(length, self.position)
         if self.window is None or length - self._window_held(length) >= self._ring_start:
             return length
         return 0
@@ -280,9 +294,9 @@ class KVCache:
     def checkpoint(self) -> None:
         """Remember the rings as they are now, so that a later trim back to here (or a little
         before) is exact; a cache without windowed layers needs none."""
-        if self.window is None or self._checkpoints and self._checkpoints[-1].position == len(self._tokens):
+        if self.window is None or self._checkpoints and self._checkpoints[-1].position == self.position:
             return
-        self._checkpoints.append(_RingCheckpoint(len(self._tokens), self._ring_start, self._ring_keys.clone(),
+        self._checkpoints.append(_RingCheckpoint(self.position, self._ring_start, self._ring_keys.clone(),
                                                  self._ring_values.clone()))
         kept, total = [], 0
         for checkpoint in reversed(self._checkpoints):  # the newest first, within both bounds
@@ -298,9 +312,9 @@ class KVCache:
         exactly the last TRIM_MARGIN positions, and further back only to its checkpoints:
         it keeps the most positions up to `length` it can restore, perhaps fewer (0 at
         worst). Returns how many it keeps."""
-        if not 0 <= length <= len(self._tokens):
-            raise ValueError(f"cannot trim a cache of {len(self._tokens)} tokens to {length}")
-        if self.window is not None and length < len(self._tokens):
+        if not 0 <= length <= self.position:
+            raise ValueError(f"cannot trim a cache of {self.position} tokens to {length}")
+        if self.window is not None and length < self.position:
             length = self._restore_rings(length)
         del self._tokens[length:]
         self._checkpoints = [c for c in self._checkpoints if c.position <= length]
@@ -346,7 +360,7 @@ class KVCache:
 
     def room(self) -> int:
         """How many more positions fit."""
-        return self.capacity - len(self._tokens)
+        return self.capacity - self.position
 
     def check_room(self, count: int) -> None:
         """Refuse, with one line, `count` more tokens that do not fit."""

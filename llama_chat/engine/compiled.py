@@ -1,14 +1,15 @@
 """Model calls compiled ahead of time, kept on disk and loaded in a moment.
 
 `Transformer.forward_embeddings` for one token has the same shapes at every position
-when the cache is given as its buffers and the position as the length of an input, so
+when the cache is given as its buffers and the position as a value read in the call, so
 torch.export traces it once and AOTInductor compiles it to a package: fused C++ for the
 small operations between the matrix kernels, called from C++ rather than Python. A
 second package takes 2 to VERIFY_TOKENS tokens (a token and its drafts, a chat turn).
-`_FunctionalCall` is the one adapter that gives the model that form: a cache that hands
-the new keys and values back instead of storing them (a compiled call mutates nothing),
-and the weights as inputs, not constants, so a package holds no weights (a few MB),
-depends only on the weights' shapes and dtypes, and uses the model's own tensors.
+`_FunctionalCall` is the one adapter that gives the model that form: the cache read
+through a CacheCall, as an eager call reads it, whose new keys and values go out for
+KVCache.write (a compiled call mutates nothing), and the weights as inputs, not
+constants, so a package holds no weights (a few MB), depends only on the weights' shapes
+and dtypes, and uses the model's own tensors.
 
 Compiling takes a minute or so, in a child process that works from a copy of the model
 with no data (`structure_copy`), so the chat runs eagerly meanwhile and a failure there
@@ -34,11 +35,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llama_chat.engine.cache import TRIM_MARGIN, layer_sources
+from llama_chat.disk_cache import cache_key, entry_path, read_checked, remove, staged
+from llama_chat.engine.cache import TRIM_MARGIN, CacheCall, layer_sources
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.environment import child_environment
 from llama_chat.errors import first_line
-from llama_chat.disk_cache import cache_key, entry_path, read_checked, remove, staged
 
 VERIFY_TOKENS = 32  # the multi-token package takes 2 to this many: a token and its drafts, a chat turn
 
@@ -48,50 +49,43 @@ def traced_weights(transformer: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(transformer.named_parameters()), **dict(transformer.named_buffers())}
 
 
-class _CacheInputs:
-    """A KV cache as a compiled call sees it: what KVCache.call_inputs gives (past_bias, whose
-    length is the position, the buffers, and a windowed model's window_bias and rings) comes
-    in; each layer's new keys and values are gathered to go out, not stored."""
+class _FromEmbeddings(nn.Module):
+    """The model's call from embeddings on a cache call, as a module's forward: what
+    torch.func.functional_call runs."""
 
-    def __init__(self, sources: list[tuple[bool, int]], inputs: list[torch.Tensor]) -> None:
-        self.sources = sources
-        self.past_bias, keys, values = inputs[:3]
-        self.position = self.past_bias.shape[0]
-        # By kind (windowed or not): the bias each layer's held positions take, and its buffers.
-        self.kinds = {False: (self.past_bias, keys, values)}
-        if len(inputs) > 3:
-            window_bias, ring_keys, ring_values = inputs[3:]
-            self.kinds[True] = (window_bias, ring_keys, ring_values)
-        self.new_keys: list[torch.Tensor] = []
-        self.new_values: list[torch.Tensor] = []
+    def __init__(self, transformer: nn.Module) -> None:
+        super().__init__()
+        self.transformer = transformer
 
-    def update_and_fetch(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
-        self.new_keys.append(keys.transpose(0, 1))
-        self.new_values.append(values.transpose(0, 1))
-        windowed, index = self.sources[layer]
-        bias, held_keys, held_values = self.kinds[windowed]
-        return held_keys[index], held_values[index], bias
+    def forward(self, x: torch.Tensor, call: CacheCall) -> torch.Tensor:
+        return self.transformer.forward_embeddings(x, call)
 
 
 class _FunctionalCall(nn.Module):
     """The model's call on a cache in the form export traces: embeddings, the cache's call
     inputs and the weights in; the logits of every token and their keys and values
-    [n_layers, kv_heads, time, head_dim] out."""
+    [n_layers, time, kv_heads, head_dim] out."""
 
     def __init__(self, structure: nn.Module) -> None:
         super().__init__()
+        self.context = structure.args.max_seq_len
         # Kept outside the module tree: export would otherwise bake its tensors in.
-        object.__setattr__(self, "structure", structure)
-        self.names = list(traced_weights(structure))
+        object.__setattr__(self, "model", _FromEmbeddings(structure))
+        self.names = list(traced_weights(self.model))
         self.sources = layer_sources(structure.args)
 
     def forward(self, x, cache_inputs, weights):
-        state = dict(zip(self.names, weights))
-        cache = _CacheInputs(self.sources, cache_inputs)
+        position, *held = cache_inputs
+        position = position.item()
+        # Where the new tokens may go, told to export, which cannot bound a value read in the call.
+        time, capacity = x.shape[1], held[0].shape[2]
+        torch._check(position >= 0)
+        torch._check(position + time <= capacity)
+        torch._check(position + time <= self.context)
+        call = CacheCall(self.sources, position, held)
         # tie_weights: a tied head is one tensor, named once among the inputs.
-        with torch.nn.utils.stateless._reparametrize_module(self.structure, state, tie_weights=True):
-            logits = self.structure.forward_embeddings(x, cache)
-        return logits[0], torch.stack(cache.new_keys), torch.stack(cache.new_values)
+        logits = torch.func.functional_call(self.model, dict(zip(self.names, weights)), (x, call), tie_weights=True)
+        return logits[0], *call.new_entries()
 
 
 def traced_sources(transformer: nn.Module) -> list[Path]:
@@ -176,14 +170,14 @@ def build_package(
     windowed = [kind for kind, _ in sources].count(True)
     time = min(most_tokens, 4)
     cache_shape = (args.n_layers - windowed, args.n_kv_heads, 16, args.head_dim)
-    cache_inputs = [torch.zeros(8, dtype=cache_dtype), torch.zeros(cache_shape, dtype=cache_dtype),
+    # The position, then the global layers' buffers (see KVCache.call_inputs).
+    cache_inputs = [torch.tensor(8), torch.zeros(cache_shape, dtype=cache_dtype),
                     torch.zeros(cache_shape, dtype=cache_dtype)]
-    position = torch.export.Dim("position", min=1, max=args.max_seq_len - most_tokens)
     capacity = torch.export.Dim("capacity", min=2, max=args.max_seq_len)
     # The tokens' axis, where it varies (embeddings [1, tokens, dim], window_bias [tokens, ring]).
     token_axis = {} if most_tokens == 1 else {"tokens": torch.export.Dim("tokens", min=2, max=most_tokens)}
     tokens = {1: token_axis["tokens"]} if token_axis else {}
-    cache_dynamic = [{0: position}, {2: capacity}, {2: capacity}]
+    cache_dynamic = [{}, {2: capacity}, {2: capacity}]
     if windowed:  # window_bias [tokens, ring] and the rings (a small cache's ring is its capacity)
         most_slots = min(args.sliding_window + TRIM_MARGIN, args.max_seq_len)
         ring_shape = (windowed, args.n_kv_heads, min(16, most_slots), args.head_dim)

@@ -76,18 +76,20 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache=None) -> torch.Tensor:
-        """x [batch, time, dim] attends causally to itself and, with a cache (batch 1), to the
-        positions the cache holds; its keys and values go to the cache."""
+        """x [batch, time, dim] attends causally to itself and, with a cache call (batch 1, see
+        engine/cache), to the positions the cache holds; its keys and values go to the call."""
         q, k, v = self._project(x, cos, sin)
         if cache is None:
             out = self._attend_within(q, k, v, mask)
         else:
             past_keys, past_values, past_bias = cache.update_and_fetch(self.layer, k[0], v[0])
             if self.cache_attention is not None:  # mask: the causal (windowed) one, which the kernel applies itself
+                if past_bias is None:  # the kernel counts the held positions by its bias: all visible
+                    past_bias = torch.zeros(cache.position, device=x.device)
                 out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias, self.scale,
                                            self.window, self.softcap)
             else:
-                out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_bias)
+                out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_bias, cache.position)
         return self.wo(out.reshape(x.shape[0], x.shape[1], -1))
 
     def _attend_within(self, q, k, v, mask):
@@ -108,36 +110,34 @@ class Attention(nn.Module):
     def _capped(self, scores: torch.Tensor) -> torch.Tensor:
         return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
 
-    def _attend_after(self, q, k, v, mask, past_keys, past_values, past_bias):
+    def _attend_after(self, q, k, v, mask, past_keys, past_values, past_bias, position):
         """Attention of new tokens (q [time, heads, head_dim], k and v [time, kv_heads,
         head_dim]) over the positions held in past_keys and past_values [kv_heads, capacity,
-        head_dim] and over themselves under mask. past_bias is added to the held positions'
-        scores: [position] for the first `position` of them (every token alike), or [time,
-        capacity] per token (a windowed layer's ring, see engine/cache).
+        head_dim] and over themselves under mask: with past_bias None, the first `position`
+        slots, all visible; else every slot (a windowed layer's ring, see engine/cache), with
+        past_bias [time, ring] added to each token's scores.
 
         The cached positions and the new ones are scored apart and weighed by one softmax,
-        so the new tokens are attended in the model's precision whatever the cache's, and
-        shapes depend on the position only through past_bias's length (a compiled call
-        traces it once).
+        so the new tokens are attended in the model's precision whatever the cache's.
         """
         time = q.shape[0]
-        position = past_bias.shape[-1]
+        held = position if past_bias is None else past_bias.shape[-1]
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
         q = q.view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.scale
         k, v = k.transpose(0, 1), v.transpose(0, 1)
         # A cache kept in a narrower dtype (--kv-dtype) is read in the model's.
-        past_keys, past_values = past_keys[:, :position].to(q.dtype), past_values[:, :position].to(q.dtype)
-        bias = past_bias.to(q.dtype)
-        if bias.dim() == 2:  # a token's row for each of its query heads (rows head-major, as q's)
-            bias = bias.repeat(self.n_rep, 1)
-        past_scores = self._capped(torch.matmul(q, past_keys.transpose(1, 2))) + bias
+        # (narrow, not slices: an exported call's position is a value, which a slice's clamping cannot bound)
+        past_keys, past_values = past_keys.narrow(1, 0, held).to(q.dtype), past_values.narrow(1, 0, held).to(q.dtype)
+        past_scores = self._capped(torch.matmul(q, past_keys.transpose(1, 2)))
+        if past_bias is not None:  # a token's row for each of its query heads (rows head-major, as q's)
+            past_scores = past_scores + past_bias.to(q.dtype).repeat(self.n_rep, 1)
         new_scores = self._capped(torch.matmul(q, k.transpose(1, 2)))
         if mask is not None:
             new_scores = new_scores + mask
         weights = torch.softmax(torch.cat([past_scores, new_scores], dim=-1), dim=-1)
-        out = torch.matmul(weights[..., :position], past_values)
-        out = out + torch.matmul(weights[..., position:], v)
+        out = torch.matmul(weights.narrow(-1, 0, held), past_values)
+        out = out + torch.matmul(weights.narrow(-1, held, time), v)
         return out.view(self.n_kv_heads, self.n_rep, time, self.head_dim).permute(2, 0, 1, 3)
 
     def _project(self, x, cos, sin):
@@ -240,16 +240,19 @@ class Transformer(nn.Module):
         KVCache holds, which then holds these tokens too. With last_only, the last token's
         logits only [batch, 1, vocab] (a prompt chunk needs no more); with head false, none
         (a prompt's chunks before its last: their keys and values are what counts)."""
-        logits = self.forward_embeddings(self.tok_embeddings(tokens), cache, last_only=last_only, head=head)
-        if cache is not None:
-            cache.advance(tokens[0].tolist())
+        x = self.tok_embeddings(tokens)
+        if cache is None:
+            return self.forward_embeddings(x, last_only=last_only, head=head)
+        call = cache.call(tokens.shape[1])
+        logits = self.forward_embeddings(x, call, last_only=last_only, head=head)
+        cache.write(tokens[0].tolist(), *call.new_entries())
         return logits
 
     def forward_embeddings(self, x: torch.Tensor, cache=None, *, last_only: bool = False,
                            head: bool = True) -> torch.Tensor | None:
         """forward from the tokens' embeddings x [batch, time, dim] on: the model's arithmetic
         (a lookup is not, and a compiled call takes embeddings: see engine/compiled). The
-        cache is anything with a `position` and `update_and_fetch` (KVCache's)."""
+        cache is a CacheCall (see engine/cache), which the caller writes to the cache after."""
         time = x.shape[1]
         position = 0 if cache is None else cache.position
         if self.args.embedding_scale != 1.0:
@@ -279,7 +282,7 @@ class Transformer(nn.Module):
 
     def _positions(self, cos, sin, position, time, x, window):
         """cos and sin of the tokens' positions, and the mask among them."""
-        turning = [table[position : position + time].to(x.device, x.dtype) for table in (cos, sin)]
+        turning = [table.narrow(0, position, time).to(x.device, x.dtype) for table in (cos, sin)]
         return (*turning, causal_mask(time, self.args.n_rep, x.device, x.dtype, window))
 
 
