@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +12,7 @@ from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.device import resolve_device, resolve_dtype
 from llama_chat.engine.generation import Generation
 from llama_chat.engine.model import Transformer
+from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.runners import model_runner
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
@@ -20,9 +20,6 @@ from llama_chat.kernels.weights_record import DENSE, WeightsRecord
 from llama_chat.text.builtin_formats import PlainFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
-
-if TYPE_CHECKING:  # the grammar engine loads only when a reply has a format
-    from llama_chat.engine.constraint import Constraint
 
 DEFAULT_CONTEXT = 4096
 
@@ -102,20 +99,20 @@ class Llama:
         stop_ids: Iterable[int] | None = None,
         stop_strings: Iterable[str] = (),
         speculation: Speculation | None = None,
-        constraint: Constraint | None = None,
+        processors: Sequence[LogitsProcessor] = (),
     ) -> Generation:
         """A streaming reply to prompt_ids: iterate it for Pieces; see Generation.
 
         With a cache from an earlier call, the longest common prefix is reused and only
-        the rest of the prompt is fed through the model. A constraint holds the reply to a
-        format (see engine/constraint).
+        the rest of the prompt is fed through the model. Processors hold the reply to rules,
+        such as a format's constraint (see engine/processors and engine/constraint).
         """
         settings = settings or SamplingSettings()
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
         return Generation(
-            self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation, constraint
+            self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation, processors
         )
 
 

@@ -1,7 +1,8 @@
 import pytest
 
 from llama_chat import SamplingSettings
-from llama_chat.engine.generation import StopStrings
+from llama_chat.chat.display import stats_line
+from llama_chat.engine.generation import GenerationStats, StopReason, StopStrings
 from llama_chat.errors import ContextOverflowError
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=12)
@@ -41,6 +42,16 @@ def test_a_stop_string_cuts_the_text_before_it(tiny_model):
     assert stopped.text == free.text[: free.text.index(stop)]
     assert "".join(p.text for p in pieces) == stopped.text
     assert stopped.stats.stop_reason == "stop_string"
+
+
+def test_stop_reasons_read_as_the_words_people_are_shown():
+    assert [f"{reason}" for reason in StopReason] == [
+        "stop_token", "stop_string", "format_complete", "max_tokens", "context_full", "interrupted"
+    ]
+    assert StopReason("context_full") is StopReason.CONTEXT_FULL
+    assert stats_line(GenerationStats(stop_reason=StopReason.MAX_TOKENS)).startswith("[max tokens reached] ")
+    assert stats_line(GenerationStats(stop_reason=StopReason.CONTEXT_FULL)).startswith("[context full] ")
+    assert stats_line(GenerationStats(stop_reason=StopReason.STOP_TOKEN)).startswith("0 tokens")
 
 
 def test_stop_strings_hold_back_a_possible_start():

@@ -8,8 +8,9 @@ from gguf import GGMLQuantizationType as QType
 import llama_chat
 from llama_chat import Llama
 from llama_chat.engine import compiled
-from llama_chat.engine.runners import CompiledRunner, EagerRunner
+from llama_chat.engine.runners import CompiledRunner, EagerRunner, Runner, TimedRunner, Wrapper
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.parallel.group_runner import GroupRunner
 
 from .conftest import tiny_args
 from .test_gguf import IDS, tiny_hf_model, write_gguf
@@ -36,6 +37,20 @@ def compiled_runner(model: Llama) -> CompiledRunner:
 
 def new_compiled_runner(model: Llama) -> CompiledRunner:
     return CompiledRunner(EagerRunner(model.transformer), model.cache_dtype)
+
+
+def test_every_runner_is_a_runner():
+    """Each runner class has what the Runner protocol names, called as it says."""
+    eager = EagerRunner(Llama.random(tiny_args(), seed=1).transformer)
+    compiled_one = CompiledRunner(eager, torch.float32)
+    runners = [eager, compiled_one, TimedRunner(compiled_one), Wrapper(eager), GroupRunner(eager, peers=None)]
+    for runner in runners:
+        assert isinstance(runner, Runner), type(runner)
+        call = inspect.signature(type(runner).__call__).parameters
+        assert list(call)[:3] == ["self", "cache", "ids"], type(runner)
+        assert "every_logits" in call or any(p.kind is p.VAR_KEYWORD for p in call.values()), type(runner)
+        assert isinstance(runner.status.describe(), str)
+    assert not isinstance(object(), Runner)
 
 
 @pytest.mark.parametrize("n_kv_heads", [6, 2, 1])

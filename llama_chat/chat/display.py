@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 
-from llama_chat.engine.generation import GenerationStats
+from llama_chat.engine.generation import GenerationStats, StopReason
 
 # C0 and C1 control characters other than newline and tab: a reply must never steer the terminal.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
-_ENDINGS = {"interrupted": "interrupted", "max_tokens": "max tokens reached", "context_full": "context full"}
+_ENDINGS = {
+    StopReason.INTERRUPTED: "interrupted",
+    StopReason.MAX_TOKENS: "max tokens reached",
+    StopReason.CONTEXT_FULL: "context full",
+}
 
 
 def visible(text: str) -> str:

@@ -32,7 +32,7 @@ from llama_chat.chat.conversation_file import SavedConversation, ids_hold_text, 
 from llama_chat.chat.conversation_ids import TurnPlan, exchange_ids, messages_of, plan_turn, rendered_ids, user_message
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.thinking import cue_opening
-from llama_chat.engine.generation import Generation, GenerationStats, Piece
+from llama_chat.engine.generation import Generation, GenerationStats, Piece, StopReason
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
 from llama_chat.errors import ContextOverflowError, LlamaChatError, UsageError, first_line
@@ -55,9 +55,9 @@ class Turn:
         self.plan = plan
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
         self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
-        constraint = session.format.start(session.model.tokenizer) if session.format is not None else None
+        processors = [session.format.start(session.model.tokenizer)] if session.format is not None else []
         self.generation: Generation = session.model.generate(
-            plan.prompt, session.settings, cache=session.cache, speculation=session.speculation, constraint=constraint
+            plan.prompt, session.settings, cache=session.cache, speculation=session.speculation, processors=processors
         )
         # The opening thinking marker when the template's cue wrote it: the reply starts
         # inside the thinking, and is kept with the marker, whole.
@@ -99,7 +99,7 @@ class Turn:
             self.exchange = Exchange(
                 user=self.user,
                 reply=reply,
-                interrupted=generation.stats.stop_reason == "interrupted",
+                interrupted=generation.stats.stop_reason == StopReason.INTERRUPTED,
                 user_ids=user_ids,
                 reply_ids=reply_ids,
             )

@@ -3,9 +3,10 @@
 The grammar engine is llguidance. It is given the model's vocabulary as the bytes each
 token stands for (see Tokenizer.token_bytes), so it works alike for every tokenizer;
 that vocabulary is built once per tokenizer. A `Format` is what the user asked for;
-each reply starts a `Constraint` of its own from it, which at every step says which
-tokens may come next (the others' logits become -inf before sampling), follows the
-tokens taken, and checks drafts.
+each reply starts a `Constraint` of its own from it: a logits processor that at every
+step says which tokens may come next (the others' logits become -inf before sampling),
+follows the tokens taken, drafts what the format forces and checks other drafts. Near
+the end of its budget it turns to closing what is open, so that the answer still parses.
 """
 
 from __future__ import annotations
@@ -20,12 +21,22 @@ import llguidance
 import numpy
 import torch
 
+from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.errors import LlamaChatError
 from llama_chat.paths import expanded
 from llama_chat.text.tokenizer import Tokenizer
 
 ANY_JSON_OBJECT = '{"type": "object"}'
 _SPECIAL = b"\xff"  # how llguidance tells a control token from text
+# A formatted reply still open at max_tokens goes on closing what is open (its strings,
+# arrays and objects), up to this many tokens more, so that it parses; it turns to closing
+# this many tokens before the budget's end (a quarter of it for short budgets).
+CLOSING_TOKENS = 64
+
+
+def closing_from(max_tokens: int) -> int:
+    """The token of a formatted reply from which it closes what is open."""
+    return max_tokens - min(CLOSING_TOKENS, max(8, max_tokens // 4))
 
 
 class FormatError(LlamaChatError):
@@ -166,11 +177,13 @@ def read_format(kind: str, value: str = "") -> Format:
     return chosen
 
 
-class Constraint:
+class Constraint(LogitsProcessor):
     """One reply's place in its grammar: the tokens allowed next, advanced token by token.
 
     `seconds` and `masks` count the time spent computing masks and checking drafts, for
     the reply's statistics."""
+
+    extra_tokens = CLOSING_TOKENS
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, closers: numpy.ndarray | None = None) -> None:
         self.matcher = matcher
@@ -228,6 +241,10 @@ class Constraint:
         tokens = self.matcher.compute_ff_tokens()
         self.seconds += time.perf_counter() - started
         return tokens
+
+    def near_end(self, generated: int, max_tokens: int, room: int) -> None:
+        """Close what is open over the last tokens of the budget, or of the cache's room."""
+        self.closing = generated >= closing_from(max_tokens) or room <= CLOSING_TOKENS
 
     @property
     def finished(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -11,25 +11,27 @@ from typing import TYPE_CHECKING
 import torch
 
 from llama_chat.engine.cache import KVCache
+from llama_chat.engine.processors import LogitsProcessor, Processors
 from llama_chat.engine.sampling import Sampler, SamplingSettings
-from llama_chat.engine.speculation import Draft, PromptLookup, Speculation, accept
+from llama_chat.engine.speculation import Speculation, SpeculativeStep
+from llama_chat.engine.steps import DecodeStep, PlainStep
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
 from llama_chat.text.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # the grammar engine loads only when a reply has a format
-    from llama_chat.engine.constraint import Constraint
+if TYPE_CHECKING:
+    from llama_chat.engine.runners import Runner
 
 
-# A formatted reply still open at max_tokens goes on closing what is open (its strings,
-# arrays and objects), up to this many tokens more, so that it parses; it turns to closing
-# this many tokens before the budget's end (a quarter of it for short budgets).
-CLOSING_TOKENS = 64
+class StopReason(enum.StrEnum):
+    """How a reply ended. Each is a string, the words people are shown."""
 
-
-def closing_from(max_tokens: int) -> int:
-    """The token of a formatted reply from which it closes what is open."""
-    return max_tokens - min(CLOSING_TOKENS, max(8, max_tokens // 4))
+    STOP_TOKEN = "stop_token"
+    STOP_STRING = "stop_string"
+    FORMAT_COMPLETE = "format_complete"  # its processors allow nothing more
+    MAX_TOKENS = "max_tokens"
+    CONTEXT_FULL = "context_full"
+    INTERRUPTED = "interrupted"  # stopped from outside before it ended (Ctrl-C, an error)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class GenerationStats:
     time_to_first_token: float = 0.0
     generated_tokens: int = 0
     decode_seconds: float = 0.0  # from the first generated token to the last
-    stop_reason: str = ""  # stop_token, stop_string, format_complete, max_tokens, context_full, interrupted
+    stop_reason: StopReason | None = None  # None until the reply starts
     drafted_tokens: int = 0  # tokens proposed by speculation (prompt lookup or a draft model)
     accepted_tokens: int = 0  # of those, the ones the model kept
     constraint_seconds: float = 0.0  # spent on a format's masks and draft checks
@@ -121,7 +123,7 @@ class Generation:
 
     def __init__(
         self,
-        runner,
+        runner: Runner,
         tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         settings: SamplingSettings,
@@ -129,7 +131,7 @@ class Generation:
         stop_ids: Iterable[int],
         stop_strings: Iterable[str] = (),
         speculation: Speculation | None = None,
-        constraint: Constraint | None = None,
+        processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         if not prompt_ids:
             raise ValueError("generation needs at least one prompt token")
@@ -146,38 +148,27 @@ class Generation:
         self.stop_ids = frozenset(stop_ids)
         self.stop_strings = list(stop_strings)
         self.speculation = speculation
-        self.constraint = constraint  # the reply's format, if it has one
-        # A draft model draws from a generator of its own, with the same settings.
-        self.draft_sampler = None
-        if speculation is not None and speculation.draft is not None:
-            draft_seed = None if settings.seed is None else settings.seed + 1
-            self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
+        self.processors = Processors(processors)  # the reply's rules: its format, if it has one
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.tokens: list[int] = []
         self.text = ""
 
     def __iter__(self) -> Iterator[Piece]:
         started = time.perf_counter()
-        self.stats.stop_reason = "interrupted"  # until the loop says otherwise
+        self.stats.stop_reason = StopReason.INTERRUPTED  # until the loop says otherwise
         logits = self._prefill()
         self.stats.prefill_seconds = time.perf_counter() - started
         detokenizer = StreamingDetokenizer(self.tokenizer)
         stops = StopStrings(self.stop_strings)
-        first_token_at = None
-        reason = "max_tokens"
-        tokens = self._next_tokens(logits, Sampler(self.settings))
-        for step in range(self._token_limit()):
+        reason = StopReason.MAX_TOKENS
+        tokens = self._timed(self._next_tokens(logits), started)
+        for _ in range(self._token_limit()):
             token = next(tokens, None)
             if token is None:
-                reason = "format_complete" if self._format_complete() else "context_full"
+                reason = StopReason.FORMAT_COMPLETE if self.processors.finished else StopReason.CONTEXT_FULL
                 break
-            now = time.perf_counter()
-            if first_token_at is None:
-                first_token_at = now
-                self.stats.time_to_first_token = now - started
-            self.stats.decode_seconds = now - first_token_at
             if token in self.stop_ids:
-                reason = "stop_token"
+                reason = StopReason.STOP_TOKEN
                 break
             self.tokens.append(token)
             self.stats.generated_tokens += 1
@@ -185,118 +176,73 @@ class Generation:
             self.text += text
             yield Piece(token, text)
             if hit_stop_string:
-                reason = "stop_string"
+                reason = StopReason.STOP_STRING
                 break
-        if reason == "max_tokens" and self._format_complete():  # with the last token allowed
-            reason = "format_complete"
+        if reason == StopReason.MAX_TOKENS and self.processors.finished:  # with the last token allowed
+            reason = StopReason.FORMAT_COMPLETE
         self.cache.checkpoint()  # where the conversation goes back to when the next exchange is undone
-        if self.constraint is not None:
-            self.stats.constraint_seconds = self.constraint.seconds
-            self.stats.constraint_masks = self.constraint.masks
+        self.stats.constraint_seconds = self.processors.seconds
+        self.stats.constraint_masks = self.processors.masks
         self.stats.stop_reason = reason
-        if reason != "stop_string":
+        if reason != StopReason.STOP_STRING:
             rest, _ = stops.feed(detokenizer.flush())
             rest += stops.flush()
             if rest:
                 self.text += rest
                 yield Piece(None, rest)
 
-    def _next_tokens(self, logits: torch.Tensor, sampler: Sampler) -> Iterator[int]:
+    def _next_tokens(self, logits: torch.Tensor) -> Iterator[int]:
         """The reply's tokens in order, each fed to the model only once the next one is wanted
-        (ending when the context has no room for it, or the format is complete). With speculation, a token and the
-        drafts after it are fed in one verify step, and the drafts the model keeps follow
-        without a step of their own."""
+        (ending when there is no room for it, or the processors allow nothing more). A step
+        gives the next token, after the drafts the model kept if it drafted."""
         history = list(self.prompt_ids)
-        planner = self.speculation.planner(self.runner) if self.speculation is not None else None
-        lookup = PromptLookup()
-        token = self._sample(sampler, logits, history)
+        plain = PlainStep(self.runner, self.cache, Sampler(self.settings), self.processors)
+        step = self._decode_step(plain)
+        token = plain.choose(logits, history)
         while True:
-            if self.constraint is not None:
-                self.constraint.advance(token)
+            self.processors.advance(token)
             history.append(token)
             yield token
-            if self.cache.room() == 0 or self._format_complete():
-                return
-            started = time.perf_counter()
             generated = len(history) - len(self.prompt_ids)
-            room = min(self._token_limit() - generated - 1, self.cache.room() - 1)
-            if self.cache.most_taken_back() is not None:  # refused drafts must be taken back exactly
-                room = min(room, self.cache.most_taken_back())
-            if self.constraint is not None:  # the last tokens of the budget close what is open
-                self.constraint.closing = (generated >= closing_from(self.settings.max_tokens)
-                                           or self.cache.room() <= CLOSING_TOKENS)
-            # What the format forces next (a JSON key, its quotes) is drafted first: the verify
-            # step then keeps the model's own choices, one step for the lot.
-            drafted = Draft(self.constraint.forced()[:room]) if self.constraint is not None else Draft([])
-            forced = bool(drafted.tokens)
-            if not forced and planner is not None:
-                count = min(planner.length(self._draft_seconds()), room)
-                drafted = self._draft(lookup, history, count) if count > 0 else Draft([])
-                if self.constraint is not None and drafted.tokens:
-                    drafted = self._within_format(drafted)
-            if not drafted.tokens:
-                token = self._sample(sampler, self.runner(self.cache, [token]), history)
-                if planner is not None:
-                    planner.record_round(False, time.perf_counter() - started, 1)
-                continue
-            start = len(self.cache)
-            verified = self.runner(self.cache, [token, *drafted.tokens], every_logits=True)
-            masks = None if self.constraint is None else self._verify_masks(drafted)
-            kept, token = accept(drafted, verified, sampler, history, masks)
-            self.cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
-            if not forced:  # the planner weighs the drafters' guesses, not the format's
-                planner.record(len(drafted.tokens), kept)
-                planner.record_round(True, time.perf_counter() - started, kept + 1)
-            self.stats.drafted_tokens += len(drafted.tokens)
-            self.stats.accepted_tokens += kept
-            for accepted in drafted.tokens[:kept]:
-                history.append(accepted)
-                yield accepted
-            if self._format_complete():  # the format has taken the kept drafts, and no more
+            room = self._room(generated)
+            if room == 0 or self.processors.finished:
                 return
+            self.processors.near_end(generated, self.settings.max_tokens, room)
+            taken = step(token, history, room - 1)
+            self.stats.drafted_tokens += taken.drafted
+            self.stats.accepted_tokens += len(taken.kept)
+            for kept in taken.kept:  # the processors took them in the verify step
+                history.append(kept)
+                yield kept
+            if self.processors.finished:  # the format has taken the kept drafts, and no more
+                return
+            token = taken.token
+
+    def _decode_step(self, plain: PlainStep) -> DecodeStep:
+        """The plain step, unless something drafts: speculation, or processors that force tokens."""
+        if self.speculation is None and not self.processors:
+            return plain
+        return SpeculativeStep(plain, self.speculation)
+
+    def _room(self, generated: int) -> int:
+        """Tokens the reply may still take, the one just chosen included: within its token
+        limit, and the cache's room (where that token is fed first)."""
+        return min(self._token_limit() - generated, self.cache.room())
+
+    def _timed(self, tokens: Iterator[int], started: float) -> Iterator[int]:
+        """The tokens as they come, timing the first from `started` and the decode from it on."""
+        first_token_at = None
+        for token in tokens:
+            now = time.perf_counter()
+            if first_token_at is None:
+                first_token_at = now
+                self.stats.time_to_first_token = now - started
+            self.stats.decode_seconds = now - first_token_at
+            yield token
 
     def _token_limit(self) -> int:
-        """max_tokens, and for a formatted reply the tokens it may take past them to close."""
-        return self.settings.max_tokens + (CLOSING_TOKENS if self.constraint is not None else 0)
-
-    def _format_complete(self) -> bool:
-        """Whether the format is complete and allows nothing more: the reply ends there."""
-        return self.constraint is not None and self.constraint.finished
-
-    def _sample(self, sampler: Sampler, logits: torch.Tensor, history: list[int]) -> int:
-        return sampler(logits if self.constraint is None else self.constraint.mask(logits), history)
-
-    def _within_format(self, drafted: Draft) -> Draft:
-        """The drafts up to the first the format refuses: one the model could never keep.
-        Drafts drawn from a distribution stay whole: their refusal by the sampling rule,
-        and the draw that replaces them, keep replies distributed as without drafts."""
-        if drafted.probabilities is not None:
-            return drafted
-        return Draft(drafted.tokens[: self.constraint.allowed_prefix(drafted.tokens)])
-
-    def _verify_masks(self, drafted: Draft):
-        """Masks for the verify step's rows in order, row i after the first i drafts: the
-        format takes each draft only when the model has kept it, so nothing is taken back."""
-        taken = 0
-
-        def masked(logits: torch.Tensor, row: int) -> torch.Tensor:
-            nonlocal taken
-            for draft in drafted.tokens[taken:row]:
-                self.constraint.advance(draft)
-            taken = row
-            return self.constraint.mask(logits)
-
-        return masked
-
-    def _draft(self, lookup: PromptLookup, history: list[int], count: int) -> Draft:
-        draft_model = self.speculation.draft
-        if draft_model is None:
-            return lookup.propose(history, count)
-        return draft_model.propose(history, count, self.draft_sampler, self.cache.capacity)
-
-    def _draft_seconds(self) -> float:
-        draft_model = self.speculation.draft
-        return 0.0 if draft_model is None else draft_model.seconds_a_token
+        """max_tokens, and the tokens the processors may take past them to end whole."""
+        return self.settings.max_tokens + self.processors.extra_tokens
 
     def _prefill(self):
         """Feed the prompt tokens not already cached; return the last position's logits."""

@@ -1,10 +1,10 @@
 """Runners: how the model runs on a KV cache, as interchangeable wrappers around one call.
 
-Every runner is called alike, `runner(cache, ids, every_logits=False)`: it feeds ids at the
-cache's next positions and returns the float32 logits after the last one [vocab], or
-with every_logits after each of them [len(ids), vocab] (a verify step). Each also has
-`logits(ids)` (a whole-sequence pass, no cache), `status` (what runs, as data), `compile()`
-and `cancel()`.
+Every runner is a `Runner`, called alike, `runner(cache, ids, every_logits=False)`: it
+feeds ids at the cache's next positions and returns the float32 logits after the last one
+[vocab], or with every_logits after each of them [len(ids), vocab] (a verify step). Each
+also has `logits(ids)` (a whole-sequence pass, no cache), `status` (what runs, as data),
+`compile()` and `cancel()`.
 
 - EagerRunner: the model's forward, a prompt in chunks of PREFILL_CHUNK tokens.
 - CompiledRunner: the packages compiled ahead of time for short calls (engine/compiled),
@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -50,6 +51,28 @@ class RunnerStatus:
     def describe(self) -> str:
         """The words for people: "compiled", "eager (why)", "compiling (...)"."""
         return f"{self.mode.value} ({self.detail})" if self.detail else self.mode.value
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """How a model runs: what every runner offers, and what wrappers pass through."""
+
+    @property
+    def status(self) -> RunnerStatus:
+        """What runs the model's short calls, and why."""
+
+    def __call__(self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False) -> torch.Tensor:
+        """Feed ids at the cache's next positions: the logits after the last [vocab], or
+        with every_logits after each of them [len(ids), vocab]."""
+
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Float32 logits [len(ids), vocab] from one whole-sequence pass, no cache involved."""
+
+    def compile(self, **options) -> RunnerStatus:
+        """Use compiled steps where the runner can; what runs now."""
+
+    def cancel(self) -> None:
+        """Stop work going on in the background (a compiled step's build)."""
 
 
 class EagerRunner:
@@ -96,7 +119,7 @@ class EagerRunner:
 class Wrapper:
     """A runner around another: passes everything through that it does not change."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: Runner) -> None:
         self.inner = inner
 
     def __call__(self, cache: KVCache, ids: Sequence[int], **options) -> torch.Tensor:

@@ -16,10 +16,14 @@ The refused draft and everything after it are taken back from the cache.
 How many tokens to draft is chosen by measurement (`DraftPlanner`): the expected tokens
 a verify step yields, from the acceptance seen so far, against what steps of that many
 tokens have cost on this machine; where no length pays, nothing is drafted.
+
+`SpeculativeStep` is the decode step that puts these together (the plain step is in
+engine/steps); the tokens a reply's processors force (a format's) are its first drafts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +33,7 @@ import torch
 
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import Sampler
+from llama_chat.engine.steps import PlainStep, Round
 from llama_chat.errors import UsageError
 from llama_chat.options import DraftLength
 
@@ -259,3 +264,79 @@ class Speculation:
             return None
         most = MOST_DRAFTED if length.automatic else length.most
         return DraftPlanner(most, length.automatic, runner, self.acceptance)
+
+
+class SpeculativeStep:
+    """A decode step that drafts: the tokens the processors force, else as many of the
+    drafter's guesses as the planner finds pay. The last token and the drafts go through
+    one verify step, and `accept` keeps what the model would have chosen itself; with
+    nothing drafted, it is the plain step."""
+
+    def __init__(self, plain: PlainStep, speculation: Speculation | None) -> None:
+        self.plain = plain
+        self.draft_model = speculation.draft if speculation is not None else None
+        self.planner = speculation.planner(plain.runner) if speculation is not None else None
+        self.lookup = PromptLookup()
+        # A draft model draws from a generator of its own, with the same settings.
+        self.draft_sampler = None
+        if self.draft_model is not None:
+            settings = plain.sampler.settings
+            draft_seed = None if settings.seed is None else settings.seed + 1
+            self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
+
+    def __call__(self, token: int, history: Sequence[int], room: int) -> Round:
+        started = time.perf_counter()
+        cache = self.plain.cache
+        if cache.most_taken_back() is not None:  # refused drafts must be taken back exactly
+            room = min(room, cache.most_taken_back())
+        # What the format forces next (a JSON key, its quotes) is drafted first: the verify
+        # step then keeps the model's own choices, one step for the lot.
+        drafted = Draft(self.plain.processors.forced()[:room])
+        forced = bool(drafted.tokens)
+        if not forced and self.planner is not None:
+            drafted = self._guess(history, room)
+        if not drafted.tokens:
+            chosen = self.plain(token, history)
+            if self.planner is not None:
+                self.planner.record_round(False, time.perf_counter() - started, 1)
+            return chosen
+        start = len(cache)
+        verified = self.plain.runner(cache, [token, *drafted.tokens], every_logits=True)
+        kept, chosen = accept(drafted, verified, self.plain.sampler, history, self._verify_masks(drafted))
+        cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
+        if not forced:  # the planner weighs the drafters' guesses, not the format's
+            self.planner.record(len(drafted.tokens), kept)
+            self.planner.record_round(True, time.perf_counter() - started, kept + 1)
+        return Round(chosen, drafted.tokens[:kept], len(drafted.tokens))
+
+    def _guess(self, history: Sequence[int], room: int) -> Draft:
+        """The drafter's guesses, as many as pay and fit, up to the first a processor refuses:
+        one the model could never keep. Drafts drawn from a distribution stay whole: their
+        refusal by the sampling rule, and the draw that replaces them, keep replies
+        distributed as without drafts."""
+        seconds = 0.0 if self.draft_model is None else self.draft_model.seconds_a_token
+        count = min(self.planner.length(seconds), room)
+        if count <= 0:
+            return Draft([])
+        if self.draft_model is None:
+            drafted = self.lookup.propose(history, count)
+        else:
+            drafted = self.draft_model.propose(history, count, self.draft_sampler, self.plain.cache.capacity)
+        if not drafted.tokens or drafted.probabilities is not None or not self.plain.processors:
+            return drafted
+        return Draft(drafted.tokens[: self.plain.processors.allowed_prefix(drafted.tokens)])
+
+    def _verify_masks(self, drafted: Draft) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """Masks for the verify step's rows in order, row i after the first i drafts: the
+        processors take each draft only when the model has kept it, so nothing is taken back."""
+        processors = self.plain.processors
+        taken = 0
+
+        def masked(logits: torch.Tensor, row: int) -> torch.Tensor:
+            nonlocal taken
+            for draft in drafted.tokens[taken:row]:
+                processors.advance(draft)
+            taken = row
+            return processors.mask(logits)
+
+        return masked
