@@ -196,8 +196,8 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             # Flags first, then what the model file recommends, then llama-chat's defaults.
             session.apply_settings(model.sampling_defaults, "model file")
             session.apply_settings(given_settings(argv), "command line")
-            session.speculation.lookup = lookup
-            session.format = answer_format
+            session.set_lookup(lookup)
+            session.set_format(answer_format)
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
             open_conversation(session, options, argv)

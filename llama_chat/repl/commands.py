@@ -129,7 +129,7 @@ def run_load(state: ChatState, text: str) -> None:
 
 def run_lookup(state: ChatState, text: str) -> None:
     try:
-        state.session.speculation.lookup = parse_lookup(text)
+        state.session.set_lookup(parse_lookup(text))
     except UsageError as error:
         raise CommandError(str(error).replace("--lookup", "/lookup")) from None
     state.renderer.note(f"prompt lookup: {describe_lookup(state.session.speculation)}")

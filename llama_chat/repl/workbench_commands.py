@@ -53,14 +53,14 @@ def run_format(state: ChatState, text: str) -> None:
     kind, _, value = text.partition(" ")
     value = value.strip()
     if kind == "off" and not value:
-        session.format = None
+        session.set_format(None)
     elif (kind == "json" and not value) or (kind in ("schema", "regex", "grammar") and value):
         try:
             chosen = read_format(kind, value)
             chosen.check(session.model.tokenizer)
         except FormatError as error:
             raise CommandError(str(error)) from None
-        session.format = chosen
+        session.set_format(chosen)
     elif kind:
         raise CommandError(f"/format takes json, schema FILE|JSON, regex PATTERN, grammar FILE or off, not {text!r}")
     state.renderer.note(f"format: {describe_format(session)}")
