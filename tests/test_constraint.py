@@ -233,7 +233,7 @@ def test_the_default_model_answers_valid_json_for_a_schema(default_model):
     settings = SamplingSettings(temperature=0.7, seed=0, max_tokens=120)
     for prompt in PROMPTS:
         session = Session(default_model, settings, context_size=512)
-        session.format = answer_format
+        session.set_format(answer_format)
         turn = session.send(prompt)
         turn.run()
         assert turn.stats.stop_reason in ("format_complete", "stop_token"), (prompt, turn.text)
@@ -258,7 +258,7 @@ def test_a_reply_cut_by_its_budget_closes_what_is_open_and_parses(default_model,
     for seed, prompt in enumerate(PROMPTS[:8]):
         session = Session(default_model, SamplingSettings(temperature=0.7, seed=seed, max_tokens=max_tokens),
                           context_size=512)
-        session.format = answer_format
+        session.set_format(answer_format)
         turn = session.send(prompt)
         turn.run()
         answer = json.loads(turn.text)

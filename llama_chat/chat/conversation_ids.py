@@ -53,7 +53,7 @@ class TurnPlan:
     """How a new user message goes to the model."""
 
     prompt: list[int]
-    history: list[dict[str, str]]  # the messages before the new one
+    history: list[dict[str, str]]  # the messages rendered before the new one (see turn_encoder)
     rendered: list[int]  # the format's own ids for history + new message + cue
     user_ids: list[int] | None  # what the message adds to the kept ids; None: full re-render
 

@@ -225,13 +225,15 @@ def warn_about_model(model: Llama, model_options: LoadOptions) -> None:
               "as plain completion; --chat-format names a format for turns", file=sys.stderr)
 
 
-def configure_session(session: Session, argv: Sequence[str], lookup: str | int, answer_format: Format | None) -> None:
+def configure_session(
+    session: Session, argv: Sequence[str], lookup: DraftLength, answer_format: Format | None
+) -> None:
     """The sampling settings, prompt lookup and answer format the session starts with."""
     # Flags first, then what the model file recommends, then llama-chat's defaults.
     session.apply_settings(session.model.sampling_defaults, "model file")
     session.apply_settings(given_settings(argv), "command line")
-    session.speculation.lookup = lookup
-    session.format = answer_format
+    session.set_lookup(lookup)
+    session.set_format(answer_format)
 
 
 def converse(session: Session, prompt: str | None, files: PendingFiles, options: argparse.Namespace,

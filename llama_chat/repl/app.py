@@ -42,6 +42,7 @@ from llama_chat.llama import Llama
 from llama_chat.paths import history_path
 from llama_chat.repl import commands
 from llama_chat.repl.chat_state import ChatState
+from llama_chat.repl.model_commands import describe_briefly
 from llama_chat.repl.render import Renderer
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 
@@ -230,7 +231,7 @@ def run_repl(
     prompt = prompt_session(state, input=input, output=output, history=history)
     model = session.model
     state.renderer.note(
-        f"llama-chat: {model.name} on {commands.describe_briefly(model)}, context {session.capacity} tokens "
+        f"llama-chat: {model.name} on {describe_briefly(model)}, context {session.capacity} tokens "
         "(/help, /device for more; Ctrl-D leaves)"
     )
     # The prompt restores the terminal to how it found it: held back, so that no key typed

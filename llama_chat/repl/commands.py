@@ -1,4 +1,6 @@
-"""The slash commands: one table of names, help texts and handlers with validated arguments.
+"""The slash commands: one table of names, help texts and handlers with validated arguments,
+and finding and running them. The handlers live by what they act on: settings_commands,
+conversation_commands, model_commands, file_commands and reply_commands.
 
 A handler gets the chat state and the text after the command name. A bad argument raises
 CommandError (one line, nothing changed); returning STOP ends the chat.
@@ -6,246 +8,22 @@ CommandError (one line, nothing changed); returning STOP ends the chat.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 
-from llama_chat.chat.display import stats_line
-from llama_chat.engine.cache import KVCache
-from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
-from llama_chat.engine.speculation import Speculation
-from llama_chat.errors import LlamaChatError, UsageError
-from llama_chat.llama import Llama
-from llama_chat.model_info import model_info
-from llama_chat.options import DraftLength
-from llama_chat.parallel.sharding import RankLost
-from llama_chat.process_memory import memory_now_mb
-from llama_chat.repl.chat_state import (
-    STOP,
-    ChatState,
-    Command,
-    CommandError,
-    Handler,
-    exchanges,
-    parse_number,
-    shorten,
-)
-from llama_chat.repl.render import Renderer
-from llama_chat.repl.workbench_commands import (
-    describe_format,
+from llama_chat.repl.chat_state import STOP, ChatState, Command, CommandError, Handler
+from llama_chat.repl.conversation_commands import (
     run_branches,
-    run_copy,
+    run_clear,
     run_edit,
-    run_format,
-    run_read,
+    run_retry,
+    run_stats,
+    run_system,
+    run_undo,
 )
-
-# Sampling settings, each a command with one number: (field, kind, argument name, help, aliases).
-_ALIASES = {"temperature": ("temp",)}
-_SETTINGS = [
-    (name, type(getattr(SamplingSettings(), name)), argument, about, _ALIASES.get(name, ()))
-    for name, (argument, about) in SETTING_HELP.items()
-]
-
-
-def change_setting(state: ChatState, **values: object) -> None:
-    """Replace settings; an invalid value leaves the old settings in place."""
-    state.session.apply_settings(values, "set in the chat")
-
-
-def setting_command(field: str, kind: type, argument: str, about: str, aliases: tuple[str, ...]) -> Command:
-    def run(state: ChatState, text: str) -> None:
-        if text:
-            change_setting(state, **{field: parse_number(kind, field, text)})
-        state.renderer.line(f"{field} = {getattr(state.session.settings, field)}")
-
-    return Command(field, argument, about, run, aliases)
-
-
-def run_seed(state: ChatState, text: str) -> None:
-    if text:
-        seed = None if text == "random" else parse_number(int, "seed", text)
-        change_setting(state, seed=seed)
-    seed = state.session.settings.seed
-    state.renderer.line(f"seed = {'random' if seed is None else seed}")
-
-
-def run_settings(state: ChatState, text: str) -> None:
-    session = state.session
-    for field in dataclasses.fields(SamplingSettings):
-        source = session.setting_sources.get(field.name)
-        where = f" ({source})" if source else ""
-        state.renderer.line(f"{field.name} = {getattr(session.settings, field.name)}{where}")
-    state.renderer.line(f"system = {session.system!r}")
-    state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
-    for name in SWITCHES:
-        state.renderer.line(f"{name} = {switch_value(state.renderer, name)}")
-    draft = session.speculation.draft
-    state.renderer.line(f"draft = {draft.path or draft.model.name}" if draft else "draft = off")
-    drafts_instead = " (the draft model drafts instead)" if draft else ""
-    state.renderer.line(f"lookup = {describe_lookup(session.speculation)}{drafts_instead}")
-    state.renderer.line(f"format = {describe_format(session)}")
-
-
-def run_system(state: ChatState, text: str) -> None:
-    session = state.session
-    if not text:
-        state.renderer.line(f"system prompt: {session.system}" if session.system else "no system prompt")
-        return
-    session.set_system(None if text == "clear" else text)
-    state.renderer.note("system prompt removed" if text == "clear" else "system prompt set")
-
-
-def run_clear(state: ChatState, text: str) -> None:
-    state.session.clear()
-    kept = " (system prompt kept)" if state.session.system else ""
-    state.renderer.note(f"conversation cleared{kept}")
-
-
-def run_retry(state: ChatState, text: str) -> None:
-    state.renderer.play(state.session.retry())
-
-
-def run_undo(state: ChatState, text: str) -> None:
-    removed = state.session.undo()
-    state.renderer.note(f"removed the last exchange ({shorten(removed.user)})")
-
-
-def run_load(state: ChatState, text: str) -> None:
-    session = state.session
-    try:
-        model = state.load_model(text)
-    except RankLost:
-        raise  # the group is broken: the run ends
-    except Exception as error:  # a foreign file can fail in many ways; the chat must go on
-        reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
-        raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
-    draft_note = session.set_model(model, text)
-    state.renderer.note(
-        f"loaded {model.name} on {describe_briefly(model)}, context {session.capacity} tokens; "
-        f"the conversation goes on ({exchanges(len(session.exchanges))})"
-    )
-    if draft_note:
-        state.renderer.note(draft_note)
-
-
-def run_lookup(state: ChatState, text: str) -> None:
-    try:
-        state.session.speculation.lookup = DraftLength.parse(text, "/lookup")
-    except UsageError as error:
-        raise CommandError(str(error)) from None
-    state.renderer.note(f"prompt lookup: {describe_lookup(state.session.speculation)}")
-
-
-def run_draft(state: ChatState, text: str) -> None:
-    session = state.session
-    if text == "off":
-        session.set_draft(None)
-        state.renderer.note(f"draft model off; prompt lookup: {describe_lookup(session.speculation)}")
-        return
-    try:
-        draft = state.load_draft(text)
-    except RankLost:
-        raise
-    except Exception as error:  # noqa: BLE001 (as /load: the chat goes on)
-        reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
-        raise CommandError(f"could not load the draft model {text}: {reason}") from None
-    try:
-        session.set_draft(draft, text)
-    except UsageError as error:
-        raise CommandError(str(error)) from None
-    state.renderer.note(f"drafting with {draft.name} on {describe_briefly(draft)}")
-
-
-def describe_lookup(speculation: Speculation) -> str:
-    if speculation.lookup.off:
-        return "off"
-    if speculation.lookup.automatic:
-        return "auto (drafts where it measures faster)"
-    return f"up to {speculation.lookup.most} tokens"
-
-
-def run_save(state: ChatState, text: str) -> None:
-    path, cached = state.session.save(text)
-    with_cache = f" and the cache of {cached} tokens" if cached else ""
-    state.renderer.note(f"saved {exchanges(len(state.session.exchanges))}{with_cache} to {path}")
-
-
-def run_open(state: ChatState, text: str) -> None:
-    note = state.session.open(text)
-    if note:
-        state.renderer.note(note)
-    state.renderer.note(f"opened {text}: {exchanges(len(state.session.exchanges))}")
-
-
-def run_stats(state: ChatState, text: str) -> None:
-    session = state.session
-    stats = session.last_stats
-    if stats is None:
-        state.renderer.line("no reply yet")
-    else:
-        state.renderer.line(f"last reply: {stats_line(stats)}")
-        state.renderer.line(
-            f"prompt {stats.prompt_tokens} tokens: {stats.reused_tokens} reused from the cache, "
-            f"{stats.prefilled_tokens} prefilled at {stats.prefill_tokens_per_second:.0f} tok/s; "
-            f"ended by {stats.stop_reason}"
-        )
-    state.renderer.line(
-        f"context: {session.context_used()} of {session.capacity} tokens, {exchanges(len(session.exchanges))}"
-    )
-    state.renderer.line(describe_cache(session.cache))
-
-
-def describe_cache(cache: KVCache) -> str:
-    """The KV cache's memory: the global layers' grows with the conversation, the windowed
-    layers' rings do not."""
-    text = (f"KV cache ({str(cache.dtype).removeprefix('torch.')}): {len(cache)} positions of "
-            f"{layer_count(cache.global_layers, 'global')}, {len(cache) * cache.position_bytes() / 1e6:.1f} MB")
-    if cache.windowed_layers:
-        text += (f"; {layer_count(cache.windowed_layers, 'windowed')} hold their last {cache.ring} positions "
-                 f"(a window of {cache.window}), {cache.ring_bytes() / 1e6:.1f} MB")
-    return text
-
-
-def layer_count(count: int, kind: str) -> str:
-    return f"{count} {kind} layer" + ("s" if count != 1 else "")
-
-
-def run_device(state: ChatState, text: str) -> None:
-    state.renderer.line(describe_device(state.session.model))
-    memory = describe_memory()
-    if memory:
-        state.renderer.line(memory)
-
-
-def run_info(state: ChatState, text: str) -> None:
-    path = state.session.model_path
-    if path is None:
-        raise CommandError(f"{state.session.model.name} was not loaded from a file: there is nothing to read")
-    for label, value in model_info(path):
-        state.renderer.line(f"{label + ':':15}{value}")
-
-
-# The renderer's switches: command name, the Renderer attribute, and the words for on and off.
-SWITCHES = {"markdown": ("markdown", ("on", "off")), "think": ("show_thinking", ("show", "hide"))}
-
-
-def switch_value(renderer: Renderer, name: str) -> str:
-    attribute, (on, off) = SWITCHES[name]
-    return on if getattr(renderer, attribute) else off
-
-
-def switch_command(name: str, about: str) -> Command:
-    """A command that turns one of the renderer's switches on or off, or shows it."""
-    attribute, (on, off) = SWITCHES[name]
-
-    def run(state: ChatState, text: str) -> None:
-        if text not in ("", on, off):
-            raise CommandError(f"/{name} takes {on} or {off}, got {text!r}")
-        if text:
-            setattr(state.renderer, attribute, text == on)
-        state.renderer.line(f"{name} = {switch_value(state.renderer, name)}")
-
-    return Command(name, f"{on}|{off}", about, run, choices=(on, off))
+from llama_chat.repl.file_commands import run_copy, run_open, run_read, run_save
+from llama_chat.repl.model_commands import run_device, run_info, run_load
+from llama_chat.repl.reply_commands import run_draft, run_format, run_lookup
+from llama_chat.repl.settings_commands import SETTINGS, run_seed, run_settings, setting_command, switch_command
 
 
 def run_quit(state: ChatState, text: str) -> bool:
@@ -268,25 +46,6 @@ def run_help(state: ChatState, text: str) -> None:
 def usage(command: Command) -> str:
     names = " ".join("/" + name for name in (command.name, *command.aliases))
     return f"{names} {command.usage}".rstrip()
-
-
-def describe_device(model: Llama) -> str:
-    """Where and how the model runs, with the reasons (for /device)."""
-    return f"{model.device} ({model.describe_weights()}; decode step {model.runner.status.describe()})"
-
-
-def describe_briefly(model: Llama) -> str:
-    """Where and how the model runs, in a few words (the reasons are in /device)."""
-    return f"{model.device}, {model.weights.brief(model.dtype)} weights, decode step {model.runner.status.mode.value}"
-
-
-def describe_memory() -> str:
-    """What /device adds: memory held now, resident and the process's own."""
-    memory = memory_now_mb()
-    if memory is None:
-        return ""
-    return (f"memory: {memory[0]:.0f} MB resident, {memory[1]:.0f} MB of it this process's own (the rest is "
-            "mapped files, shared with other processes and reclaimable)")
 
 
 def needs_argument(run: Handler, what: str) -> Handler:
@@ -313,7 +72,7 @@ def _plain(name: str, about: str, run: Handler, aliases: tuple[str, ...] = ()) -
 
 COMMANDS: list[Command] = [
     Command("help", "[COMMAND]", "list the commands, or explain one", run_help),
-    *(setting_command(*spec) for spec in _SETTINGS),
+    *(setting_command(*spec) for spec in SETTINGS),
     Command("seed", "N|random", "seed for reproducible sampling", run_seed,
             choices=("random",)),
     _plain("settings", "show every setting", run_settings),

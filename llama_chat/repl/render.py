@@ -24,7 +24,7 @@ from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.thinking import THINKING, ThinkingSplitter
 
 if TYPE_CHECKING:
-    from llama_chat.chat.session import Turn
+    from llama_chat.chat.turn import Turn
 
 
 class Renderer:
