@@ -9,6 +9,7 @@ import torch
 from llama_chat import Llama, SamplingSettings
 from llama_chat.engine.processors import LogitsProcessor, Processors
 from llama_chat.engine.speculation import Speculation
+from llama_chat.options import DraftLength
 
 from .conftest import tiny_args
 
@@ -61,7 +62,7 @@ def reply(model, settings, processors=(), speculation=None):
     return generation
 
 
-@pytest.mark.parametrize("speculation", [None, Speculation(lookup=4)], ids=["plain", "lookup"])
+@pytest.mark.parametrize("speculation", [None, Speculation(lookup=DraftLength(4))], ids=["plain", "lookup"])
 def test_a_processor_passed_to_the_loop_is_obeyed(model, speculation):
     settings = SamplingSettings(temperature=0, max_tokens=40)
     free = reply(model, settings, speculation=speculation)
@@ -79,7 +80,7 @@ def test_a_sampled_reply_obeys_a_processor_with_speculation(model):
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, max_tokens=40)
     free = reply(model, settings)
     banned = Counter(free.tokens).most_common(1)[0][0]
-    for speculation in (None, Speculation(lookup=4)):
+    for speculation in (None, Speculation(lookup=DraftLength(4))):
         held = reply(model, settings, [Ban(banned)], speculation)
         assert banned not in held.tokens and len(held.tokens) == 40
 

@@ -161,13 +161,18 @@ class Session:
         plan = self.encoder.plan(self.conversation, text)
         room = self.capacity - self.reserve()
         if len(plan.prompt) <= room:
-            return Turn(self, text, plan, dropped=0, replaced=replaced)
+            return Turn(self.running, self.settings, self._record, text, plan, dropped=0, replaced=replaced)
         dropped = self.encoder.exchanges_to_drop(self.conversation, text, room, self.capacity)
         if dropped:
             del self.exchanges[:dropped]
             self.rebuild_ids()
             plan = self.encoder.plan(self.conversation, text)
-        return Turn(self, text, plan, dropped, replaced)
+        return Turn(self.running, self.settings, self._record, text, plan, dropped, replaced)
+
+    def _record(self, exchange: Exchange, stats: GenerationStats) -> None:
+        """A finished turn joins the conversation."""
+        self.exchanges.append(exchange)
+        self.last_stats = stats
 
     # The conversation
 
@@ -247,8 +252,10 @@ class Session:
 
     def save(self, path: str | Path, cache_limit_bytes: int | None = None) -> tuple[Path, int]:
         """Write the conversation and beside it its cache (see session_file)."""
-        return save_session(self, path, cache_limit_bytes)
+        return save_session(self.conversation, self.running, self.settings, path, cache_limit_bytes)
 
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation, settings and cache with saved ones (see session_file)."""
-        return open_session(self, path)
+        self.settings, note = open_session(self.conversation, self.running, path)
+        self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
+        return note

@@ -3,29 +3,27 @@ and, beside it, the cache of the positions it holds (see cache_file)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
-from llama_chat.chat.conversation import forget_ids
+from llama_chat.chat.conversation import Conversation, forget_ids
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, first_line
+from llama_chat.chat.running_model import RunningModel
 from llama_chat.paths import expanded
 
-if TYPE_CHECKING:
-    from llama_chat.chat.session import Session
 
-
-def save_session(session: Session, path: str | Path, cache_limit_bytes: int | None = None) -> tuple[Path, int]:
+def save_session(
+    conversation: Conversation, running: RunningModel, settings: SamplingSettings, path: str | Path,
+    cache_limit_bytes: int | None = None,
+) -> tuple[Path, int]:
     """Write the conversation, its token ids, the settings and the model path, and beside it
     the cache unless that would take more than cache_limit_bytes. Returns the path and how
     many positions the cache file holds."""
     path = expanded(path)
-    conversation, running = session.conversation, session.running
     write_conversation(path, SavedConversation(
-        conversation.system, conversation.exchanges, conversation.head_ids, session.settings, running.described()
+        conversation.system, conversation.exchanges, conversation.head_ids, settings, running.described()
     ))
     depends_on = running.cache_depends_on(conversation.system)
     try:
@@ -36,44 +34,45 @@ def save_session(session: Session, path: str | Path, cache_limit_bytes: int | No
     return path, cached
 
 
-def open_session(session: Session, path: str | Path) -> str | None:
-    """Replace the conversation and settings with a saved one, and the cache with the one
-    saved beside it when it stands for this conversation on this model. Returns a note
-    when something could not be kept: token ids rebuilt for another model, or the cache
-    not used (the conversation is then read again on the next turn)."""
+def open_session(
+    conversation: Conversation, running: RunningModel, path: str | Path
+) -> tuple[SamplingSettings, str | None]:
+    """Replace the conversation with a saved one, and the cache with the one saved beside
+    it when it stands for this conversation on this model. Returns the saved settings, and
+    a note when something could not be kept: token ids rebuilt for another model, or the
+    cache not used (the conversation is then read again on the next turn)."""
     path = expanded(path)
     saved = read_conversation(path)
-    conversation, running = session.conversation, session.running
     head_ids, same_model = saved.head_ids, running.is_same_model(saved.model)
     if not same_model:  # another tokenizer's ids mean nothing here
         head_ids = None
         forget_ids([saved.exchanges])
     conversation.system, conversation.exchanges, conversation.head_ids = saved.system, saved.exchanges, head_ids
-    session.settings = saved.settings
-    session.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
     notes = [saved.note] if saved.note else []
-    if not session.ids_hold_the_text():  # ids by hand, or for other text: the model is to read what is shown
+    tokenizer = running.model.tokenizer
+    # ids by hand, or for other text: the model is to read what is shown
+    if not conversation.ids_hold_the_text(tokenizer.vocab_size, tokenizer.decode):
         if same_model and conversation.ids is not None and conversation.exchanges:
             notes.append(f"{path}: its token ids do not hold its text; they were rebuilt from the text")
-        session.rebuild_ids()
-    session.trim_cache()
+        conversation.rebuild_ids(running.model.chat_format)
+    if conversation.ids is not None:  # cached positions past what the conversation holds go
+        running.cache.keep_common_prefix(conversation.ids)
     if not same_model:
         saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
         notes.append(f"{path} was saved with {saved_name}; its token ids were rebuilt for {running.model.name}")
-    notes += _restored_cache_notes(session, path, same_model)
-    return "; ".join(notes) or None
+    notes += _restored_cache_notes(conversation, running, path, same_model)
+    return saved.settings, "; ".join(notes) or None
 
 
-def _restored_cache_notes(session: Session, path: Path, same_model: bool) -> list[str]:
+def _restored_cache_notes(conversation: Conversation, running: RunningModel, path: Path, same_model: bool) -> list[str]:
     """Restore the cache saved beside the conversation where it can be; notes where not."""
     saved_cache = cache_path(path)
-    ids = session.conversation.ids
+    ids = conversation.ids
     if saved_cache.exists() and not same_model:
         return ["its saved cache was not used (it was made with another model)"]
     if saved_cache.exists() and ids is not None:
-        running = session.running
         try:
-            restore_cache(saved_cache, running.cache, ids, running.cache_depends_on(session.conversation.system))
+            restore_cache(saved_cache, running.cache, ids, running.cache_depends_on(conversation.system))
         except CacheNotUsed as reason:
             return [f"its saved cache was not used ({reason}): the conversation is read again"]
     return []

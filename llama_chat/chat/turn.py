@@ -3,34 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from llama_chat.chat.branches import fork
 from llama_chat.chat.conversation_ids import TurnPlan, exchange_ids
 from llama_chat.chat.exchange import Exchange
+from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.thinking import cue_opening
 from llama_chat.engine.generation import Generation, GenerationStats, Piece, StopReason
-
-if TYPE_CHECKING:
-    from llama_chat.chat.session import Session
+from llama_chat.engine.sampling import SamplingSettings
 
 
 class Turn:
     """One reply being generated. `run()` streams it; however it ends (done, Ctrl-C, an
-    error) it is then recorded in the session as an exchange."""
+    error) it is then handed to `record` as an exchange, with its statistics."""
 
     def __init__(
-        self, session: Session, text: str, plan: TurnPlan, dropped: int, replaced: list[Exchange] | None = None
+        self, running: RunningModel, settings: SamplingSettings, record: Callable[[Exchange, GenerationStats], None],
+        text: str, plan: TurnPlan, dropped: int, replaced: list[Exchange] | None = None,
     ) -> None:
-        self.session = session
+        self.model = running.model
+        self.record = record  # where the finished exchange goes: the conversation
         self.user = text
         self.plan = plan
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
         self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
-        running = session.running
         processors = [running.format.start(running.model.tokenizer)] if running.format is not None else []
         self.generation: Generation = running.model.generate(
-            plan.prompt, session.settings, cache=running.cache, speculation=running.speculation, processors=processors
+            plan.prompt, settings, cache=running.cache, speculation=running.speculation, processors=processors
         )
         # The opening thinking marker when the template's cue wrote it: the reply starts
         # inside the thinking, and is kept with the marker, whole.
@@ -65,7 +64,7 @@ class Turn:
         if self.exchange is None:
             generation = self.generation
             reply = self.thinking_cue + generation.text
-            model = self.session.model
+            model = self.model
             user_ids, reply_ids = exchange_ids(
                 model.chat_format, model.stop_ids, self.plan, self.user, reply, generation.tokens
             )
@@ -78,6 +77,5 @@ class Turn:
             )
             if self.replaced:
                 fork(self.replaced, self.exchange)
-            self.session.exchanges.append(self.exchange)
-            self.session.last_stats = generation.stats
+            self.record(self.exchange, generation.stats)
         return self.exchange
