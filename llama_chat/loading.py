@@ -19,13 +19,13 @@ import torch
 
 from llama_chat.checkpoints.contents import Checkpoint, Weight, stored_bytes
 from llama_chat.checkpoints.detect import read_checkpoint
-from llama_chat.engine.device import DTYPES, resolve_device
-from llama_chat.errors import DeviceError, LlamaChatError
+from llama_chat.engine.device import resolve_device
+from llama_chat.errors import LlamaChatError
 from llama_chat.kernels.backend import Progress, Source
 from llama_chat.kernels.cpu_paths import choose_backend
 from llama_chat.kernels.quantize import refuse_unpackable
 from llama_chat.llama import Llama
-from llama_chat.options import LoadOptions
+from llama_chat.options import DTYPES, LoadOptions, named_dtype
 from llama_chat.parallel.sharding import Shard, add_all_reduces, local_args, shard_state
 from llama_chat.text.format_choice import get_chat_format
 
@@ -114,12 +114,8 @@ def read_share(path: str | Path, shard: Shard | None) -> Checkpoint:
 
 def resolve_kv_dtype(name: str | None) -> torch.dtype | None:
     """--kv-dtype: auto (None: the loader's choice, see load) or float32, bfloat16, float16."""
-    name = (name or "auto").lower()
-    if name == "auto":
-        return None
-    if name not in DTYPES:
-        raise DeviceError(f"unknown --kv-dtype {name!r}: use auto, float32, bfloat16 or float16")
-    return DTYPES[name]
+    refusal = f"unknown --kv-dtype {(name or '').lower()!r}: use auto, float32, bfloat16 or float16"
+    return named_dtype(name, DTYPES, refusal)
 
 
 def model_memory_bytes(model: Llama) -> int:

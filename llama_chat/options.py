@@ -39,14 +39,20 @@ class KernelFamily(enum.Enum):
     ATEN = "aten"  # PyTorch's
 
 
-def packed_dtype(name: str | None, source: str) -> torch.dtype | None:
-    """The packed dtype `name` names (None: auto); a name of none is one line naming `source`."""
+def named_dtype(name: str | None, choices: dict[str, torch.dtype], refusal: str) -> torch.dtype | None:
+    """The dtype `name` names among `choices`, any case; None for auto (or no name). Any
+    other name is refused with the line `refusal`."""
     text = (name or "auto").lower()
     if text == "auto":
         return None
-    if text not in PACKED_DTYPES:
-        raise DeviceError(f"{source}={name!r}: use auto, bfloat16 or float32")
-    return PACKED_DTYPES[text]
+    if text not in choices:
+        raise DeviceError(refusal)
+    return choices[text]
+
+
+def packed_dtype(name: str | None, source: str) -> torch.dtype | None:
+    """The packed dtype `name` names (None: auto); a name of none is one line naming `source`."""
+    return named_dtype(name, PACKED_DTYPES, f"{source}={name!r}: use auto, bfloat16 or float32")
 
 
 @dataclass(frozen=True)
@@ -76,12 +82,9 @@ class LoadOptions:
     def packed_kernels(self) -> KernelOptions:
         """The kernel settings of a packed model: a dtype named for the model is what its
         prompt steps multiply in (cpu_paths refuses one PyTorch's packed kernels do not run)."""
-        if self.dtype in (None, "auto"):
-            return self.kernels
-        name = self.dtype.lower()
-        if name not in DTYPES:
-            raise DeviceError(f"unknown dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
-        return dataclasses.replace(self.kernels, matmul_dtype=DTYPES[name])
+        refusal = f"unknown dtype {self.dtype!r}: use auto, float32, bfloat16 or float16"
+        dtype = named_dtype(self.dtype, DTYPES, refusal)
+        return self.kernels if dtype is None else dataclasses.replace(self.kernels, matmul_dtype=dtype)
 
     def replaced(self, **settings: object) -> LoadOptions:
         """These options with some fields changed, a kernel setting (kernel_dtype=...) among

@@ -7,7 +7,7 @@ import platform
 import torch
 
 from llama_chat.errors import DeviceError
-from llama_chat.options import DTYPES
+from llama_chat.options import DTYPES, named_dtype
 
 
 def mps_available() -> bool:
@@ -45,16 +45,15 @@ def resolve_device(name: str | None = None) -> torch.device:
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     """`auto` (or None): float32 on cpu, bfloat16 on cuda where supported, else float16."""
-    name = (name or "auto").lower()
-    if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "mps":
-            return torch.float16
-        return torch.float32
-    if name not in DTYPES:
-        raise DeviceError(f"unknown dtype {name!r}: use auto, float32, bfloat16 or float16")
-    return DTYPES[name]
+    refusal = f"unknown dtype {(name or '').lower()!r}: use auto, float32, bfloat16 or float16"
+    named = named_dtype(name, DTYPES, refusal)
+    if named is not None:
+        return named
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
 
 
 def cpu_model_name() -> str:

@@ -85,7 +85,7 @@ class Attention(nn.Module):
             past_keys, past_values, past_bias = cache.update_and_fetch(self.layer, k[0], v[0])
             if self.cache_attention is not None:  # mask: the causal (windowed) one, which the kernel applies itself
                 if past_bias is None:  # the kernel counts the held positions by its bias: all visible
-                    past_bias = torch.zeros(cache.position, device=x.device)
+                    past_bias = cache.all_visible()
                 out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias, self.scale,
                                            self.window, self.softcap)
             else:

@@ -8,7 +8,7 @@ import torch
 
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.stored import GROUP, StackedRows, StoredMatrix
-from llama_chat.engine.device import DTYPES
+from llama_chat.options import DTYPES
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels.packed import int4_layout, int8_kernels_available
 
