@@ -304,6 +304,21 @@ def test_probe_times_are_kept_as_readable_records_and_old_entries_measured_again
     assert remembered(probe, measure, frozenset(times)) == times and len(calls) == 1  # read back, typed
 
 
+def test_a_probe_file_nested_past_parsing_is_measured_again(monkeypatch, tmp_path, capsys):
+    from llama_chat.kernels import probe_times
+    from llama_chat.kernels.probe_times import Probe, remembered
+
+    monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
+    configure_folders()
+    table = tmp_path / probe_times.PROBE_FILE
+    table.write_text("[" * 200_000 + "]" * 200_000)  # json alone would end in RecursionError
+    times = {Timing("kernel", 16): 1.5}
+    assert remembered(Probe("rows", "int4", (64, 192)), lambda: times, frozenset(times)) == times
+    err = capsys.readouterr().err
+    assert "nested more than" in err and "measuring again" in err and err.count("\n") == 1
+    assert json.loads(table.read_text())  # written anew
+
+
 def test_real_probe_times_every_candidate():
     from llama_chat.kernels.cpu_paths import measure_dtypes, measure_rows
 

@@ -16,8 +16,10 @@ from typing import NamedTuple
 
 import torch
 
+from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.disk_cache import entry_path, read_checked, staged
 from llama_chat.engine.device import cpu_model_name
+from llama_chat.kernels.weights_record import dtype_name
 from llama_chat.options import DTYPES
 
 PROBE_FILE = "cpu-paths.json"
@@ -34,7 +36,7 @@ class Timing(NamedTuple):
 
     def record(self, seconds: float) -> dict:
         fields = {"path": self.path, "rows": self.rows, "seconds": seconds}
-        return fields if self.dtype is None else {**fields, "dtype": str(self.dtype).removeprefix("torch.")}
+        return fields if self.dtype is None else {**fields, "dtype": dtype_name(self.dtype)}
 
 
 class Probe(NamedTuple):
@@ -69,7 +71,7 @@ def _timings(records: object) -> dict[Timing, float] | None:
 
 
 def _read_table(path: Path) -> dict:
-    known = json.loads(path.read_text(encoding="utf-8"))
+    known = parse_json(path.read_bytes())  # nesting bounded: a deep file would end in RecursionError
     if not isinstance(known, dict):
         raise ValueError("not a table of measurements")
     return known
