@@ -1,5 +1,11 @@
 """A model's chat template runs in a process of its own, under limits of time, output and memory."""
 
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 import llama_chat
@@ -15,6 +21,9 @@ from .test_session import GREEDY, chat_model, say
 
 LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 FLOOD = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"
+# Loops that never write (an empty loop body is done in moments): hours of rendering.
+SPIN = ("{% set ns = namespace(n=0) %}{% for a in range(100000) %}{% for b in range(100000) %}"
+        "{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}")
 HOARD = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}"
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -125,3 +134,42 @@ def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing
         session.send("four")  # refused at once: the worker is not started again
     assert model.chat_format.runner._worker is None
     assert session.messages() == kept[0]
+
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGHUP"])
+def test_a_render_ends_with_the_process_that_asked_for_it(signal_name):
+    """The chat killed (or its terminal closed) while a looping template renders: the
+    renderer, in a session of its own, goes within 2 s instead of looping on for hours."""
+    asker = subprocess.Popen(
+        [sys.executable, "-c",
+         "from llama_chat.text.template_runner import TemplateRunner\n"
+         f"runner = TemplateRunner({SPIN!r}, 'hostile.gguf', context_length=2048)\n"
+         "print('ready', flush=True)\n"
+         "runner.render({'messages': []})"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert asker.stdout.readline() == "ready\n"
+    deadline = time.monotonic() + 10
+    while not (workers := _workers_of(asker.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(workers) == 1  # the renderer, at work (its limit is 5 s, far off)
+    asker.send_signal(getattr(signal, signal_name))
+    asker.wait()
+    time.sleep(2.0)
+    assert [pid for pid in workers if _running(pid)] == []
+
+
+def _workers_of(parent: int) -> list[int]:
+    listing = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout
+    rows = [line.split(None, 2) for line in listing.splitlines()[1:]]
+    return [int(pid) for pid, ppid, command in rows if ppid == str(parent) and "template_worker" in command]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for a parent to collect it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from llama_chat.engine.cache import TRIM_MARGIN, CacheCall, layer_sources
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.environment import child_environment
 from llama_chat.errors import first_line
+from llama_chat.parent_watch import end_with_parent
 
 VERIFY_TOKENS = 32  # the multi-token package takes 2 to this many: a token and its drafts, a chat turn
 
@@ -273,11 +275,14 @@ class BackgroundBuild:
             torch.save(structure_copy(self.transformer), structure)
             dtype_name = str(cache_dtype).removeprefix("torch.")
             command = [sys.executable, "-m", "llama_chat.engine.compiled", str(structure), dtype_name,
-                       str(self.destination), str(torch.get_num_threads())]
+                       str(self.destination), str(torch.get_num_threads()), str(os.getpid())]
             # One thread: the chat keeps the other cores while this compiles.
             environment = child_environment(OMP_NUM_THREADS="1")
             with open(Path(workdir) / "log.txt", "w+b") as log:
-                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+                # A session of its own: Ctrl-C is the chat's; the compilers it starts end with it.
+                self.process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+                )
                 code = self.process.wait()
                 if code != 0:
                     log.seek(0)
@@ -296,7 +301,8 @@ class BackgroundBuild:
 
 
 def main(argv: list[str]) -> int:
-    structure_file, cache_dtype, destination, threads = argv
+    structure_file, cache_dtype, destination, threads, parent = argv
+    end_with_parent(int(parent))  # a chat that ends takes its compile with it
     torch.set_num_threads(1)
     structure = torch.load(structure_file, weights_only=False)  # our own copy, written just now
     build_packages(structure, getattr(torch, cache_dtype), Path(destination), int(threads))

@@ -115,7 +115,7 @@ class _Worker:
             [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "llama_chat.text.template_worker"],
+                [sys.executable, "-P", "-m", "llama_chat.text.template_worker", str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment,
                 # Its own session: Ctrl-C in the terminal is the chat's to handle, not the worker's.
                 start_new_session=os.name == "posix",

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 from jinja2 import Template, TemplateSyntaxError
 
+from llama_chat.parent_watch import end_with_parent
 from llama_chat.text.template_sandbox import TemplateRaised, sandboxed_environment
 
 # Address space the renderer may use: real templates need a few MB beside Python's own.
@@ -100,4 +101,6 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1:  # the chat that started it: a render never outlives the chat
+        end_with_parent(int(sys.argv[1]))
     serve(sys.stdin.buffer, sys.stdout.buffer)
