@@ -161,15 +161,29 @@ def test_a_render_ends_with_the_process_that_asked_for_it(signal_name):
 
 
 def _workers_of(parent: int) -> list[int]:
-    listing = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout
-    rows = [line.split(None, 2) for line in listing.splitlines()[1:]]
-    return [int(pid) for pid, ppid, command in rows if ppid == str(parent) and "template_worker" in command]
+    """The renderers whose parent is `parent`, read from /proc (ps cuts long command lines to
+    the width of a terminal it finds on any of its standard streams)."""
+    workers = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int(_stat_fields(entry.name)[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that has just ended
+        if ppid == parent and b"template_worker" in command:
+            workers.append(int(entry.name))
+    return workers
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _running(pid: int) -> bool:
     """Alive and not a zombie waiting for a parent to collect it."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = _stat_fields(pid)[0]
     except OSError:
         return False
     return state != "Z"
