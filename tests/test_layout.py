@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llama_chat"
 # Floors in the order data flows through them; a module may import its own floor and lower ones.
 FLOORS = [
     {"errors", "options", "environment", "paths", "disk_cache", "directories", "process_memory", "parent_watch"},
-    {"text"},
+    {"text", "tools"},
     {"engine"},
     {"checkpoints"},
     {"kernels", "parallel"},
