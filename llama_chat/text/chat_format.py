@@ -2,7 +2,9 @@
 what every format shares; the formats are in builtin_formats.py and template_format.py, and
 format_choice.py picks one for a model.
 
-A conversation is a list of messages {"role": "system" | "user" | "assistant", "content": str}.
+A conversation is a list of messages {"role": "system" | "user" | "assistant", "content": str}; with
+tools (see tools_format.py) an assistant message may also hold "tool_calls", and "tool" messages
+hold results.
 
 Built-in formats (llama3, llama2, chatml, gemma, plain) are encoded at the token level, as Meta's
 reference does: control tokens are looked up by name and appended as ids, and message text
@@ -29,13 +31,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tokenizer import Tokenizer
 
-Message = Mapping[str, str]
+Message = Mapping[str, Any]
 
 ROLES = ("system", "user", "assistant")
+TOOL_ROLE = "tool"  # results of tool calls: a template may take them (built-in formats get them as user text)
 FORMAT_NAMES = ("llama2", "llama3", "chatml", "gemma", "plain", "template")
 
 # What reasoning models write around their thinking, before the answer.
@@ -61,12 +65,12 @@ class ChatFormat(ABC):
         """Token ids of the whole conversation, ending with the assistant's cue if asked."""
 
 
-def check_messages(messages: Sequence[Message]) -> None:
+def check_messages(messages: Sequence[Message], roles: Sequence[str] = ROLES) -> None:
     for message in messages:
         role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
+        if role not in roles:
             raise LlamaChatError(
-                f"a message has role {role!r}; conversations use the roles {', '.join(ROLES)}"
+                f"a message has role {role!r}; conversations use the roles {', '.join(roles)}"
             )
         if not isinstance(content, str):
             raise LlamaChatError(f"a {role} message has no text content; give it a string")

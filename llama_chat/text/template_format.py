@@ -13,15 +13,31 @@ template treated the text. Other transformations of the content text (upper-casi
 and replace) are not followed; a template that mangles a marker gives a LlamaChatError. The
 one exception is a reply's thinking: its closing marker is left in the text between two
 placeholders, for templates that keep only what follows it in earlier replies.
+
+Tools and tool calls come from strangers too (an MCP server's names and descriptions, the
+arguments a model wrote): every string in them that could hold a special-token name is
+replaced by a marker without padding. Templates write tools and calls with `tojson` (some
+write message contents so too), so a marker found between quotes is put back as JSON
+string text (escaped as tojson would have); elsewhere as it is.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.chat_format import PICK_ANOTHER, THINKING_CLOSE, ChatFormat, Message, check_messages
+from llama_chat.text.chat_format import (
+    PICK_ANOTHER,
+    ROLES,
+    THINKING_CLOSE,
+    TOOL_ROLE,
+    ChatFormat,
+    Message,
+    check_messages,
+)
 from llama_chat.text.special_tokens import SpecialTokenSplitter, encode_parts
 from llama_chat.text.template_runner import TemplateRunner, UnusableTemplateError
 from llama_chat.text.tokenizer import END_OF_GENERATION_NAMES, Tokenizer
@@ -77,6 +93,8 @@ class TemplateFormat(ChatFormat):
         # bos/eos are inserted through variables, so they count even if not listed as special.
         names = {*special_tokens, self.bos_token, self.eos_token}
         self.splitter = SpecialTokenSplitter(tokenizer, names)
+        # A string of a stranger's without any of these characters holds no special-token name.
+        self.name_starts = {name[0] for name in self.splitter.ids}
         ends = [tokenizer.token_id(name) for name in END_OF_TURN_NAMES if name in source]
         self.turn_end_ids = frozenset(i for i in (tokenizer.token_id(self.eos_token), *ends) if i is not None)
         self._try_out()
@@ -93,39 +111,66 @@ class TemplateFormat(ChatFormat):
         except LlamaChatError:
             pass
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The template's text for these messages (special tokens as their names)."""
+    def render(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The template's text for these messages and tools (special tokens as their names)."""
         return self.runner.render({
             "messages": [dict(message) for message in messages],
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
-            "tools": None,
+            "tools": [dict(tool) for tool in tools] if tools else None,
             "documents": None,
         })
 
-    def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        check_messages(messages)
-        texts: list[str] = []  # the contents (or pieces of them) the markers stand for
+    def encode(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """The conversation's ids; `tools` (declarations as templates take them) go to the
+        template's `tools` variable."""
+        check_messages(messages, (*ROLES, TOOL_ROLE))
+        texts: list[tuple[str, bool]] = []  # what the markers stand for, and whether it is JSON text
 
         def marked(text: str) -> str:
             if not text:  # no text to protect, and templates test for ""
                 return ""
-            texts.append(text)
+            texts.append((text, False))
             return _marker(len(texts) - 1)
 
-        # A reply's closing thinking marker stays in the text the template sees, so that a
-        # template that drops earlier thinking (content.split('</think>')[-1]) can.
+        def marked_if_risky(text: str) -> str:
+            if not any(start in text for start in self.name_starts):
+                return text  # no special-token name can be in it: left as the template expects it
+            texts.append((text, True))
+            return _marker(len(texts) - 1).strip(_PAD)
+
+        def message_shown(message: Message) -> dict[str, Any]:
+            shown = dict(message)
+            # A reply's closing thinking marker stays in the text the template sees, so that a
+            # template that drops earlier thinking (content.split('</think>')[-1]) can.
+            if message["role"] == "assistant":
+                shown["content"] = THINKING_CLOSE.join(map(marked, message["content"].split(THINKING_CLOSE)))
+            else:
+                shown["content"] = marked(message["content"])
+            for key in ("tool_calls", "name", "tool_call_id", "tools"):
+                if key in message:
+                    shown[key] = _each_string(message[key], marked_if_risky)
+            return shown
+
         rendered = self.render(
-            [{**message, "content": THINKING_CLOSE.join(map(marked, message["content"].split(THINKING_CLOSE)))
-              if message["role"] == "assistant" else marked(message["content"])} for message in messages],
-            add_generation_prompt,
+            [message_shown(message) for message in messages], add_generation_prompt,
+            _each_string(list(tools), marked_if_risky) if tools else None,
         )
         parts: list[str | int] = []
         position = 0
         for match in _MARKER.finditer(rendered):
             parts += self._template_text(rendered[position : match.start()])
-            parts.append(_restore(texts[_marker_index(match.group(2))], match))
+            text, is_json = texts[_marker_index(match.group(2))]
+            text = text if is_json else _restore(text, match)
+            quoted = rendered[match.start() - 1 : match.start()] == '"' == rendered[match.end() : match.end() + 1]
+            parts.append(json.dumps(text, ensure_ascii=False)[1:-1] if quoted else text)
             position = match.end()
         parts += self._template_text(rendered[position:])
         return encode_parts(self.tokenizer, parts)
@@ -137,6 +182,17 @@ class TemplateFormat(ChatFormat):
                 f"follow safely; {PICK_ANOTHER}"
             )
         return self.splitter.split(text)
+
+
+def _each_string(value: Any, change: Callable[[str], str]) -> Any:
+    """`value` (JSON-like: dicts, lists, strings, numbers) with every string, keys included, changed."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, Mapping):
+        return {change(key) if isinstance(key, str) else key: _each_string(item, change) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_each_string(item, change) for item in value]
+    return value
 
 
 def _restore(content: str, match: re.Match[str]) -> str:
