@@ -4,7 +4,7 @@ and sends the model exactly the ids rendering the whole conversation gives."""
 import pytest
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
-from llama_chat.chat.conversation_ids import exchange_ids, plan_turn, user_message
+from llama_chat.chat.conversation_ids import assistant_message, exchange_ids, plan_turn, user_message
 from llama_chat.chat.session import Session
 from llama_chat.chat.turn_encoder import TurnEncoder
 from llama_chat.checkpoints.gguf import load_gguf
@@ -49,7 +49,8 @@ class WholeRenderCheck:
     def check_exchange(self, turn):
         whole, chat_format = self.plans[-1][1:]
         generated, reply = turn.generation.tokens, turn.exchange.reply
-        expected = exchange_ids(chat_format, chat_format.stop_ids, whole, turn.user, reply, generated)
+        messages = [user_message(turn.user), assistant_message(reply)]
+        expected = exchange_ids(chat_format, chat_format.stop_ids, [whole], messages, generated)
         assert (turn.exchange.user_ids, turn.exchange.reply_ids) == expected
 
 

@@ -47,8 +47,9 @@ def model_source(model, model_path: str | None) -> list:
     return [model_path, model.name]
 
 
-def identity(model, source: list, system: str | None) -> dict:
-    """What a saved cache depends on: the keys and values of the same ids differ with any of it."""
+def identity(model, source: list, system: str | None, tools: Sequence[str] = ()) -> dict:
+    """What a saved cache depends on: the keys and values of the same ids differ with any of
+    it (the tools offered are written before the conversation)."""
     args = model.args
     depends_on = {
         "model file": source,
@@ -57,6 +58,8 @@ def identity(model, source: list, system: str | None) -> dict:
         "system prompt": system or "",
         "shape": [args.n_layers, args.n_kv_heads, args.head_dim],
     }
+    if tools:
+        depends_on["tools"] = list(tools)
     if args.rope_scaling.kind == "longrope":  # the keys turned with the factors the context chose
         depends_on["rotary factors"] = "long" if model.transformer.long_rope else "short"
     return depends_on

@@ -4,6 +4,9 @@ JSON: the kind and version, the model it was made with, the sampling settings, t
 token ids before the first exchange, then one message a line (a reply's token ids on its
 line). Token ids let /open continue with the cache exactly where the conversation was.
 
+A reply that called tools has "tool_rounds" on its line: a list of {"text": ..., "calls":
+[{"id", "name", "arguments"}], "results": [{"text", "outcome"}]}, one result a call.
+
 Where the conversation forks (see branches), "branches" follows, one fork a line:
 {"exchange": N, "version": V, "others": [{"messages": [...], "branches": [...]}, ...]}:
 at exchange N (from 1) of its list of messages, the other versions from there on, each
@@ -21,7 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from llama_chat.chat.exchange import Exchange
+from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
 from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, parse_json
 from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.checkpoints.values import shown
@@ -29,6 +32,7 @@ from llama_chat.disk_cache import staged
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
 from llama_chat.text.chat_format import THINKING_CLOSE
+from llama_chat.text.tool_calls import ToolCall
 from llama_chat.text.undecodable import has_undecodable
 
 FILE_KIND = "llama-chat conversation"
@@ -44,6 +48,7 @@ class SavedConversation:
     settings: SamplingSettings
     model: dict  # path, name, chat_format and vocab_size of the model it was made with
     note: str | None = None  # why the other versions were not opened, when they were not
+    tools: list[str] = dataclasses.field(default_factory=list)  # the names of the tools offered
 
 
 def write_conversation(path: Path, saved: SavedConversation) -> None:
@@ -54,6 +59,7 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         "model": saved.model,
         "settings": dataclasses.asdict(saved.settings),
         "head_ids": saved.head_ids,
+        **({"tools": saved.tools} if saved.tools else {}),
         "messages": messages + _messages_of(saved.exchanges),
         "branches": _branches_of(saved.exchanges),
     }
@@ -68,11 +74,20 @@ def _messages_of(exchanges: Sequence[Exchange]) -> list[dict]:
     messages = []
     for exchange in exchanges:
         messages.append({"role": "user", "content": exchange.user, "token_ids": exchange.user_ids})
-        messages.append({
-            "role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
-            "token_ids": exchange.reply_ids,
-        })
+        reply = {"role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
+                 "token_ids": exchange.reply_ids}
+        if exchange.rounds:
+            reply["tool_rounds"] = [_round_of(tool_round) for tool_round in exchange.rounds]
+        messages.append(reply)
     return messages
+
+
+def _round_of(tool_round: ToolRound) -> dict:
+    return {
+        "text": tool_round.text,
+        "calls": [{"id": call.id, "name": call.name, "arguments": dict(call.arguments)} for call in tool_round.calls],
+        "results": [{"text": result.text, "outcome": str(result.outcome)} for result in tool_round.results],
+    }
 
 
 def _branches_of(exchanges: Sequence[Exchange]) -> list[dict]:
@@ -101,7 +116,10 @@ def read_conversation(path: Path) -> SavedConversation:
     else:
         for number, place, others in forks:
             exchanges[number - 1].others, exchanges[number - 1].version = others, place
-    return SavedConversation(system, exchanges, head_ids, settings, model, note)
+    tools = data.get("tools", [])
+    if not isinstance(tools, list) or not all(isinstance(name, str) for name in tools):
+        raise LlamaChatError(f"{path}: 'tools' must be a list of tool names")
+    return SavedConversation(system, exchanges, head_ids, settings, model, note, tools)
 
 
 def ids_hold_text(
@@ -211,9 +229,45 @@ def _exchanges_from(messages: list[dict], path: Path) -> list[Exchange]:
         Exchange(
             user=asked["content"], reply=answered["content"], interrupted=answered.get("interrupted", False),
             user_ids=_token_ids(asked.get("token_ids"), path), reply_ids=_token_ids(answered.get("token_ids"), path),
+            rounds=[_round_from(value, path) for value in _list(answered.get("tool_rounds", []), "tool_rounds", path)],
         )
         for asked, answered in zip(messages[::2], messages[1::2])
     ]
+
+
+def _list(value: object, name: str, path: Path) -> list:
+    if not isinstance(value, list):
+        raise LlamaChatError(f"{path}: '{name}' must be a list")
+    return value
+
+
+def _round_from(value: object, path: Path) -> ToolRound:
+    """A round of tool calls, checked: text, calls with an id, a name and arguments, and a
+    result (text and outcome) for each call."""
+    wrong = f"{path}: a tool round must be an object with a text 'text', 'calls' and one of 'results' a call"
+    if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+        raise LlamaChatError(wrong)
+    calls, results = _list(value.get("calls"), "calls", path), _list(value.get("results"), "results", path)
+    if len(calls) != len(results) or not calls:
+        raise LlamaChatError(wrong)
+    read_calls = []
+    for call in calls:
+        if not (isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(call.get("name"), str)
+                and isinstance(call.get("arguments"), dict)):
+            raise LlamaChatError(f"{path}: a tool call needs a text 'id' and 'name' and an object 'arguments'")
+        read_calls.append(ToolCall(call["name"], call["arguments"], call["id"]))
+    read_results = []
+    outcomes = {str(outcome) for outcome in Outcome}
+    for result in results:
+        if not (isinstance(result, dict) and isinstance(result.get("text"), str) and result.get("outcome") in outcomes):
+            raise LlamaChatError(
+                f"{path}: a tool result needs a text 'text' and an 'outcome' ({', '.join(sorted(outcomes))})"
+            )
+        read_results.append(CallResult(result["text"], Outcome(result["outcome"])))
+    texts = [value["text"], *(result.text for result in read_results)]
+    if any(has_undecodable(text) for text in texts):
+        raise LlamaChatError(f"{path}: a tool round holds characters that are not text (lone surrogates); not opened")
+    return ToolRound(value["text"], read_calls, read_results)
 
 
 def _forks_from(value: object, count: int, path: Path) -> list[tuple[int, int, list[list[Exchange]]]]:

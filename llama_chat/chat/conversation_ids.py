@@ -20,6 +20,11 @@ rewrites earlier turns) the whole conversation is rendered again, and the genera
 reuses whatever common prefix the cache holds. Ids that are not known (after /system,
 /open of another model's file, /load, dropped turns) are rebuilt by rendering the
 conversation message by message.
+
+A reply that calls tools goes on in rounds (see round_plan): each round's prompt is the ids
+kept so far, the ids the model generated for its calls, the end-of-turn ids the format
+closes them with, and what rendering the results adds, as for a new message. The
+exchange's reply ids are then everything after its user ids, calls and results included.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from llama_chat.chat.exchange import Exchange
+from llama_chat.chat.exchange import Exchange, ToolRound
 from llama_chat.engine.cache import common_length
 from llama_chat.errors import LlamaChatError
-from llama_chat.text.chat_format import ChatFormat, Message
+from llama_chat.text.chat_format import TOOL_ROLE, ChatFormat, Message
 
 
 def user_message(text: str) -> dict[str, str]:
@@ -41,11 +46,27 @@ def assistant_message(text: str) -> dict[str, str]:
     return {"role": "assistant", "content": text}
 
 
-def messages_of(exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
-    messages = []
-    for exchange in exchanges:
-        messages += [user_message(exchange.user), assistant_message(exchange.reply)]
-    return messages
+def round_messages(tool_round: ToolRound) -> list[dict]:
+    """A round of calls as chat templates take it: the assistant's message with its calls,
+    then a tool message for each result (as far as there are results)."""
+    calls = {"role": "assistant", "content": tool_round.text,
+             "tool_calls": [call.as_message_part() for call in tool_round.calls]}
+    return [calls] + [
+        {"role": TOOL_ROLE, "content": result.text, "name": call.name, "tool_call_id": call.id}
+        for call, result in zip(tool_round.calls, tool_round.results)
+    ]
+
+
+def exchange_messages(exchange: Exchange) -> list[dict]:
+    """An exchange's messages: the user's, its rounds of calls, the reply."""
+    messages = [user_message(exchange.user)]
+    for tool_round in exchange.rounds:
+        messages += round_messages(tool_round)
+    return messages + [assistant_message(exchange.reply)]
+
+
+def messages_of(exchanges: Sequence[Exchange]) -> list[dict]:
+    return [message for exchange in exchanges for message in exchange_messages(exchange)]
 
 
 @dataclass
@@ -53,7 +74,7 @@ class TurnPlan:
     """How a new user message goes to the model."""
 
     prompt: list[int]
-    history: list[dict[str, str]]  # the messages rendered before the new one (see turn_encoder)
+    history: list[dict]  # the messages rendered before the new one (see turn_encoder)
     rendered: list[int]  # the format's own ids for history + new message + cue
     user_ids: list[int] | None  # what the message adds to the kept ids; None: full re-render
 
@@ -81,10 +102,13 @@ def closed_ids(chat_format: ChatFormat, messages: list[dict[str, str]]) -> list[
 
 
 def exchange_ids(
-    chat_format: ChatFormat, stop_ids: Collection[int], plan: TurnPlan, text: str, reply: str, generated: Sequence[int]
+    chat_format: ChatFormat, stop_ids: Collection[int], plans: Sequence[TurnPlan], messages: list[dict],
+    generated: Sequence[int],
 ) -> tuple:
     """The ids a finished exchange adds to the kept ones: (user ids, reply ids), or
     (None, None) when they are not known (the next turn then renders everything).
+    `plans` are the plans of the reply's rounds (one without tool calls), `messages` the
+    exchange's (see exchange_messages), `generated` the last round's ids.
 
     Where the format's render of the closed conversation begins with the prompt it
     rendered, the reply's ids are the ones generated, then the end-of-turn ids the
@@ -93,22 +117,49 @@ def exchange_ids(
     otherwise than it was generated), or no end-of-turn id marks where the reply ends
     (plain text), the exchange's ids are the format's own render of it: what the
     model is to see of it from the next turn on. The cache keeps what it has in
-    common with them."""
-    if plan.user_ids is None:
+    common with them. After rounds of calls, only the first way is taken."""
+    first, last = plans[0], plans[-1]
+    if first.user_ids is None or last.user_ids is None:
         return None, None
-    closed = _render(chat_format, plan.history + [user_message(text), assistant_message(reply)], cue=False)
+    closed = _render(chat_format, first.history + messages, cue=False)
     if closed is None:
         return None, None
-    if _starts_with(closed, plan.rendered):
-        tail = closed[len(plan.rendered):]
+    if _starts_with(closed, last.rendered):
+        tail = closed[len(last.rendered):]
         ends = [index for index, token in enumerate(tail) if token in stop_ids]
         if ends:
-            return plan.user_ids, list(generated) + tail[ends[-1]:]
-    history_length = len(plan.rendered) - len(plan.user_ids)
-    if not _starts_with(closed, plan.rendered[:history_length]):
+            reply_start = len(first.prompt)
+            return first.user_ids, last.prompt[reply_start:] + list(generated) + tail[ends[-1]:]
+    if len(plans) > 1:
         return None, None
-    split = common_length(closed, plan.rendered)
+    history_length = len(first.rendered) - len(first.user_ids)
+    if not _starts_with(closed, first.rendered[:history_length]):
+        return None, None
+    split = common_length(closed, first.rendered)
     return closed[history_length:split], closed[split:]
+
+
+def round_plan(
+    chat_format: ChatFormat, stop_ids: Collection[int], plan: TurnPlan, before: list[dict], generated: Sequence[int],
+    tool_round: ToolRound,
+) -> TurnPlan:
+    """The plan of a reply's next round, after `tool_round`'s calls (which the last round,
+    planned by `plan` after the messages `before`, generated as `generated`) and results.
+
+    Where the format closes the calls after what the last round was prompted with, and
+    renders the results after that, the prompt is the last prompt, the ids generated, the
+    end-of-turn ids that close them, and what the results add; else the whole conversation
+    rendered (user_ids None), of which the cache keeps the common prefix."""
+    made, answered = round_messages(tool_round)[:1], round_messages(tool_round)
+    rendered = chat_format.encode(before + answered)
+    closed = _render(chat_format, before + made, cue=False)
+    if plan.user_ids is not None and closed is not None and _starts_with(closed, plan.rendered):
+        tail = closed[len(plan.rendered):]
+        ends = [index for index, token in enumerate(tail) if token in stop_ids]
+        if ends and _starts_with(rendered, closed):
+            kept = plan.prompt + list(generated) + tail[ends[-1]:]
+            return TurnPlan(kept + rendered[len(closed):], before + answered, rendered, plan.user_ids)
+    return TurnPlan(rendered, before + answered, rendered, None)
 
 
 def rendered_ids(
@@ -122,7 +173,7 @@ def rendered_ids(
     segments = []
     for exchange in exchanges:
         rendered = _render(chat_format, messages + [user_message(exchange.user)], cue=True)
-        messages = messages + [user_message(exchange.user), assistant_message(exchange.reply)]
+        messages = messages + exchange_messages(exchange)
         closed = _render(chat_format, messages, cue=False)
         if rendered is None or closed is None or not (_starts_with(rendered, done) and _starts_with(closed, done)):
             return None

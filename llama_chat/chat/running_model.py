@@ -4,6 +4,7 @@ knows the conversation's messages."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,11 +71,11 @@ class RunningModel:
             and saved.get("vocab_size") == self.model.tokenizer.vocab_size
         )
 
-    def cache_depends_on(self, system: str | None) -> dict:
-        """What a saved cache stands for (see cache_file)."""
+    def cache_depends_on(self, system: str | None, tools: Sequence[str] = ()) -> dict:
+        """What a saved cache stands for (see cache_file), with these tools offered."""
         if self._source is None:  # once per model: saves happen after every input
             self._source = cache_model_source(self.model, self.model_path)
-        return cache_identity(self.model, self._source, system)
+        return cache_identity(self.model, self._source, system, tools)
 
 
 def absolute(path: str | Path | None) -> str | None:

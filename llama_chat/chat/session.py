@@ -10,6 +10,12 @@ system prompt stays) until they do, and the kept ids are rebuilt by rendering. A
 that leaves no room even with every earlier exchange dropped is refused; a message that
 fits but leaves less than the reserve gets the room there is.
 
+Tools
+-----
+With tools offered (set_tools), the conversation is rendered with them (see
+text/tools_format) and each turn's replies may call them (see turn); a format held by
+/format leaves no room for calls, so while one is set the tools are not offered.
+
 Versions
 --------
 /retry and /edit start a new version of the conversation from an exchange on, and keep
@@ -28,6 +34,7 @@ from llama_chat.chat.conversation import Conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.session_file import open_session, save_session
+from llama_chat.chat.tool_offer import ToolOffer
 from llama_chat.chat.turn import Turn
 from llama_chat.chat.turn_encoder import TurnEncoder
 from llama_chat.engine.cache import KVCache
@@ -37,6 +44,9 @@ from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.options import DraftLength
+from llama_chat.text.chat_format import ChatFormat
+from llama_chat.text.tools_format import call_syntax_of
+from llama_chat.tools.tool import ToolSpec
 
 if TYPE_CHECKING:  # the grammar engine loads only when a format is chosen
     from llama_chat.engine.constraint import Format
@@ -56,6 +66,7 @@ class Session:
     ) -> None:
         self.running = RunningModel(model, model_path, context_size)
         self.conversation = Conversation(system)
+        self.offer: ToolOffer | None = None  # the tools replies may call
         self.encoder = TurnEncoder(model.chat_format)
         self.settings = settings or SamplingSettings()
         # Where each setting that is not llama-chat's default came from, for /settings.
@@ -160,14 +171,18 @@ class Session:
     def _start(self, text: str, replaced: list[Exchange] | None = None) -> Turn:
         plan = self.encoder.plan(self.conversation, text)
         room = self.capacity - self.reserve()
-        if len(plan.prompt) <= room:
-            return Turn(self.running, self.settings, self._record, text, plan, dropped=0, replaced=replaced)
-        dropped = self.encoder.exchanges_to_drop(self.conversation, text, room, self.capacity)
-        if dropped:
-            del self.exchanges[:dropped]
-            self.rebuild_ids()
-            plan = self.encoder.plan(self.conversation, text)
-        return Turn(self.running, self.settings, self._record, text, plan, dropped, replaced)
+        dropped = 0
+        if len(plan.prompt) > room:
+            dropped = self.encoder.exchanges_to_drop(self.conversation, text, room, self.capacity)
+            if dropped:
+                del self.exchanges[:dropped]
+                self.rebuild_ids()
+                plan = self.encoder.plan(self.conversation, text)
+        calls_before = sum(len(tool_round.calls) for exchange in self.exchanges for tool_round in exchange.rounds)
+        return Turn(
+            self.running, self.settings, self._record, text, plan, dropped, replaced,
+            chat_format=self.chat_format, offer=self.offer, first_call=calls_before + 1,
+        )
 
     def _record(self, exchange: Exchange, stats: GenerationStats) -> None:
         """A finished turn joins the conversation."""
@@ -205,9 +220,14 @@ class Session:
         self.rebuild_ids()
         self.trim_cache()
 
+    @property
+    def chat_format(self) -> ChatFormat:
+        """What the conversation is rendered with: the model's format, with the tools offered."""
+        return self.encoder.chat_format
+
     def rebuild_ids(self) -> None:
-        """The conversation's ids rendered anew by the model's chat format (see conversation)."""
-        self.conversation.rebuild_ids(self.model.chat_format)
+        """The conversation's ids rendered anew by its chat format (see conversation)."""
+        self.conversation.rebuild_ids(self.chat_format)
 
     def ids_hold_the_text(self) -> bool:
         tokenizer = self.model.tokenizer
@@ -231,8 +251,9 @@ class Session:
         """Continue the conversation with other weights (a new cache; ids rebuilt). Returns a
         note when the draft model had to be let go (another vocabulary)."""
         note = self.running.replace(model, model_path)
-        self.encoder = TurnEncoder(model.chat_format)
-        self.rebuild_ids()
+        if self.offer is not None:
+            self.offer = ToolOffer(self.offer.tools, call_syntax_of(model.chat_format), self.offer.max_calls)
+        self._render_with_the_tools()
         return note
 
     def set_draft(self, draft: Llama | None, path: str | Path | None = None) -> None:
@@ -245,17 +266,45 @@ class Session:
         self.speculation.lookup = lookup
 
     def set_format(self, chosen: Format | None) -> None:
-        """Hold replies to this format (None: free text)."""
+        """Hold replies to this format (None: free text); while one holds them, no tools are offered."""
         self.running.format = chosen
+        self._render_with_the_tools()
+
+    def set_tools(self, tools: list[ToolSpec], max_calls: int | None = None) -> None:
+        """Offer these tools to the model (none: no tools), calls written in its family's
+        format; the conversation is rendered anew with them (the cache keeps what it shares)."""
+        if not tools:
+            self.offer = None
+        else:
+            syntax = call_syntax_of(self.model.chat_format)
+            limit = max_calls if max_calls is not None else (self.offer.max_calls if self.offer else None)
+            self.offer = ToolOffer(tuple(tools), syntax) if limit is None else ToolOffer(tuple(tools), syntax, limit)
+        self._render_with_the_tools()
+
+    def offered_names(self) -> list[str]:
+        """The names of the tools the model is offered now (none while a format holds replies)."""
+        return self.offer.names() if self.offer is not None and self.format is None else []
+
+    def _render_with_the_tools(self) -> None:
+        """The encoder for the format the conversation is now rendered with, and its ids."""
+        base = self.model.chat_format
+        chosen = self.offer.chat_format(base) if self.offer is not None and self.format is None else base
+        self.encoder = TurnEncoder(chosen)
+        self.rebuild_ids()
+        self.trim_cache()
 
     # Saving and opening
 
     def save(self, path: str | Path, cache_limit_bytes: int | None = None) -> tuple[Path, int]:
         """Write the conversation and beside it its cache (see session_file)."""
-        return save_session(self.conversation, self.running, self.settings, path, cache_limit_bytes)
+        return save_session(
+            self.conversation, self.running, self.settings, path, cache_limit_bytes, self.offered_names()
+        )
 
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation, settings and cache with saved ones (see session_file)."""
-        self.settings, note = open_session(self.conversation, self.running, path)
+        self.settings, note = open_session(
+            self.conversation, self.running, path, self.chat_format, self.offered_names()
+        )
         self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
         return note

@@ -3,6 +3,7 @@ and, beside it, the cache of the positions it holds (see cache_file)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
@@ -12,20 +13,22 @@ from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.paths import expanded
+from llama_chat.text.chat_format import ChatFormat
 
 
 def save_session(
     conversation: Conversation, running: RunningModel, settings: SamplingSettings, path: str | Path,
-    cache_limit_bytes: int | None = None,
+    cache_limit_bytes: int | None = None, tools: Sequence[str] = (),
 ) -> tuple[Path, int]:
-    """Write the conversation, its token ids, the settings and the model path, and beside it
-    the cache unless that would take more than cache_limit_bytes. Returns the path and how
-    many positions the cache file holds."""
+    """Write the conversation, its token ids, the settings, the model path and the names of
+    the tools offered, and beside it the cache unless that would take more than
+    cache_limit_bytes. Returns the path and how many positions the cache file holds."""
     path = expanded(path)
     write_conversation(path, SavedConversation(
-        conversation.system, conversation.exchanges, conversation.head_ids, settings, running.described()
+        conversation.system, conversation.exchanges, conversation.head_ids, settings, running.described(),
+        tools=list(tools),
     ))
-    depends_on = running.cache_depends_on(conversation.system)
+    depends_on = running.cache_depends_on(conversation.system, tools)
     try:
         cached = save_cache(cache_path(path), running.cache, conversation.ids or [], depends_on, cache_limit_bytes)
     except Exception as error:  # noqa: BLE001 (a full disk, a folder in the way: the text is saved)
@@ -35,15 +38,20 @@ def save_session(
 
 
 def open_session(
-    conversation: Conversation, running: RunningModel, path: str | Path
+    conversation: Conversation, running: RunningModel, path: str | Path, chat_format: ChatFormat,
+    tools: Sequence[str] = (),
 ) -> tuple[SamplingSettings, str | None]:
     """Replace the conversation with a saved one, and the cache with the one saved beside
-    it when it stands for this conversation on this model. Returns the saved settings, and
-    a note when something could not be kept: token ids rebuilt for another model, or the
-    cache not used (the conversation is then read again on the next turn)."""
+    it when it stands for this conversation on this model with the same tools offered.
+    Returns the saved settings, and a note when something could not be kept: token ids
+    rebuilt for another model, or the cache not used (the conversation is then read again
+    on the next turn). `chat_format` renders ids anew, with the tools now offered."""
     path = expanded(path)
     saved = read_conversation(path)
     head_ids, same_model = saved.head_ids, running.is_same_model(saved.model)
+    if saved.tools != list(tools):  # the ids begin with the tools offered then: rendered anew
+        head_ids = None
+        forget_ids([saved.exchanges])
     if not same_model:  # another tokenizer's ids mean nothing here
         head_ids = None
         forget_ids([saved.exchanges])
@@ -54,17 +62,19 @@ def open_session(
     if not conversation.ids_hold_the_text(tokenizer.vocab_size, tokenizer.decode):
         if same_model and conversation.ids is not None and conversation.exchanges:
             notes.append(f"{path}: its token ids do not hold its text; they were rebuilt from the text")
-        conversation.rebuild_ids(running.model.chat_format)
+        conversation.rebuild_ids(chat_format)
     if conversation.ids is not None:  # cached positions past what the conversation holds go
         running.cache.keep_common_prefix(conversation.ids)
     if not same_model:
         saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
         notes.append(f"{path} was saved with {saved_name}; its token ids were rebuilt for {running.model.name}")
-    notes += _restored_cache_notes(conversation, running, path, same_model)
+    notes += _restored_cache_notes(conversation, running, path, same_model, tools)
     return saved.settings, "; ".join(notes) or None
 
 
-def _restored_cache_notes(conversation: Conversation, running: RunningModel, path: Path, same_model: bool) -> list[str]:
+def _restored_cache_notes(
+    conversation: Conversation, running: RunningModel, path: Path, same_model: bool, tools: Sequence[str]
+) -> list[str]:
     """Restore the cache saved beside the conversation where it can be; notes where not."""
     saved_cache = cache_path(path)
     ids = conversation.ids
@@ -72,7 +82,7 @@ def _restored_cache_notes(conversation: Conversation, running: RunningModel, pat
         return ["its saved cache was not used (it was made with another model)"]
     if saved_cache.exists() and ids is not None:
         try:
-            restore_cache(saved_cache, running.cache, ids, running.cache_depends_on(conversation.system))
+            restore_cache(saved_cache, running.cache, ids, running.cache_depends_on(conversation.system, tools))
         except CacheNotUsed as reason:
             return [f"its saved cache was not used ({reason}): the conversation is read again"]
     return []

@@ -1,16 +1,36 @@
-"""One reply being generated, and how it joins the conversation as an exchange."""
+"""One reply being generated, and how it joins the conversation as an exchange.
+
+With tools offered, a reply may go in rounds: the model writes calls and stops; the front
+end (`on_calls`) asks, runs them and puts a result to each; the results go to the model
+and the reply goes on. A turn makes at most `ToolOffer.max_calls` calls: past them the
+last round may not open a call.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from llama_chat.chat.branches import fork
-from llama_chat.chat.conversation_ids import TurnPlan, exchange_ids
-from llama_chat.chat.exchange import Exchange
+from llama_chat.chat.conversation_ids import (
+    TurnPlan,
+    exchange_ids,
+    exchange_messages,
+    round_messages,
+    round_plan,
+    user_message,
+)
+from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.thinking import cue_opening
+from llama_chat.chat.tool_offer import ToolOffer, fitted, result_budget
 from llama_chat.engine.generation import Generation, GenerationStats, Piece, StopReason
+from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.text.chat_format import ChatFormat
+from llama_chat.text.tool_calls import CallReadError, ReadReply, read_calls
+
+STOPPED = "the user stopped this call before it finished"
 
 
 class Turn:
@@ -19,63 +39,166 @@ class Turn:
 
     def __init__(
         self, running: RunningModel, settings: SamplingSettings, record: Callable[[Exchange, GenerationStats], None],
-        text: str, plan: TurnPlan, dropped: int, replaced: list[Exchange] | None = None,
+        text: str, plan: TurnPlan, dropped: int, replaced: list[Exchange] | None = None, *,
+        chat_format: ChatFormat | None = None, offer: ToolOffer | None = None, first_call: int = 1,
     ) -> None:
+        self.running = running
         self.model = running.model
+        self.settings = settings
         self.record = record  # where the finished exchange goes: the conversation
         self.user = text
-        self.plan = plan
+        self.chat_format = chat_format or running.model.chat_format
+        self.plans = [plan]  # one a round
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
         self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
-        processors = [running.format.start(running.model.tokenizer)] if running.format is not None else []
-        self.generation: Generation = running.model.generate(
-            plan.prompt, settings, cache=running.cache, speculation=running.speculation, processors=processors
-        )
+        # Tools, unless a format holds the reply (which leaves no room for a call).
+        self.offer = offer if running.format is None else None
+        self.next_call = first_call  # the number of the conversation's next call
+        self.rounds: list[ToolRound] = []
+        self.notes: list[str] = []  # what the front end should say of the turn (a call cut off)
+        self.before = plan.history + [user_message(text)]  # the messages before the round generating
+        self.generations: list[Generation] = []
+        self.generation = self._generate(plan.prompt)
         # The opening thinking marker when the template's cue wrote it: the reply starts
         # inside the thinking, and is kept with the marker, whole.
         self.thinking_cue = cue_opening(running.model.tokenizer, plan.prompt)
         self.exchange: Exchange | None = None
 
     @property
+    def plan(self) -> TurnPlan:
+        return self.plans[0]
+
+    @property
     def prompt(self) -> list[int]:
-        return self.plan.prompt
+        return self.plans[0].prompt
 
     @property
     def text(self) -> str:
         return self.generation.text
 
     @property
-    def stats(self) -> GenerationStats:
-        return self.generation.stats
+    def calls_made(self) -> int:
+        return sum(len(tool_round.calls) for tool_round in self.rounds)
 
-    def run(self, on_piece: Callable[[Piece], None] | None = None) -> Exchange:
-        """Generate the reply, passing each piece to on_piece; exceptions (KeyboardInterrupt)
-        pass through after the partial reply is recorded."""
+    @property
+    def tool_seconds(self) -> float:
+        return sum(result.seconds for tool_round in self.rounds for result in tool_round.results)
+
+    @property
+    def stats(self) -> GenerationStats:
+        """The reply's statistics, its rounds summed (the prompt's as the first round's)."""
+        first, *later = [generation.stats for generation in self.generations]
+        total = dataclasses.replace(first)
+        for stats in later:
+            for name in ("prefill_seconds", "generated_tokens", "decode_seconds", "drafted_tokens",
+                         "accepted_tokens", "constraint_seconds", "constraint_masks"):
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+            total.stop_reason = stats.stop_reason
+        return total
+
+    def run(
+        self, on_piece: Callable[[Piece], None] | None = None,
+        on_calls: Callable[[ToolRound, int, int], None] | None = None,
+    ) -> Exchange:
+        """Generate the reply, passing each piece to on_piece and each round of calls to
+        on_calls (which puts a result to each call, in order, running only as many as the
+        turn may still make, and is told the turn's limit: `on_calls(round, allowed, limit)`;
+        without it every call is declined). Exceptions (KeyboardInterrupt) pass through after
+        what there is is recorded."""
         try:
-            for piece in self.generation:
-                if on_piece is not None:
-                    on_piece(piece)
+            while True:
+                for piece in self.generation:
+                    if on_piece is not None:
+                        on_piece(piece)
+                tool_round = self._round_of_calls()
+                if tool_round is None:
+                    break
+                allowed = max(0, self.offer.max_calls - self.calls_made)
+                self.rounds.append(tool_round)
+                try:
+                    if on_calls is not None:
+                        on_calls(tool_round, allowed, self.offer.max_calls)
+                finally:
+                    self._answer_the_rest(tool_round, on_calls is not None)
+                self._next_round(tool_round)
         finally:
             self.finish()
         return self.exchange
+
+    def _generate(self, prompt: list[int]) -> Generation:
+        tokenizer = self.model.tokenizer
+        processors: list[LogitsProcessor] = []
+        if self.running.format is not None:
+            processors.append(self.running.format.start(tokenizer))
+        elif self.offer is not None:
+            calls_left = self.calls_made < self.offer.max_calls
+            processors.append(self.offer.constraint_format(tokenizer, calls_left).start(tokenizer))
+        generation = self.model.generate(
+            prompt, self.settings, cache=self.running.cache, speculation=self.running.speculation,
+            processors=processors,
+        )
+        self.generations.append(generation)
+        return generation
+
+    def _round_of_calls(self) -> ToolRound | None:
+        """The calls the round just generated wrote, if any (not when it was cut short)."""
+        generation = self.generation
+        if self.offer is None or generation.stats.stop_reason == StopReason.INTERRUPTED:
+            return None
+        read = self._read(generation)
+        if not read.calls:
+            return None
+        cue = self.thinking_cue if not self.rounds else ""
+        self.next_call += len(read.calls)
+        return ToolRound(cue + read.text, list(read.calls))
+
+    def _read(self, generation: Generation) -> ReadReply:
+        syntax = self.offer.syntax
+        opening = self.model.tokenizer.token_id(syntax.opening) if syntax.opening else None
+        if opening is not None and self.model.tokenizer.token_bytes(opening) is None and opening not in generation.tokens:
+            return ReadReply(generation.text)  # the opening spelt out in text is no call
+        try:
+            return read_calls(syntax, generation.text, self.next_call)
+        except CallReadError as error:
+            self.notes.append(f"the reply's tool call was not run: {error} ({generation.stats.stop_reason})")
+            return ReadReply(generation.text)
+
+    def _answer_the_rest(self, tool_round: ToolRound, asked: bool) -> None:
+        """A result for every call that has none (stopped by Ctrl-C, or nobody to ask), and
+        each result cut to the budget."""
+        missing = tool_round.calls[len(tool_round.results):]
+        outcome, text = (Outcome.CANCELLED, STOPPED) if asked else (Outcome.DECLINED, "no one was asked to allow it")
+        tool_round.results += [CallResult(text, outcome) for _ in missing]
+        budget = result_budget(self.running.capacity)
+        tokenizer = self.model.tokenizer
+        tool_round.results[:] = [
+            dataclasses.replace(result, text=fitted(result.text, tokenizer, budget)) for result in tool_round.results
+        ]
+
+    def _next_round(self, tool_round: ToolRound) -> None:
+        plan = round_plan(
+            self.chat_format, self.model.stop_ids, self.plans[-1], self.before, self.generation.tokens, tool_round
+        )
+        self.plans.append(plan)
+        self.before = self.before + round_messages(tool_round)
+        self.generation = self._generate(plan.prompt)
 
     def finish(self) -> Exchange:
         """Record the reply as it stands (interrupted if generation did not reach its end)."""
         if self.exchange is None:
             generation = self.generation
-            reply = self.thinking_cue + generation.text
-            model = self.model
-            user_ids, reply_ids = exchange_ids(
-                model.chat_format, model.stop_ids, self.plan, self.user, reply, generation.tokens
-            )
-            self.exchange = Exchange(
-                user=self.user,
-                reply=reply,
-                interrupted=generation.stats.stop_reason == StopReason.INTERRUPTED,
-                user_ids=user_ids,
-                reply_ids=reply_ids,
-            )
+            # Stopped while its calls ran: the round holds what the last generation wrote,
+            # and the reply never came (its ids are rendered anew next turn).
+            stopped_in_calls = len(self.rounds) == len(self.plans)
+            reply = "" if stopped_in_calls else (self.thinking_cue if not self.rounds else "") + generation.text
+            interrupted = stopped_in_calls or generation.stats.stop_reason == StopReason.INTERRUPTED
+            exchange = Exchange(user=self.user, reply=reply, interrupted=interrupted, rounds=self.rounds)
+            if not stopped_in_calls:
+                exchange.user_ids, exchange.reply_ids = exchange_ids(
+                    self.chat_format, self.model.stop_ids, self.plans, exchange_messages(exchange), generation.tokens
+                )
+            self.exchange = exchange
             if self.replaced:
-                fork(self.replaced, self.exchange)
-            self.record(self.exchange, generation.stats)
+                fork(self.replaced, exchange)
+            self.record(exchange, self.stats)
         return self.exchange

@@ -1,0 +1,56 @@
+"""The tools a conversation's replies may call: the specs the model is shown, the family its
+calls are written in, the grammar that holds them, and what bounds a turn's calls and
+their results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llama_chat.engine.constraint import Format
+from llama_chat.text.chat_format import ChatFormat
+from llama_chat.text.tokenizer import Tokenizer
+from llama_chat.text.tool_calls import CallSyntax, call_grammar
+from llama_chat.text.tools_format import ToolsFormat
+from llama_chat.tools.tool import ToolSpec
+
+MAX_CALLS = 8  # calls one turn may make: a model that calls in a loop is stopped there
+# A result is cut to this share of the context (at most RESULT_TOKENS), so that one large
+# file or listing cannot fill the context alone.
+RESULT_TOKENS = 4096
+RESULT_SHARE = 4
+
+
+@dataclass(frozen=True)
+class ToolOffer:
+    """Tools offered to a model whose calls are written as `syntax` says."""
+
+    tools: tuple[ToolSpec, ...]
+    syntax: CallSyntax
+    max_calls: int = MAX_CALLS
+
+    def chat_format(self, base: ChatFormat) -> ToolsFormat:
+        """The conversation's format with these tools in it."""
+        return ToolsFormat(base, self.tools, self.syntax)
+
+    def constraint_format(self, tokenizer: Tokenizer, calls: bool) -> Format:
+        """What a reply's tokens follow: free text or calls to these tools (with `calls`;
+        else free text that opens no call)."""
+        return Format("grammar", call_grammar(self.syntax, self.tools, tokenizer, calls), source="the tool calls' grammar")
+
+    def names(self) -> list[str]:
+        return [tool.name for tool in self.tools]
+
+
+def result_budget(capacity: int) -> int:
+    """The tokens one result may take in a context of `capacity` tokens."""
+    return max(64, min(RESULT_TOKENS, capacity // RESULT_SHARE))
+
+
+def fitted(text: str, tokenizer: Tokenizer, budget: int) -> str:
+    """`text` cut to `budget` tokens, with a line saying how much was left out."""
+    ids = tokenizer.encode(text)
+    if len(ids) <= budget:
+        return text
+    kept = tokenizer.decode(ids[:budget])
+    left = len(text) - len(kept)
+    return f"{kept}\n[the result was cut to {budget} tokens here: {left:,} more characters were left out]"
