@@ -17,6 +17,7 @@ from llama_chat.text.tool_calls import (
     SYNTAXES,
     CallReadError,
     ToolCall,
+    ToolChoice,
     call_grammar,
     call_syntax_for,
     described_tools,
@@ -179,7 +180,7 @@ def test_after_its_calls_a_reply_ends():
 
 def test_without_calls_left_the_opening_cannot_be_written():
     tokenizer = ByteTokenizer(["<s>", "</s>", *SPECIALS["hermes"]])
-    grammar = call_grammar(SYNTAXES["hermes"], [ADD], tokenizer, calls=False)
+    grammar = call_grammar(SYNTAXES["hermes"], [ADD], tokenizer, ToolChoice.NONE)
     engine = llguidance.LLMatcher(engine_tokenizer(tokenizer), llguidance.LLMatcher.grammar_from_lark(grammar))
     ids = tokenizer.encode("Sure: <tool_call>")
     assert engine.validate_tokens(ids) == len(ids) - 1

@@ -21,8 +21,9 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-def stats_line(stats: GenerationStats) -> str:
-    """One line: how the reply ended (if not by itself), speed, and the prompt's cache use."""
+def stats_line(stats: GenerationStats, tool_calls: int = 0, tool_seconds: float = 0.0) -> str:
+    """One line: how the reply ended (if not by itself), speed, the prompt's cache use, and
+    the tool calls it made with the time they took (apart from the generation's)."""
     ending = _ENDINGS.get(stats.stop_reason)
     line = (
         f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.1f} tok/s, "
@@ -35,4 +36,6 @@ def stats_line(stats: GenerationStats) -> str:
     if stats.constraint_masks:
         line += (f", format {stats.constraint_seconds_per_token * 1000:.2f} ms/token "
                  f"({stats.constraint_share:.1%} of a step)")
+    if tool_calls:
+        line += f", {tool_calls} tool call{'s' * (tool_calls != 1)} ({tool_seconds:.1f} s)"
     return f"[{ending}] {line}" if ending else line

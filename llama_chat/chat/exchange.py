@@ -27,7 +27,7 @@ class CallResult:
 
     text: str
     outcome: Outcome = Outcome.RAN
-    seconds: float = 0.0  # how long it ran
+    seconds: float = field(default=0.0, compare=False)  # how long it ran (not saved)
 
 
 @dataclass

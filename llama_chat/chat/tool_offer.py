@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from llama_chat.engine.constraint import Format
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import Tokenizer
-from llama_chat.text.tool_calls import CallSyntax, call_grammar
+from llama_chat.text.tool_calls import CallSyntax, ToolChoice, call_grammar
 from llama_chat.text.tools_format import ToolsFormat
 from llama_chat.tools.tool import ToolSpec
 
@@ -27,15 +27,22 @@ class ToolOffer:
     tools: tuple[ToolSpec, ...]
     syntax: CallSyntax
     max_calls: int = MAX_CALLS
+    required: bool = False  # a turn's first round must call (later ones answer with the results)
 
     def chat_format(self, base: ChatFormat) -> ToolsFormat:
         """The conversation's format with these tools in it."""
         return ToolsFormat(base, self.tools, self.syntax)
 
-    def constraint_format(self, tokenizer: Tokenizer, calls: bool) -> Format:
-        """What a reply's tokens follow: free text or calls to these tools (with `calls`;
-        else free text that opens no call)."""
-        return Format("grammar", call_grammar(self.syntax, self.tools, tokenizer, calls), source="the tool calls' grammar")
+    def constraint_format(self, tokenizer: Tokenizer, choice: ToolChoice) -> Format:
+        """What a round's tokens follow: text or calls to these tools, as `choice` says."""
+        grammar = call_grammar(self.syntax, self.tools, tokenizer, choice)
+        return Format("grammar", grammar, source="the tool calls' grammar")
+
+    def choice(self, round_number: int, calls_made: int) -> ToolChoice:
+        """What round `round_number` (from 0) of a turn that made `calls_made` calls may do."""
+        if calls_made >= self.max_calls:
+            return ToolChoice.NONE
+        return ToolChoice.REQUIRED if self.required and round_number == 0 else ToolChoice.AUTO
 
     def names(self) -> list[str]:
         return [tool.name for tool in self.tools]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llama_chat.chat.exchange import CallResult, Outcome, ToolRound
+from llama_chat.chat.turn import NOT_ASKED
 from llama_chat.errors import first_line
 from llama_chat.text.tool_calls import ToolCall
 from llama_chat.tools.tool import Tool
@@ -23,7 +24,6 @@ from llama_chat.tools.tool import Tool
 ALL = "all"  # in --allow-tools: every tool
 
 DECLINED = "the user declined to run this tool call"
-NOT_ASKED = "this tool call was not run: nobody could be asked to allow it"
 PAST_THE_LIMIT = "this tool call was not run: the turn made its {limit} calls; answer with what you have"
 
 

@@ -31,6 +31,7 @@ from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tool_calls import CallReadError, ReadReply, read_calls
 
 STOPPED = "the user stopped this call before it finished"
+NOT_ASKED = "this tool call was not run: nobody could be asked to allow it"
 
 
 class Turn:
@@ -118,8 +119,10 @@ class Turn:
                 try:
                     if on_calls is not None:
                         on_calls(tool_round, allowed, self.offer.max_calls)
-                finally:
-                    self._answer_the_rest(tool_round, on_calls is not None)
+                except BaseException:
+                    self._answer_the_rest(tool_round, CallResult(STOPPED, Outcome.CANCELLED))
+                    raise
+                self._answer_the_rest(tool_round, CallResult(NOT_ASKED, Outcome.DECLINED))
                 self._next_round(tool_round)
         finally:
             self.finish()
@@ -128,11 +131,12 @@ class Turn:
     def _generate(self, prompt: list[int]) -> Generation:
         tokenizer = self.model.tokenizer
         processors: list[LogitsProcessor] = []
+        stops = self.model.stop_ids
         if self.running.format is not None:
-            processors.append(self.running.format.start(tokenizer))
+            processors.append(self.running.format.start(tokenizer, stops))
         elif self.offer is not None:
-            calls_left = self.calls_made < self.offer.max_calls
-            processors.append(self.offer.constraint_format(tokenizer, calls_left).start(tokenizer))
+            choice = self.offer.choice(len(self.rounds), self.calls_made)
+            processors.append(self.offer.constraint_format(tokenizer, choice).start(tokenizer, stops))
         generation = self.model.generate(
             prompt, self.settings, cache=self.running.cache, speculation=self.running.speculation,
             processors=processors,
@@ -163,12 +167,10 @@ class Turn:
             self.notes.append(f"the reply's tool call was not run: {error} ({generation.stats.stop_reason})")
             return ReadReply(generation.text)
 
-    def _answer_the_rest(self, tool_round: ToolRound, asked: bool) -> None:
-        """A result for every call that has none (stopped by Ctrl-C, or nobody to ask), and
-        each result cut to the budget."""
-        missing = tool_round.calls[len(tool_round.results):]
-        outcome, text = (Outcome.CANCELLED, STOPPED) if asked else (Outcome.DECLINED, "no one was asked to allow it")
-        tool_round.results += [CallResult(text, outcome) for _ in missing]
+    def _answer_the_rest(self, tool_round: ToolRound, missing: CallResult) -> None:
+        """`missing` for every call that has no result (stopped by Ctrl-C, or nobody asked),
+        and each result cut to the budget."""
+        tool_round.results += [missing] * (len(tool_round.calls) - len(tool_round.results))
         budget = result_budget(self.running.capacity)
         tokenizer = self.model.tokenizer
         tool_round.results[:] = [

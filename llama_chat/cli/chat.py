@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llama_chat.chat.attachments import PendingFiles, read_into
+from llama_chat.chat.call_text import CallText
 from llama_chat.chat.display import stats_line, visible
+from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
 from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
+from llama_chat.chat.tool_runner import Answer
+from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import add_model_arguments, finite_float
 from llama_chat.cli.loaders import CompilingLoader, OptionsLoader
 from llama_chat.cli.options import draft_options, load_options
 from llama_chat.cli.subcommands import SUBCOMMANDS
+from llama_chat.cli.tool_options import add_tool_arguments, tool_use_from
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.environment import group_timeout
@@ -26,7 +32,9 @@ from llama_chat.options import DraftLength, KernelOptions, LoadOptions
 from llama_chat.parallel.group_runner import run_in_group
 from llama_chat.parallel.ranks import shard_from_environment
 from llama_chat.paths import kept_conversation_path
+from llama_chat.text.tool_calls import ToolCall
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
+from llama_chat.tools.tool import Tool
 
 if TYPE_CHECKING:
     from llama_chat.engine.constraint import Format
@@ -72,6 +80,7 @@ def chat_parser() -> argparse.ArgumentParser:
     answers.add_argument("--regex", metavar="PATTERN", help="every reply matches this regular expression, whole")
     answers.add_argument("--grammar", metavar="FILE",
                          help="every reply follows this grammar (llguidance's Lark syntax)")
+    add_tool_arguments(parser)
     sampling = parser.add_argument_group("sampling (each also a slash command in the chat)")
     for name, (argument, about) in SETTING_HELP.items():
         default = getattr(defaults, name)
@@ -179,6 +188,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         load_model = CompilingLoader(load_shard, options.compile, background=prompt is None)
         load_draft = CompilingLoader(OptionsLoader(draft_options(options)), options.compile,
                                      background=prompt is None)
+        tools = tool_use_from(options)  # MCP servers start while the model loads
         try:
             system = None if options.system is None else checked_text(options.system, "--system")
             model = load_model(model_path)
@@ -190,11 +200,12 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 session.set_draft(load_draft(options.draft), options.draft)
             open_conversation(session, options, argv)
             files = read_files(session, options.file or [])
-            code = converse(session, prompt, files, options, load_model, load_draft)
+            code = converse(session, prompt, files, options, load_model, load_draft, tools)
             if options.save:
                 session.save(options.save)
             return code
         finally:
+            tools.close()
             load_model.stop()
             load_draft.stop()
 
@@ -237,16 +248,16 @@ def configure_session(
 
 
 def converse(session: Session, prompt: str | None, files: PendingFiles, options: argparse.Namespace,
-             load_model: CompilingLoader, load_draft: CompilingLoader) -> int:
+             load_model: CompilingLoader, load_draft: CompilingLoader, tools: ToolUse) -> int:
     """Answer the one prompt, or, without one, run the chat in the terminal; the exit code."""
     if prompt is not None:
-        return answer_once(session, files.message(prompt), options.stats, options.think == "show")
+        return answer_once(session, files.message(prompt), options.stats, options.think == "show", tools)
     from llama_chat.repl.app import ConversationKeeper, run_repl
     from llama_chat.repl.render import Renderer
 
     renderer = Renderer(show_thinking=options.think == "show")
     return run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
-                    keeper=ConversationKeeper(kept_conversation_path()), files=files)
+                    keeper=ConversationKeeper(kept_conversation_path()), files=files, tools=tools)
 
 
 def read_files(session: Session, patterns: list[str]) -> PendingFiles:
@@ -268,25 +279,63 @@ def kernels_wanting(model: Llama, kernels: KernelOptions) -> str | None:
     return state.detail if state.wanting else None
 
 
-def answer_once(session: Session, prompt: str, show_stats: bool, show_thinking: bool = False) -> int:
+def answer_once(
+    session: Session, prompt: str, show_stats: bool, show_thinking: bool = False, tools: ToolUse | None = None
+) -> int:
     """Stream the reply to stdout (nothing else goes there), without its thinking unless
-    asked; the stats line (and how long it thought) to stderr."""
+    asked, nor the tool calls it writes; the calls (each declined unless --allow-tools
+    allows it), the stats line and how long it thought to stderr."""
+    on_calls = None
+    if tools is not None:
+        if tools.toolbox.servers is not None:  # a script's one reply waits for the servers' tools
+            tools.toolbox.servers.wait_ready(tools.toolbox.servers.start_timeout_seconds)
+        for note in tools.sync(session):
+            print(f"llama-chat: {note}", file=sys.stderr)
+        on_calls = tools.runner(session, StderrCallView())
     turn = session.send(prompt)
     reply = ThinkingSplitter(opened=bool(turn.thinking_cue))
+    calls = CallText(turn.offer.syntax) if turn.offer is not None else None
     if show_thinking:
         sys.stdout.write(visible(turn.thinking_cue))
 
     def write(piece) -> None:
-        text = piece.text if show_thinking else "".join(text for part, text in reply.feed(piece) if part == ANSWER)
+        text = piece.text if calls is None else calls.feed(piece.text)
+        if not show_thinking:
+            text = "".join(text for part, text in reply.feed(type(piece)(piece.token_id, text)) if part == ANSWER)
         sys.stdout.write(visible(text))
         sys.stdout.flush()
 
-    turn.run(write)
+    def run_calls(tool_round, allowed: int, limit: int) -> None:
+        calls.reset()
+        if on_calls is not None:
+            on_calls(tool_round, allowed, limit)
+
+    turn.run(write, run_calls)
     if not show_thinking:
         sys.stdout.write(visible("".join(text for part, text in reply.finish() if part == ANSWER)))
     sys.stdout.write("\n")
+    for note in turn.notes:
+        print(f"llama-chat: {note}", file=sys.stderr)
     if show_stats:
         if reply.thought is not None:
             print(reply.thought.line(), file=sys.stderr)
-        print(stats_line(turn.stats), file=sys.stderr)
+        print(stats_line(turn.stats, turn.calls_made, turn.tool_seconds), file=sys.stderr)
     return 0
+
+
+class StderrCallView:
+    """Tool calls of a one-shot reply, on stderr: nobody is there to ask, so only the tools
+    allowed ahead run."""
+
+    def show_call(self, call: ToolCall, tool: Tool, preview: str | None) -> None:
+        print(f"llama-chat: tool call: {call.name} ({tool.spec.source}) "
+              f"{visible(json.dumps(dict(call.arguments), ensure_ascii=False))}", file=sys.stderr)
+
+    def ask(self, call: ToolCall, tool: Tool) -> Answer | None:
+        print(f"llama-chat: declined {call.name}: nobody can be asked with -p; "
+              f"allow it ahead with --allow-tools {call.name}", file=sys.stderr)
+        return None
+
+    def show_result(self, call: ToolCall, result: CallResult) -> None:
+        if result.outcome != Outcome.DECLINED:
+            print(f"llama-chat: {call.name}: {result.outcome}", file=sys.stderr)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import llguidance
@@ -136,11 +136,16 @@ class Format:
             reason = " ".join(error.split())
             raise FormatError(f"the {what} {self._shown()} cannot be used ({reason}): {_ADVICE[self.kind]}")
 
-    def start(self, tokenizer: Tokenizer) -> Constraint:
-        """A new reply's constraint (the engine reads the grammar as it goes: this is quick)."""
+    def start(self, tokenizer: Tokenizer, stop_ids: Iterable[int] = ()) -> Constraint:
+        """A new reply's constraint (the engine reads the grammar as it goes: this is quick).
+        `stop_ids`, the ids that end the model's replies (its chat format's turn ends too),
+        may end the reply wherever the tokenizer's own stop ids may."""
         engine = engine_tokenizer(tokenizer)
         closers = json_closers(tokenizer) if self.kind in ("json", "schema") else None
-        return Constraint(llguidance.LLMatcher(engine, self.grammar(), log_level=0), engine.vocab_size, closers)
+        matcher = llguidance.LLMatcher(engine, self.grammar(), log_level=0)
+        ends = sorted(set(stop_ids) - tokenizer.stop_ids)
+        end = min(tokenizer.stop_ids) if tokenizer.stop_ids else None
+        return Constraint(matcher, engine.vocab_size, closers, ends if end is not None else [], end)
 
     def describe(self) -> str:
         """The format in a few words, for /settings."""
@@ -185,8 +190,14 @@ class Constraint(LogitsProcessor):
 
     extra_tokens = CLOSING_TOKENS
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, closers: numpy.ndarray | None = None) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, vocab_size: int, closers: numpy.ndarray | None = None,
+        also_ends: Sequence[int] = (), end: int | None = None,
+    ) -> None:
         self.matcher = matcher
+        # Ids that end a reply beside the tokenizer's, allowed where `end` (one of its) is,
+        # and taken as it.
+        self._also_ends, self._end = list(also_ends), end
         self._bitmask = numpy.zeros((vocab_size + 31) // 32, dtype=numpy.int32)  # a bit a token
         self._vocab_size = vocab_size
         self._closers = closers
@@ -206,6 +217,8 @@ class Constraint(LogitsProcessor):
         allowed = numpy.zeros(vocab, dtype=numpy.bool_)
         shared = min(vocab, self._vocab_size)
         allowed[:shared] = bits[:shared]
+        if self._also_ends and allowed[self._end]:
+            allowed[[token for token in self._also_ends if token < shared]] = True
         if self.closing and self._closers is not None:
             for closers in self._closers:
                 closing = allowed[:shared] & closers[:shared]
@@ -222,6 +235,8 @@ class Constraint(LogitsProcessor):
     def advance(self, token: int) -> None:
         """Take a sampled token (always one the mask allowed)."""
         started = time.perf_counter()
+        if token in self._also_ends:
+            token = self._end
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
         self.seconds += time.perf_counter() - started
@@ -229,7 +244,7 @@ class Constraint(LogitsProcessor):
     def allowed_prefix(self, tokens: Sequence[int]) -> int:
         """How many of these tokens, in order from here, the grammar allows."""
         started = time.perf_counter()
-        count = self.matcher.validate_tokens(list(tokens))
+        count = self.matcher.validate_tokens([self._end if token in self._also_ends else token for token in tokens])
         self.seconds += time.perf_counter() - started
         return count
 

@@ -37,6 +37,8 @@ from prompt_toolkit.output import Output, create_output
 
 from llama_chat.chat.attachments import PendingFiles
 from llama_chat.chat.session import Session
+from llama_chat.chat.tool_use import ToolUse
+from llama_chat.chat.turn import Turn
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.paths import history_path
@@ -142,9 +144,14 @@ def handle(state: ChatState, text: str) -> bool:
     text = readable(state, text)
     if text.startswith("/") and not text.startswith("//"):
         return commands.dispatch(state, text)
-    turn = state.session.send(state.files.message(text[1:] if text.startswith("//") else text))
-    state.files.clear()  # sent: a message refused (too long) keeps them for the next try
-    state.renderer.play(turn)
+    message = state.files.message(text[1:] if text.startswith("//") else text)
+
+    def send() -> Turn:
+        turn = state.session.send(message)
+        state.files.clear()  # sent: a message refused (too long) keeps them for the next try
+        return turn
+
+    state.play(send)
     return True
 
 
@@ -154,7 +161,8 @@ def resend(state: ChatState, number: int, text: str) -> None:
     if not text.strip():
         state.renderer.note("edit cancelled")
         return
-    state.renderer.play(state.session.edit(number, readable(state, text)))
+    text = readable(state, text)
+    state.play(lambda: state.session.edit(number, text))
 
 
 def readable(state: ChatState, text: str) -> str:
@@ -224,11 +232,17 @@ def run_repl(
     history: History | None = None,
     keeper: ConversationKeeper | None = None,
     files: PendingFiles | None = None,
+    tools: ToolUse | None = None,
 ) -> int:
     """Chat until /quit or Ctrl-D; returns the exit code (0). With a keeper, the conversation
-    is kept after every input (for --resume); `files` (-f) go into the first message."""
-    state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model, files or PendingFiles())
+    is kept after every input (for --resume); `files` (-f) go into the first message; `tools`
+    are the tools replies may call."""
+    state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model, files or PendingFiles(),
+                      tools=tools)
     prompt = prompt_session(state, input=input, output=output, history=history)
+    # Questions about tool calls get a prompt of their own: no history, completion or toolbar.
+    asker = PromptSession(input=input, output=output or create_output(always_prefer_tty=True))
+    state.ask_line = lambda question: asker.prompt(question)
     model = session.model
     state.renderer.note(
         f"llama-chat: {model.name} on {describe_briefly(model)}, context {session.capacity} tokens "

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 
 from llama_chat.chat.attachments import PendingFiles
 from llama_chat.chat.session import Session
+from llama_chat.chat.tool_use import ToolUse
+from llama_chat.chat.turn import Turn
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.repl.render import Renderer
+from llama_chat.repl.tool_view import ChatCallView
 
 STOP = True  # what a handler returns to end the chat (others return None)
 
@@ -31,6 +34,17 @@ class ChatState:
     load_draft: Callable[[str], Llama]  # a draft model: the command line's device, default weights
     files: PendingFiles = dataclasses.field(default_factory=PendingFiles)  # read for the next message
     editing: int | None = None  # the user message /edit put back in the next prompt (from 1)
+    tools: ToolUse | None = None  # the tools replies may call, and the consent given
+    ask_line: Callable[[str], str] | None = None  # asks the user a question on a line of its own
+
+    def play(self, start: Callable[[], Turn]) -> None:
+        """Start a turn with the tools on now offered, and stream it, its calls asked about."""
+        on_calls = None
+        if self.tools is not None:
+            for note in self.tools.sync(self.session):
+                self.renderer.note(note)
+            on_calls = self.tools.runner(self.session, ChatCallView(self.renderer, self.ask_line))
+        self.renderer.play(start(), on_calls)
 
 
 Handler = Callable[[ChatState, str], "bool | None"]

@@ -24,6 +24,7 @@ from llama_chat.repl.file_commands import run_copy, run_open, run_read, run_save
 from llama_chat.repl.model_commands import run_device, run_info, run_load
 from llama_chat.repl.reply_commands import run_draft, run_format, run_lookup
 from llama_chat.repl.settings_commands import SETTINGS, run_seed, run_settings, setting_command, switch_command
+from llama_chat.repl.tool_commands import run_mcp, run_tools
 
 
 def run_quit(state: ChatState, text: str) -> bool:
@@ -103,6 +104,11 @@ COMMANDS: list[Command] = [
     Command("format", "json|schema FILE|regex PATTERN|grammar FILE|off",
             "hold replies to a format: any JSON object, a JSON Schema, a regex or a grammar (no argument: show it)",
             run_format, choices=("json", "schema", "regex", "grammar", "off")),
+    Command("tools", "[on NAME...|all|off NAME...|all|show|fold|folder PATH]",
+            "the tools the model may call (no argument: list them): turn them on or off, show results whole "
+            "or folded, let the file tools use another folder", run_tools,
+            choices=("on", "off", "show", "fold", "folder", "all"), several=True),
+    _plain("mcp", "the MCP servers: their state and tools", run_mcp),
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),
     _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),

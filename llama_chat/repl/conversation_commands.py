@@ -24,7 +24,7 @@ def run_clear(state: ChatState, text: str) -> None:
 
 
 def run_retry(state: ChatState, text: str) -> None:
-    state.renderer.play(state.session.retry())
+    state.play(state.session.retry)
 
 
 def run_undo(state: ChatState, text: str) -> None:

@@ -8,11 +8,18 @@ is a terminal and NO_COLOR is not set; otherwise everything is plain text.
 A reasoning model's thinking (chat.thinking) is drawn dim while it streams and folded to
 one line ("thought for 212 tokens, 9.8 s") when the answer starts; /think show keeps it.
 Where the output cannot be redrawn (not a terminal) folded thinking is not drawn at all.
+
+With tools offered, the calls a reply writes are left out of its text as it streams (see
+chat/call_text); each call is shown on a line of its own, asked about, and its result
+folded to a few lines (/tools show keeps results whole). Such replies stream as text, not
+Markdown, as the chat stops mid-reply to ask.
 """
 
 from __future__ import annotations
 
 import os
+import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
@@ -20,21 +27,29 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
+from llama_chat.chat.call_text import CallText
 from llama_chat.chat.display import stats_line, visible
+from llama_chat.chat.exchange import CallResult, Outcome, ToolRound
 from llama_chat.chat.thinking import THINKING, ThinkingSplitter
+from llama_chat.engine.generation import Piece
+from llama_chat.text.tool_calls import ToolCall
 
 if TYPE_CHECKING:
     from llama_chat.chat.turn import Turn
+
+OnCalls = Callable[[ToolRound, int, int], None]
+FOLDED_LINES = 3  # the lines of a tool's result shown unless /tools show
 
 
 class Renderer:
     """Writes the chat to a rich Console (stdout by default)."""
 
     def __init__(self, console: Console | None = None, *, markdown: bool = False,
-                 show_thinking: bool = False) -> None:
+                 show_thinking: bool = False, show_results: bool = False) -> None:
         self.console = console or Console(highlight=False)
         self.markdown = markdown  # render finished replies as Markdown
         self.show_thinking = show_thinking  # a reasoning model's thinking kept on screen, or folded
+        self.show_results = show_results  # tools' results shown whole, or folded to a few lines
 
     @property
     def styled(self) -> bool:
@@ -58,39 +73,56 @@ class Renderer:
         self.console.file.flush()
         return True
 
-    def play(self, turn: Turn) -> None:
-        """Stream a reply; Ctrl-C stops it (the partial reply stays); then the stats line."""
+    def play(self, turn: Turn, on_calls: OnCalls | None = None) -> None:
+        """Stream a reply (its rounds of tool calls through `on_calls`); Ctrl-C stops it (the
+        partial reply stays); then the notes and the stats line."""
         if turn.dropped:
             plural = "s" if turn.dropped > 1 else ""
             self.note(f"context full: dropped the {turn.dropped} oldest exchange{plural} to make room")
         reply = ThinkingSplitter(opened=bool(turn.thinking_cue))
         try:
-            if self.markdown and self.styled:
+            if self.markdown and self.styled and turn.offer is None:
                 self._stream_markdown(turn, reply)
             else:
-                self._stream_text(turn, reply)
+                self._stream_text(turn, reply, on_calls)
         except KeyboardInterrupt:
             pass  # the turn has recorded what there is, marked interrupted
-        self.note(stats_line(turn.stats))
+        for note in turn.notes:
+            self.note(note)
+        self.note(stats_line(turn.stats, turn.calls_made, turn.tool_seconds))
 
-    def _stream_text(self, turn: Turn, reply: ThinkingSplitter) -> None:
-        thinking = _ThinkingLines(self, reply)
+    def _stream_text(self, turn: Turn, reply: ThinkingSplitter, on_calls: OnCalls | None) -> None:
+        stream = _TextStream(self, reply, CallText(turn.offer.syntax) if turn.offer is not None else None)
 
-        def show(parts: list[tuple[str, str]]) -> None:
-            for part, text in parts:
-                if part == THINKING:
-                    thinking.add(text)
-                else:
-                    thinking.fold()
-                    self.console.out(visible(text), end="", highlight=False)
+        def calls(tool_round: ToolRound, allowed: int, limit: int) -> None:
+            stream.end(before_calls=True)
+            if on_calls is not None:
+                on_calls(tool_round, allowed, limit)
+            stream.next_round()
 
         try:
-            turn.run(lambda piece: show(reply.feed(piece)))
+            turn.run(stream.feed, calls)
         finally:
-            show(reply.finish())
-            thinking.fold()
-            if reply.answer or reply.thought is None:
-                self._end_line(reply.answer)
+            stream.end()
+
+    def tool_call(self, call: ToolCall, source: str, preview: str | None) -> None:
+        """A call about to be asked about or run: its tool, where the tool is from, its arguments."""
+        arguments = json.dumps(dict(call.arguments), ensure_ascii=False)
+        self.line(f"⚙ {call.name} ({source}) {arguments}", "bold")
+        if preview:
+            self.line(preview)
+
+    def tool_result(self, call: ToolCall, result: CallResult) -> None:
+        """What a call gave, folded to a few lines unless results are shown whole."""
+        took = f" in {result.seconds:.1f} s" if result.outcome in (Outcome.RAN, Outcome.FAILED) else ""
+        lines = result.text.splitlines() or [""]
+        shown = lines if self.show_results else lines[:FOLDED_LINES]
+        folded = len(lines) - len(shown)
+        self.note(f"→ {call.name}: {result.outcome}{took}")
+        for line in shown:
+            self.line(f"  {line}", "dim")
+        if folded:
+            self.note(f"  … {folded} more line{'s' * (folded != 1)} (/tools show keeps results whole)")
 
     def _stream_markdown(self, turn: Turn, reply: ThinkingSplitter) -> None:
         # Live redraws the Markdown as it grows (cropped to the screen while streaming) and
@@ -115,9 +147,56 @@ class Renderer:
             finally:
                 reply.finish()
 
-    def _end_line(self, text: str) -> None:
+    def end_line(self, text: str) -> None:
         if not text.endswith("\n"):
             self.console.out("", highlight=False)
+
+
+class _TextStream:
+    """A reply's rounds on a plain stream: each round's text without its calls, its thinking
+    drawn as _ThinkingLines says, a line ended before the chat asks about calls."""
+
+    def __init__(self, renderer: Renderer, reply: ThinkingSplitter, calls: CallText | None) -> None:
+        self.renderer = renderer
+        self.calls = calls
+        self._start(reply)
+
+    def _start(self, reply: ThinkingSplitter) -> None:
+        self.reply = reply
+        self.thinking = _ThinkingLines(self.renderer, reply)
+        self.ended = False
+
+    def feed(self, piece: Piece) -> None:
+        if self.calls is not None:
+            piece = Piece(piece.token_id, self.calls.feed(piece.text))
+        self._show(self.reply.feed(piece))
+
+    def end(self, before_calls: bool = False) -> None:
+        """The round's text is over: what was held back, the thinking folded, the line ended
+        (an empty one too, unless the calls' lines follow)."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.calls is not None:
+            self._show(self.reply.feed(Piece(None, self.calls.flush())))
+        reply = self.reply
+        self._show(reply.finish())
+        self.thinking.fold()
+        if reply.answer or reply.thought is None:
+            self.renderer.end_line(reply.answer)
+
+    def next_round(self) -> None:
+        if self.calls is not None:
+            self.calls.reset()
+        self._start(ThinkingSplitter(opened=False))
+
+    def _show(self, parts: list[tuple[str, str]]) -> None:
+        for part, text in parts:
+            if part == THINKING:
+                self.thinking.add(text)
+            else:
+                self.thinking.fold()
+                self.renderer.console.out(visible(text), end="", highlight=False)
 
 
 class _ThinkingLines:

@@ -22,6 +22,7 @@ back (`tojson`). After its calls the reply ends.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -142,27 +143,41 @@ def call_schema(syntax: CallSyntax, tools: Sequence[ToolSpec]) -> dict[str, Any]
     return {"anyOf": choices} if len(choices) > 1 else choices[0]
 
 
-def call_grammar(syntax: CallSyntax, tools: Sequence[ToolSpec], tokenizer: Tokenizer, calls: bool = True) -> str:
-    """llguidance's grammar for a reply: free text, or (with `calls`) text and then calls to
-    these tools in the family's format. Without calls the opening may not be written."""
+class ToolChoice(enum.StrEnum):
+    """Whether a reply may call (auto), must open with calls (required) or may not (none)."""
+
+    AUTO = "auto"
+    REQUIRED = "required"
+    NONE = "none"
+
+
+def call_grammar(
+    syntax: CallSyntax, tools: Sequence[ToolSpec], tokenizer: Tokenizer, choice: ToolChoice = ToolChoice.AUTO
+) -> str:
+    """llguidance's grammar for a reply: free text, or text and then calls to these tools in
+    the family's format (auto); calls from its start (required); free text in which the
+    opening may not be written (none)."""
     opening_is_token = _is_control_token(tokenizer, syntax.opening)
     text = _free_text(syntax, tokenizer, opening_is_token)
-    if not calls or not tools:
+    if choice == ToolChoice.NONE or not tools:
         return f"%llguidance {{}}\nstart: text\n{text}"
     schema = {**call_schema(syntax, tools), "x-guidance": _JSON_STYLE}
     if syntax.listed:
         schema = {"type": "array", "items": call_schema(syntax, tools), "minItems": 1, "x-guidance": _JSON_STYLE}
     one_call = f"%json {json.dumps(schema)}"
     closing = _literal(tokenizer, syntax.closing)
+    free = "text | " if choice == ToolChoice.AUTO else ""
     if not syntax.opening:  # llama3: the whole reply is the call
         tag = f'{_literal(tokenizer, _PYTHON_TAG)}? ' if tokenizer.token_id(_PYTHON_TAG) is not None else ""
-        body = f"start: text | {tag}{one_call}\n"
+        body = f"start: {free}{tag}{one_call}\n"
     elif opening_is_token:
-        body = f"start: text | text {_literal(tokenizer, syntax.opening)} {one_call} {closing}\n"
+        before = "text " if choice == ToolChoice.AUTO else ""
+        body = f"start: {free}{before}{_literal(tokenizer, syntax.opening)} {one_call} {closing}\n"
     else:  # an opening spelt in text: the free text ends lazily at its first appearance
         opening = json.dumps(syntax.opening)
+        head = "head" if choice == ToolChoice.AUTO else opening
         body = (
-            f"start: text | head call (\"\\n\" {opening} call)*\n"
+            f"start: {free}{head} call (\"\\n\" {opening} call)*\n"
             f"head[lazy]: /(?s:.*)/ {opening}\n"
             f"call: \"\\n\" {one_call} \"\\n\" {closing}\n"
         )

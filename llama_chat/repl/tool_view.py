@@ -1,0 +1,43 @@
+"""Tool calls in the chat: each shown, asked about (yes once, always for this tool, no) and
+its result shown, through the renderer; answers come from a prompt of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llama_chat.chat.exchange import CallResult
+from llama_chat.chat.tool_runner import Answer
+from llama_chat.repl.render import Renderer
+from llama_chat.text.tool_calls import ToolCall
+from llama_chat.tools.tool import Tool
+
+ANSWERS = {"y": Answer.YES, "yes": Answer.YES, "a": Answer.ALWAYS, "always": Answer.ALWAYS,
+           "n": Answer.NO, "no": Answer.NO}
+
+
+class ChatCallView:
+    """Shows calls and results through `renderer`; asks through `ask_line` (a prompt that
+    returns the line typed; EOFError for Ctrl-D, which answers no)."""
+
+    def __init__(self, renderer: Renderer, ask_line: Callable[[str], str] | None) -> None:
+        self.renderer = renderer
+        self.ask_line = ask_line
+
+    def show_call(self, call: ToolCall, tool: Tool, preview: str | None) -> None:
+        self.renderer.tool_call(call, tool.spec.source, preview)
+
+    def ask(self, call: ToolCall, tool: Tool) -> Answer | None:
+        if self.ask_line is None:
+            return None
+        while True:
+            try:
+                typed = self.ask_line(f"run {call.name}? y = yes, a = always for {call.name} in this chat, n = no: ")
+            except EOFError:
+                return Answer.NO
+            answer = ANSWERS.get(typed.strip().lower())
+            if answer is not None:
+                return answer
+            self.renderer.note("answer y, a or n (Ctrl-C stops the reply)")
+
+    def show_result(self, call: ToolCall, result: CallResult) -> None:
+        self.renderer.tool_result(call, result)

@@ -1,0 +1,70 @@
+"""The tools a chat can offer: llama-chat's own, each off until the user turns it on, and the
+tools of the MCP servers the user configured, on once their server is ready (the user can
+turn each off)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from llama_chat.errors import LlamaChatError
+from llama_chat.tools.tool import BUILT_IN, Tool
+
+if TYPE_CHECKING:  # the MCP SDK loads only where servers are configured
+    from llama_chat.tools.mcp_servers import McpServers
+
+ALL = "all"
+
+
+class ToolBox:
+    """Built-in tools and MCP servers, and which of their tools are on."""
+
+    def __init__(self, built_in: Sequence[Tool] = (), servers: McpServers | None = None) -> None:
+        self.built_in = {tool.spec.name: tool for tool in built_in}
+        self.servers = servers
+        self.on: set[str] = set()  # built-in tools turned on
+        self.off: set[str] = set()  # server tools turned off
+
+    def server_tools(self) -> list[Tool]:
+        return self.servers.tools() if self.servers is not None else []
+
+    def known(self) -> list[Tool]:
+        """Every tool there is now, on or off."""
+        return [*self.built_in.values(), *self.server_tools()]
+
+    def offered(self) -> list[Tool]:
+        """The tools the model is offered now."""
+        return [tool for tool in self.known() if self.is_on(tool)]
+
+    def by_name(self) -> dict[str, Tool]:
+        return {tool.spec.name: tool for tool in self.offered()}
+
+    def is_on(self, tool: Tool) -> bool:
+        name = tool.spec.name
+        return name in self.on if tool.spec.source == BUILT_IN else name not in self.off
+
+    def switch(self, names: Iterable[str], on: bool) -> list[str]:
+        """Turn these tools on or off (`all`: every tool there is); the names switched.
+        A name that is no tool is refused (LlamaChatError, nothing changed)."""
+        known = {tool.spec.name: tool for tool in self.known()}
+        names = list(names)
+        chosen = list(known) if ALL in names else names
+        unknown = [name for name in chosen if name not in known]
+        if unknown:
+            listed = ", ".join(known) or "none yet"
+            raise LlamaChatError(f"there is no tool named {', '.join(unknown)}: the tools are {listed}")
+        for name in chosen:
+            built_in = known[name].spec.source == BUILT_IN
+            if on:
+                (self.on.add if built_in else self.off.discard)(name)
+            else:
+                (self.on.discard if built_in else self.off.add)(name)
+        return chosen
+
+    def notices(self) -> list[str]:
+        """What the servers had to say since last asked (one line each)."""
+        return self.servers.take_notices() if self.servers is not None else []
+
+    def close(self) -> None:
+        if self.servers is not None:
+            self.servers.close()
