@@ -1,14 +1,18 @@
-"""Tools from MCP servers: the config file that lists them."""
+"""Tools from MCP servers: the config file that lists them, and their tools' lists and results."""
 
+import base64
 import json
 import os
 from pathlib import Path
 
+import mcp_types as types
 import pytest
 
 from llama_chat import paths
 from llama_chat.errors import LlamaChatError
 from llama_chat.tools.mcp_config import HttpServerConfig, StdioServerConfig, is_loopback, read_config
+from llama_chat.tools.mcp_tools import cut, result_text, schema_problem
+from llama_chat.tools.tool import ToolResult
 
 
 def _write(tmp_path: Path, document) -> Path:
@@ -113,3 +117,65 @@ def test_the_default_config_file_follows_xdg_config_home(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CONFIG_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert paths.mcp_config_path() == tmp_path / "home" / ".config" / "llama-chat" / "mcp.json"
+
+
+# Results and schemas, without a server
+
+
+def test_a_result_as_text():
+    image = base64.b64encode(b"\x89PNG" + bytes(996)).decode()
+    result = types.CallToolResult(content=[
+        types.TextContent(text="first"),
+        types.ImageContent(data=image, mime_type="image/png"),
+        types.AudioContent(data=base64.b64encode(bytes(10)).decode(), mime_type="audio/wav"),
+        types.EmbeddedResource(resource=types.BlobResourceContents(
+            uri="file:///a.bin", mime_type="application/octet-stream", blob=base64.b64encode(bytes(7)).decode())),
+        types.EmbeddedResource(resource=types.TextResourceContents(uri="file:///a.txt", text="resource text")),
+        types.ResourceLink(uri="file:///b.csv", name="b", mime_type="text/csv", size=12345),
+        types.TextContent(text="last"),
+    ], structured_content={"ignored": "there is text"}, is_error=True)
+    assert result_text(result) == ToolResult(
+        "first\n[image: image/png, 1,000 bytes]\n[audio: audio/wav, 10 bytes]\n"
+        "[resource file:///a.bin: application/octet-stream, 7 bytes]\nresource text\n"
+        "[link to resource file:///b.csv: text/csv, 12,345 bytes]\nlast", is_error=True)
+
+
+def test_structured_content_is_the_text_where_there_is_no_text():
+    result = types.CallToolResult(content=[types.ImageContent(data="AAAA", mime_type="image/gif")],
+                                  structured_content={"temperature": 21.5, "city": "Zürich"})
+    assert result_text(result) == ToolResult('{"temperature": 21.5, "city": "Zürich"}\n[image: image/gif, 3 bytes]')
+
+
+def test_a_cut_result_says_so():
+    assert cut(ToolResult("abcdefghij", is_error=True), 4) == ToolResult(
+        "abcd\n[cut: the output was 10 characters; only the first 4 are kept]", is_error=True)
+
+
+@pytest.mark.parametrize("schema, problem", [
+    ({"type": "object"}, None),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": ["integer", "null"]}]},
+                                       "b": {"type": "array", "items": {"$ref": "#/$defs/c"}}},
+      "$defs": {"c": True}, "required": ["a"], "x-unknown": {"type": 5}}, None),
+    ({"properties": {}}, 'its input schema is not an object schema ({"type": "object", ...})'),
+    ({"type": "array"}, 'its input schema is not an object schema ({"type": "object", ...})'),
+    ({"type": "object", "properties": {"a": {"type": "text"}}},
+     'its input schema is not valid JSON Schema ("type" "text" names no JSON type)'),
+    ({"type": "object", "properties": {"a": 3}},
+     "its input schema is not valid JSON Schema (a schema that is neither an object nor true or false)"),
+    ({"type": "object", "required": "a"}, 'its input schema is not valid JSON Schema ("required" is not a list of '
+                                          "property names)"),
+    ({"type": "object", "properties": []}, 'its input schema is not valid JSON Schema ("properties" is not an object '
+                                           "of schemas)"),
+    ({"type": "object", "anyOf": []}, 'its input schema is not valid JSON Schema ("anyOf" is not a list of schemas)'),
+    ({"type": "object", "properties": {"a": {"items": {"enum": "x"}}}},
+     'its input schema is not valid JSON Schema ("enum" is not a list)'),
+])
+def test_input_schemas_are_checked(schema, problem):
+    assert schema_problem(schema) == problem
+
+
+def test_a_deep_schema_is_refused_before_anything_recurses_through_it():
+    schema: dict = {"type": "object"}
+    for _ in range(5000):
+        schema = {"type": "object", "properties": {"a": schema}}
+    assert schema_problem(schema) == "its input schema is not valid JSON Schema (nested more than 32 levels deep)"
