@@ -87,6 +87,12 @@ def kept_conversation_path() -> Path:
     return user_directory("XDG_STATE_HOME", ".local/state") / "conversation.json"
 
 
+def mcp_config_path() -> Path:
+    """$XDG_CONFIG_HOME/llama-chat/mcp.json (~/.config when the variable is not set): the MCP
+    servers whose tools the chat offers."""
+    return user_directory("XDG_CONFIG_HOME", ".config") / "mcp.json"
+
+
 def expanded(path: str | Path) -> Path:
     """The path with ~ or ~user expanded; an unknown user is one clear error."""
     try:
