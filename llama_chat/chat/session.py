@@ -34,7 +34,7 @@ from llama_chat.chat.conversation import Conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.session_file import open_session, save_session
-from llama_chat.chat.tool_offer import ToolOffer
+from llama_chat.chat.tool_offer import MAX_CALLS, ToolOffer
 from llama_chat.chat.turn import Turn
 from llama_chat.chat.turn_encoder import TurnEncoder
 from llama_chat.engine.cache import KVCache
@@ -251,8 +251,8 @@ class Session:
         """Continue the conversation with other weights (a new cache; ids rebuilt). Returns a
         note when the draft model had to be let go (another vocabulary)."""
         note = self.running.replace(model, model_path)
-        if self.offer is not None:
-            self.offer = ToolOffer(self.offer.tools, call_syntax_of(model.chat_format), self.offer.max_calls)
+        if self.offer is not None:  # the new model's family writes the calls
+            self.offer = dataclasses.replace(self.offer, syntax=call_syntax_of(model.chat_format))
         self._render_with_the_tools()
         return note
 
@@ -270,15 +270,12 @@ class Session:
         self.running.format = chosen
         self._render_with_the_tools()
 
-    def set_tools(self, tools: list[ToolSpec], max_calls: int | None = None) -> None:
+    def set_tools(self, tools: list[ToolSpec], max_calls: int = MAX_CALLS, required: bool = False) -> None:
         """Offer these tools to the model (none: no tools), calls written in its family's
-        format; the conversation is rendered anew with them (the cache keeps what it shares)."""
-        if not tools:
-            self.offer = None
-        else:
-            syntax = call_syntax_of(self.model.chat_format)
-            limit = max_calls if max_calls is not None else (self.offer.max_calls if self.offer else None)
-            self.offer = ToolOffer(tuple(tools), syntax) if limit is None else ToolOffer(tuple(tools), syntax, limit)
+        format, at most `max_calls` a turn, a call `required` first; the conversation is
+        rendered anew with them (the cache keeps what it shares)."""
+        syntax = call_syntax_of(self.model.chat_format)
+        self.offer = ToolOffer(tuple(tools), syntax, max_calls, required) if tools else None
         self._render_with_the_tools()
 
     def offered_names(self) -> list[str]:

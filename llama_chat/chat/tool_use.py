@@ -27,11 +27,12 @@ class ToolUse:
     """The tools of one chat (`folders`: where its file tools may go, if it has them)."""
 
     def __init__(self, toolbox: ToolBox, consent: Consent | None = None, max_calls: int = MAX_CALLS,
-                 folders: Folders | None = None) -> None:
+                 folders: Folders | None = None, required: bool = False) -> None:
         self.toolbox = toolbox
         self.consent = consent or Consent()
         self.max_calls = max_calls
         self.folders = folders
+        self.required = required  # each turn opens with a call
         self._usable: dict[tuple[str, str], bool] = {}  # (tool name, its schema's text): can be held
 
     def sync(self, session: Session) -> list[str]:
@@ -45,9 +46,10 @@ class ToolUse:
                 specs.append(tool.spec)
             elif refusal:
                 notes.append(refusal)
-        offered = list(session.offer.tools) if session.offer is not None else []
-        if specs != offered or (session.offer is not None and session.offer.max_calls != self.max_calls):
-            session.set_tools(specs, self.max_calls)
+        offer = session.offer
+        if offer is None or (list(offer.tools), offer.max_calls, offer.required) != (specs, self.max_calls, self.required):
+            if specs or offer is not None:
+                session.set_tools(specs, self.max_calls, self.required)
         return notes
 
     def _refusal(self, spec: ToolSpec, session: Session) -> str | None:

@@ -36,6 +36,9 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"how long a tool call may run: a command, an MCP server's answer (default: {TOOL_SECONDS:g})")
     tools.add_argument("--max-tool-calls", type=int, default=MAX_CALLS, metavar="N",
                        help=f"tool calls one reply may make (default: {MAX_CALLS})")
+    tools.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                       help="auto: the model calls tools when it chooses; required: each reply starts with a call "
+                       "(then answers with the results) (default: auto)")
 
 
 def tool_use_from(options: argparse.Namespace) -> ToolUse:
@@ -61,7 +64,7 @@ def tool_use_from(options: argparse.Namespace) -> ToolUse:
     consent = Consent(allowed_ahead(_names(options.allow_tools)) if options.allow_tools else frozenset())
     if toolbox.servers is not None:
         toolbox.servers.start()
-    return ToolUse(toolbox, consent, options.max_tool_calls, folders)
+    return ToolUse(toolbox, consent, options.max_tool_calls, folders, required=options.tool_choice == "required")
 
 
 def _servers(options: argparse.Namespace, reserved: list[str]):

@@ -104,10 +104,10 @@ COMMANDS: list[Command] = [
     Command("format", "json|schema FILE|regex PATTERN|grammar FILE|off",
             "hold replies to a format: any JSON object, a JSON Schema, a regex or a grammar (no argument: show it)",
             run_format, choices=("json", "schema", "regex", "grammar", "off")),
-    Command("tools", "[on NAME...|all|off NAME...|all|show|fold|folder PATH]",
-            "the tools the model may call (no argument: list them): turn them on or off, show results whole "
-            "or folded, let the file tools use another folder", run_tools,
-            choices=("on", "off", "show", "fold", "folder", "all"), several=True),
+    Command("tools", "[on NAME...|all|off NAME...|all|choice auto|required|show|fold|folder PATH]",
+            "the tools the model may call (no argument: list them): turn them on or off, require a call, show "
+            "results whole or folded, let the file tools use another folder", run_tools,
+            choices=("on", "off", "choice", "show", "fold", "folder", "all", "auto", "required"), several=True),
     _plain("mcp", "the MCP servers: their state and tools", run_mcp),
     _plain("stats", "statistics of the last reply and the context", run_stats),
     _plain("device", "the device and dtype the model runs on", run_device),

@@ -8,7 +8,7 @@ from llama_chat.errors import LlamaChatError
 from llama_chat.repl.chat_state import ChatState, CommandError
 from llama_chat.text.tools_format import call_syntax_of
 
-TOOLS_USAGE = "/tools takes on NAME...|all, off NAME...|all, show, fold or folder PATH"
+TOOLS_USAGE = "/tools takes on NAME...|all, off NAME...|all, choice auto|required, show, fold or folder PATH"
 
 
 def run_tools(state: ChatState, text: str) -> None:
@@ -21,6 +21,9 @@ def run_tools(state: ChatState, text: str) -> None:
         except LlamaChatError as error:
             raise CommandError(str(error)) from None
         state.renderer.note(f"{word}: {', '.join(switched) or 'no tools'}")
+    elif word == "choice" and names in (["auto"], ["required"]):
+        tools.required = names == ["required"]
+        state.renderer.note("tool choice: " + ("each reply starts with a call" if tools.required else "auto"))
     elif word in ("show", "fold") and not names:
         state.renderer.show_results = word == "show"
         state.renderer.note("tool results: " + ("shown whole" if word == "show" else "folded to a few lines"))
@@ -54,7 +57,8 @@ def tools_listing(state: ChatState) -> list[str]:
         lines.append("no tools: start llama-chat with --tools, or configure MCP servers (--mcp-config)")
     syntax = call_syntax_of(state.session.model.chat_format)
     how = "the model's template" if syntax.native else "described in the system prompt"
-    lines.append(f"calls written as {syntax.name} ({how}); at most {tools.max_calls} a turn")
+    choice = "each reply starts with a call" if tools.required else "the model calls when it chooses"
+    lines.append(f"calls written as {syntax.name} ({how}); at most {tools.max_calls} a turn; {choice}")
     if state.session.format is not None:
         lines.append("no tools are offered while /format holds replies (/format off)")
     allowed = sorted(tools.consent.ahead | tools.consent.always)
