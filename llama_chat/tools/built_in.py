@@ -1,0 +1,21 @@
+"""llama-chat's own tools, all together: the file tools, confined to the folders given, and
+the shell tool, run in the working folder."""
+
+from __future__ import annotations
+
+from llama_chat.tools.edit_tools import EditFile, WriteFile
+from llama_chat.tools.folders import Folders
+from llama_chat.tools.read_tools import ListDirectory, ReadFile
+from llama_chat.tools.search_tool import SearchFiles
+from llama_chat.tools.shell_tool import OUTPUT_BYTES, SECONDS, RunCommand
+from llama_chat.tools.tool import Tool
+
+
+def built_in_tools(folders: Folders, command_seconds: float = SECONDS,
+                   command_output_bytes: int = OUTPUT_BYTES) -> list[Tool]:
+    """The built-in tools, over `folders`; a command runs for at most `command_seconds` and
+    gives at most `command_output_bytes` of output."""
+    return [
+        ReadFile(folders), ListDirectory(folders), SearchFiles(folders), WriteFile(folders), EditFile(folders),
+        RunCommand(folders, command_seconds, command_output_bytes),
+    ]
