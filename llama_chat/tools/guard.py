@@ -47,8 +47,13 @@ def main(arguments: list[str]) -> int:
     parent, command = int(arguments[0]), arguments[2:]
     if os.getsid(0) != os.getpid():
         os.setsid()
+    # Held back until the guard can act on them: a stop that came between the fork and the
+    # handlers would end the guard and leave the command running unwatched.
+    stops = {signal.SIGTERM, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
         os.setsid()
         try:
             os.execvp(command[0], command)
@@ -60,8 +65,9 @@ def main(arguments: list[str]) -> int:
         _kill_group(child)
         os._exit(128 + signal.SIGTERM)
 
-    for name in ("SIGTERM", "SIGHUP"):
-        signal.signal(getattr(signal, name), stop)
+    for stop_signal in stops:
+        signal.signal(stop_signal, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     # The command holds the streams now; the guard keeps none of them open.
     quiet = os.open(os.devnull, os.O_RDWR)
     for stream in (0, 1, 2):
