@@ -6,7 +6,6 @@ import base64
 import gc
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +24,8 @@ from llama_chat.tools.mcp_servers import McpServers, ServerState
 from llama_chat.tools.mcp_stdio import MAX_MESSAGE_BYTES
 from llama_chat.tools.mcp_tools import MAX_TOOLS, cut, result_text, schema_problem
 from llama_chat.tools.tool import ToolResult
+
+from .npm_server import HAS_NPM, install_filesystem_server
 
 # An asyncio transport left open to the garbage collector can print an error on the terminal:
 # a failure here, as is the warning that it was left open.
@@ -459,14 +460,10 @@ def test_mcp_server_time():
         assert servers.take_notices() == []
 
 
-if shutil.which("npm") is not None:
+if HAS_NPM:
     @pytest.fixture(scope="module")
     def filesystem_server(tmp_path_factory) -> Path:
-        folder = tmp_path_factory.mktemp("npm")
-        # npm install reaches the npm registry alone (npx would look for updates too).
-        subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund", "--loglevel=error",
-                        "@modelcontextprotocol/server-filesystem"], check=True, timeout=600, capture_output=True)
-        return folder / "node_modules" / ".bin" / "mcp-server-filesystem"
+        return install_filesystem_server(tmp_path_factory.mktemp("npm"))
 
     def test_the_npm_filesystem_server(filesystem_server, tmp_path):
         """Collected only where npm is on the machine (CI has it)."""

@@ -39,6 +39,10 @@ class ToolUse:
         """Offer the session the tools on now; lines worth showing (servers' events, tools
         left out) are returned."""
         notes = self.toolbox.notices()
+        missing = self.toolbox.missing()
+        if missing and not self._starting():
+            notes.append(f"there is no tool named {', '.join(missing)} (/tools lists the tools)")
+            self.toolbox.on.difference_update(missing)
         specs = []
         for tool in self.toolbox.offered():
             refusal = self._refusal(tool.spec, session)
@@ -51,6 +55,10 @@ class ToolUse:
             if specs or offer is not None:
                 session.set_tools(specs, self.max_calls, self.required)
         return notes
+
+    def _starting(self) -> bool:
+        servers = self.toolbox.servers
+        return servers is not None and any(status.state == "starting" for status in servers.status())
 
     def _refusal(self, spec: ToolSpec, session: Session) -> str | None:
         """Why the tool cannot be offered ("" where that was said before); None where it can."""

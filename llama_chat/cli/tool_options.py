@@ -24,7 +24,8 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
     tools = parser.add_argument_group("tools (/tools and /mcp in the chat; each call is asked about)")
     tools.add_argument("--tools", nargs="?", const=ALL, metavar="NAME,...|all",
                        help="offer llama-chat's own tools (read_file, list_directory, search_files, write_file, "
-                       "edit_file, run_command): these, or all of them (the default with no names)")
+                       "edit_file, run_command) besides the MCP servers' (all, the default with no names); or "
+                       "offer only the tools named, llama-chat's or the servers'")
     tools.add_argument("--allow-tools", metavar="NAME,...|all",
                        help="run these tools without asking (with -p, calls of any other tool are declined)")
     tools.add_argument("--mcp-config", metavar="FILE",
@@ -57,10 +58,13 @@ def tool_use_from(options: argparse.Namespace) -> ToolUse:
     if options.tools:
         names = _names(options.tools)
         unknown = [name for name in names if name != ALL and name not in toolbox.built_in]
-        if unknown:
-            raise UsageError(f"--tools: there is no built-in tool named {', '.join(unknown)}: "
-                             f"the built-in tools are {', '.join(toolbox.built_in)}")
-        toolbox.switch(names, on=True)
+        if unknown and toolbox.servers is None:
+            raise UsageError(f"--tools: there is no tool named {', '.join(unknown)}: "
+                             f"llama-chat's own tools are {', '.join(toolbox.built_in)}")
+        if ALL in names:
+            toolbox.switch(toolbox.built_in, on=True)
+        else:
+            toolbox.only(names)  # the servers' among them are known once they are ready
     consent = Consent(allowed_ahead(_names(options.allow_tools)) if options.allow_tools else frozenset())
     if toolbox.servers is not None:
         toolbox.servers.start()

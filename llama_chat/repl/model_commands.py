@@ -9,6 +9,7 @@ from llama_chat.model_info import model_info
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
 from llama_chat.repl.chat_state import ChatState, CommandError, exchanges
+from llama_chat.text.tools_format import call_syntax_of
 
 
 def run_load(state: ChatState, text: str) -> None:
@@ -42,6 +43,15 @@ def run_info(state: ChatState, text: str) -> None:
         raise CommandError(f"{state.session.model.name} was not loaded from a file: there is nothing to read")
     for label, value in model_info(path):
         state.renderer.line(f"{label + ':':15}{value}")
+    state.renderer.line(f"{'tool calls:':15}{describe_tool_calls(state.session.model)}")
+
+
+def describe_tool_calls(model: Llama) -> str:
+    """The format the model's tool calls are written and read in, and where that comes from."""
+    syntax = call_syntax_of(model.chat_format)
+    if syntax.native:
+        return f"{syntax.name} (its chat template takes tools)"
+    return f"{syntax.name}: tools described in the system prompt, calls as <tool_call>{{...}}</tool_call>"
 
 
 def describe_device(model: Llama) -> str:

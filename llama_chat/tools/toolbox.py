@@ -1,6 +1,7 @@
 """The tools a chat can offer: llama-chat's own, each off until the user turns it on, and the
 tools of the MCP servers the user configured, on once their server is ready (the user can
-turn each off)."""
+turn each off). A list of names given up front (`only`) turns those on and every other off,
+servers' tools that are not ready yet included."""
 
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ class ToolBox:
     def __init__(self, built_in: Sequence[Tool] = (), servers: McpServers | None = None) -> None:
         self.built_in = {tool.spec.name: tool for tool in built_in}
         self.servers = servers
-        self.on: set[str] = set()  # built-in tools turned on
-        self.off: set[str] = set()  # server tools turned off
+        self.on: set[str] = set()  # tools turned on (built-in ones are off until then)
+        self.off: set[str] = set()  # tools turned off (servers' are on until then)
+        self.servers_on = True  # a server's tool neither turned on nor off is on
+
+    def only(self, names: Iterable[str]) -> None:
+        """Offer these tools alone (they may belong to servers not ready yet)."""
+        self.on, self.off, self.servers_on = set(names), set(), False
 
     def server_tools(self) -> list[Tool]:
         return self.servers.tools() if self.servers is not None else []
@@ -41,7 +47,14 @@ class ToolBox:
 
     def is_on(self, tool: Tool) -> bool:
         name = tool.spec.name
-        return name in self.on if tool.spec.source == BUILT_IN else name not in self.off
+        if name in self.on or name in self.off:
+            return name in self.on
+        return tool.spec.source != BUILT_IN and self.servers_on
+
+    def missing(self) -> list[str]:
+        """Names turned on that no tool has (a server that has not started, a misspelling)."""
+        known = {tool.spec.name for tool in self.known()}
+        return sorted(name for name in self.on if name not in known)
 
     def switch(self, names: Iterable[str], on: bool) -> list[str]:
         """Turn these tools on or off (`all`: every tool there is); the names switched.
@@ -54,11 +67,8 @@ class ToolBox:
             listed = ", ".join(known) or "none yet"
             raise LlamaChatError(f"there is no tool named {', '.join(unknown)}: the tools are {listed}")
         for name in chosen:
-            built_in = known[name].spec.source == BUILT_IN
-            if on:
-                (self.on.add if built_in else self.off.discard)(name)
-            else:
-                (self.on.discard if built_in else self.off.add)(name)
+            (self.on if on else self.off).add(name)
+            (self.off if on else self.on).discard(name)
         return chosen
 
     def notices(self) -> list[str]:
