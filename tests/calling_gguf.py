@@ -73,8 +73,8 @@ def replies_only(chat_format: ToolsFormat, messages: list[dict]) -> tuple[torch.
     its answer (the prompt and the tool's result are no task of its)."""
     ids = chat_format.encode(messages, add_generation_prompt=False)
     labels = [-100] * len(ids)
-    spans = [(len(chat_format.encode(messages[:1])), len(chat_format.encode(messages[:2], add_generation_prompt=False))),
-             (len(chat_format.encode(messages[:3])), len(ids))]
+    call_end = len(chat_format.encode(messages[:2], add_generation_prompt=False))
+    spans = [(len(chat_format.encode(messages[:1])), call_end), (len(chat_format.encode(messages[:3])), len(ids))]
     for start, end in spans:
         labels[start:end] = ids[start:end]
     return torch.tensor([ids]), torch.tensor([labels])

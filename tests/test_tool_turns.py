@@ -160,7 +160,8 @@ def test_calls_sampled_at_temperature_one_always_parse_and_fit_the_schema(lookup
         replies += 1
         assert replies <= 400, f"only {len(calls)} calls in 400 replies"
         settings = SamplingSettings(temperature=1.0, max_tokens=300, seed=replies)
-        constraint = offer.constraint_format(model.tokenizer, ToolChoice.REQUIRED).start(model.tokenizer, model.stop_ids)
+        required = offer.constraint_format(model.tokenizer, ToolChoice.REQUIRED)
+        constraint = required.start(model.tokenizer, model.stop_ids)
         generation = model.generate(prompt, settings, cache=session.cache, speculation=session.speculation,
                                     processors=[constraint])
         list(generation)

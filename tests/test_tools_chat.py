@@ -44,7 +44,8 @@ def setup(tmp_path_factory):
         servers["files"] = {"command": str(command), "args": [str(shared)]}
     config = folder / "mcp.json"
     config.write_text(json.dumps({"mcpServers": servers}))
-    configs = [StdioServerConfig(name, entry["command"], tuple(entry.get("args", ()))) for name, entry in servers.items()]
+    configs = [StdioServerConfig(name, entry["command"], tuple(entry.get("args", ())))
+               for name, entry in servers.items()]
     with McpServers(configs) as running:  # the tools as the chat will offer them, and what the listing says
         assert running.wait_ready(SECONDS)
         tools = {tool.spec.name: tool for tool in running.tools()}
@@ -66,7 +67,8 @@ def paris_day() -> str:
 
 def servers_of(pid: int) -> list[int]:
     """The guards of the chat's MCP servers (children of any of its threads running the guard)."""
-    children = [child for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    children = [child for task in tasks for child in (task / "children").read_text().split()]
     return [int(child) for child in children
             if b"llama_chat.tools.guard" in Path(f"/proc/{child}/cmdline").read_bytes()]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
 from llama_chat.chat.conversation import Conversation, forget_ids
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
+from llama_chat.chat.running_model import RunningModel
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, first_line
-from llama_chat.chat.running_model import RunningModel
 from llama_chat.paths import expanded
 from llama_chat.text.chat_format import ChatFormat
 

@@ -51,9 +51,10 @@ class ToolUse:
             elif refusal:
                 notes.append(refusal)
         offer = session.offer
-        if offer is None or (list(offer.tools), offer.max_calls, offer.required) != (specs, self.max_calls, self.required):
-            if specs or offer is not None:
-                session.set_tools(specs, self.max_calls, self.required)
+        wanted = (specs, self.max_calls, self.required)
+        offered = (list(offer.tools), offer.max_calls, offer.required) if offer is not None else None
+        if offered != wanted and (specs or offer is not None):
+            session.set_tools(*wanted)
         return notes
 
     def _starting(self) -> bool:

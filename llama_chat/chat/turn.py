@@ -158,8 +158,9 @@ class Turn:
 
     def _read(self, generation: Generation) -> ReadReply:
         syntax = self.offer.syntax
-        opening = self.model.tokenizer.token_id(syntax.opening) if syntax.opening else None
-        if opening is not None and self.model.tokenizer.token_bytes(opening) is None and opening not in generation.tokens:
+        tokenizer = self.model.tokenizer
+        opening = tokenizer.token_id(syntax.opening) if syntax.opening else None
+        if opening is not None and tokenizer.token_bytes(opening) is None and opening not in generation.tokens:
             return ReadReply(generation.text)  # the opening spelt out in text is no call
         try:
             return read_calls(syntax, generation.text, self.next_call)

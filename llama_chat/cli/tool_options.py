@@ -34,7 +34,8 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
     tools.add_argument("--tool-folder", action="append", metavar="DIR",
                        help="a folder the file tools may use besides the working folder; repeatable")
     tools.add_argument("--tool-timeout", type=finite_float, default=TOOL_SECONDS, metavar="SECONDS",
-                       help=f"how long a tool call may run: a command, an MCP server's answer (default: {TOOL_SECONDS:g})")
+                       help="how long a tool call may run: a command, an MCP server's answer "
+                       f"(default: {TOOL_SECONDS:g})")
     tools.add_argument("--max-tool-calls", type=int, default=MAX_CALLS, metavar="N",
                        help=f"tool calls one reply may make (default: {MAX_CALLS})")
     tools.add_argument("--tool-choice", choices=("auto", "required"), default="auto",

@@ -17,8 +17,8 @@ Markdown, as the chat stops mid-reply to ask.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 

@@ -17,7 +17,14 @@ from typing import Any
 
 from llama_chat.text.chat_format import TOOL_ROLE, ChatFormat, Message
 from llama_chat.text.template_format import TemplateFormat
-from llama_chat.text.tool_calls import DESCRIBED, CallSyntax, ToolCall, call_syntax_for, described_tools, tool_declarations
+from llama_chat.text.tool_calls import (
+    DESCRIBED,
+    CallSyntax,
+    ToolCall,
+    call_syntax_for,
+    described_tools,
+    tool_declarations,
+)
 from llama_chat.tools.tool import ToolSpec
 
 

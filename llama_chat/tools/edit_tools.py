@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from llama_chat.text.undecodable import has_undecodable
-from llama_chat.tools.checks import Refused, check_arguments, refusal_of
+from llama_chat.tools.checks import FileTool, Refused, check_arguments
 from llama_chat.tools.file_changes import lines_of, unified_diff, write_atomically
-from llama_chat.tools.folders import Folders
 from llama_chat.tools.places import existing_file, file_to_write
 from llama_chat.tools.text_files import NotText, TooLarge, error_reason, read_text
 from llama_chat.tools.tool import ToolResult, ToolSpec
@@ -19,7 +18,7 @@ from llama_chat.tools.tool import ToolResult, ToolSpec
 MAX_CHANGED_BYTES = 8 << 20  # a larger file is not read to be changed (its diff would be no use to read)
 
 
-class WriteFile:
+class WriteFile(FileTool):
     """write_file: `content` as the whole of a file, new or not."""
 
     spec = ToolSpec(
@@ -40,12 +39,6 @@ class WriteFile:
             "additionalProperties": False,
         },
     )
-
-    def __init__(self, folders: Folders) -> None:
-        self.folders = folders
-
-    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
-        return refusal_of(lambda: self._checked(arguments))
 
     def preview(self, arguments: Mapping[str, Any]) -> str | None:
         try:
@@ -78,7 +71,7 @@ class WriteFile:
         return path, _text_of(path, "write_file", given) if exists else None
 
 
-class EditFile:
+class EditFile(FileTool):
     """edit_file: the one place `old_text` is in a file, replaced with `new_text`."""
 
     spec = ToolSpec(
@@ -101,12 +94,6 @@ class EditFile:
             "additionalProperties": False,
         },
     )
-
-    def __init__(self, folders: Folders) -> None:
-        self.folders = folders
-
-    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
-        return refusal_of(lambda: self._checked(arguments))
 
     def preview(self, arguments: Mapping[str, Any]) -> str | None:
         try:

@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llama_chat.tools.checks import Refused, check_arguments, refusal_of
-from llama_chat.tools.folders import Folders
+from llama_chat.tools.checks import FileTool, Refused, check_arguments
 from llama_chat.tools.places import existing_file, existing_folder
 from llama_chat.tools.text_files import error_reason, open_regular, sniff_binary
 from llama_chat.tools.tool import ToolResult, ToolSpec
@@ -23,7 +22,7 @@ CAPS = f"{MAX_LINES} lines or {MAX_BYTES // 1024} KiB"
 _SKIP_CHUNK = 1 << 16  # a line passed over is read this much at a time, however long it is
 
 
-class ReadFile:
+class ReadFile(FileTool):
     """read_file: a text file's lines, from an offset, at most MAX_LINES or MAX_BYTES at once."""
 
     spec = ToolSpec(
@@ -45,15 +44,6 @@ class ReadFile:
             "additionalProperties": False,
         },
     )
-
-    def __init__(self, folders: Folders) -> None:
-        self.folders = folders
-
-    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
-        return refusal_of(lambda: self._checked(arguments))
-
-    def preview(self, arguments: Mapping[str, Any]) -> str | None:
-        return None
 
     def run(self, arguments: Mapping[str, Any]) -> ToolResult:
         try:
@@ -141,7 +131,7 @@ def _pass_lines(file: io.BufferedReader, count: int) -> int:
     return count
 
 
-class ListDirectory:
+class ListDirectory(FileTool):
     """list_directory: a folder's entries by name, at most MAX_ENTRIES."""
 
     spec = ToolSpec(
@@ -161,15 +151,6 @@ class ListDirectory:
             "additionalProperties": False,
         },
     )
-
-    def __init__(self, folders: Folders) -> None:
-        self.folders = folders
-
-    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
-        return refusal_of(lambda: self._checked(arguments))
-
-    def preview(self, arguments: Mapping[str, Any]) -> str | None:
-        return None
 
     def run(self, arguments: Mapping[str, Any]) -> ToolResult:
         try:

@@ -16,8 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from llama_chat.tools.checks import Refused, check_arguments, refusal_of
-from llama_chat.tools.folders import Folders
+from llama_chat.tools.checks import FileTool, Refused, check_arguments
 from llama_chat.tools.places import existing_folder
 from llama_chat.tools.text_files import NotText, TooLarge, read_text
 from llama_chat.tools.tool import ToolResult, ToolSpec
@@ -29,7 +28,7 @@ _TOO_LARGE = f"over {MAX_SEARCHED_BYTES >> 20} MiB"
 _WILDCARDS = frozenset("*?[")
 
 
-class SearchFiles:
+class SearchFiles(FileTool):
     """search_files: paths matching a glob, or with `text`, the lines holding it."""
 
     spec = ToolSpec(
@@ -56,15 +55,6 @@ class SearchFiles:
             "additionalProperties": False,
         },
     )
-
-    def __init__(self, folders: Folders) -> None:
-        self.folders = folders
-
-    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
-        return refusal_of(lambda: self._checked(arguments))
-
-    def preview(self, arguments: Mapping[str, Any]) -> str | None:
-        return None
 
     def run(self, arguments: Mapping[str, Any]) -> ToolResult:
         try:
