@@ -27,6 +27,8 @@ CACHE = "LLAMA_CHAT_CACHE"
 WEIGHTS = "LLAMA_CHAT_WEIGHTS"
 KERNELS_DIR = "LLAMA_CHAT_KERNELS_DIR"
 TP_TIMEOUT = "LLAMA_CHAT_TP_TIMEOUT"
+# The rank 0 that started a rank on this host (--tp): the rank ends when it is gone.
+LEADER = "LLAMA_CHAT_LEADER"
 # The kernel library this process loaded, handed to its children (the decode step's
 # compiler): they load the same file, even where the sources on disk have changed since.
 LOADED_LIBRARY = "LLAMA_CHAT_KERNELS_LIBRARY"
@@ -114,6 +116,17 @@ def launched_place(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
     """This process's rank and the group's size, as a launcher (--tp, torchrun) gives them
     in its own variables; (0, 1) for a process on its own."""
     return int(environ.get("RANK", "0")), int(environ.get("WORLD_SIZE", "1"))
+
+
+def leader(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The process id of the rank 0 that started this rank on this host (None: started
+    otherwise, by a launcher or by hand)."""
+    value = environ.get(LEADER)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise LlamaChatError(f"{LEADER}={value!r}: it is set by llama-chat for the ranks it starts; unset it")
+    return int(value)
 
 
 def user_base(variable: str) -> str | None:

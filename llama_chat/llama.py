@@ -24,6 +24,13 @@ from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
 DEFAULT_CONTEXT = 4096
 
 
+def _kernels_building() -> int:
+    """1 while a build of llama-chat's kernels this process started runs, else 0."""
+    from llama_chat.kernels import native  # the build's tooling loads only where one is asked about
+
+    return int(native.build_under_way() is not None)
+
+
 class Llama:
     """A loaded model: `tokenizer`, `runner` (how the model runs on a cache: `runner(cache, ids)`),
     `logits(ids)`, `new_cache()` and `generate()`."""
@@ -53,7 +60,7 @@ class Llama:
         # The sampling settings the model's files recommend (SamplingSettings' names).
         self.sampling_defaults = dict(sampling_defaults or {})
         # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
-        self.runner = model_runner(self.transformer, self.cache_dtype)
+        self.runner = model_runner(self.transformer, self.cache_dtype, background=_kernels_building)
 
     @classmethod
     def random(

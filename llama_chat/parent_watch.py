@@ -1,10 +1,10 @@
 """A child process of llama-chat's that serves only it (a decode step compiling, a template
-renderer) ends when the process that started it ends, however that ends: killed, its
-terminal closed, or crashed. The parent names itself on the child's command line; the
-child watches from a thread of its own whether it still has that parent (Linux's
-parent-death signal would fire when the starting thread ends, not the process). A kernel
-build is not such a child: a one-shot reply that starts one ends long before it, and the
-next start loads what it built."""
+renderer, a kernel build, a tensor-parallel rank) ends when the process that started it
+ends, however that ends: killed, its terminal closed, or crashed. The parent names itself
+on the child's command line; the child watches from a thread of its own whether it still
+has that parent (Linux's parent-death signal would fire when the starting thread ends, not
+the process). A stranger's command (an MCP server, a shell command) cannot watch: the
+guard (tools/guard.py) watches for it."""
 
 from __future__ import annotations
 

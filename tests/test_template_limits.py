@@ -1,5 +1,6 @@
 """A model's chat template runs in a process of its own, under limits of time, output and memory."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -187,3 +188,19 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_render_past_its_cpu_time_is_ended_by_the_system():
+    """The bound of a render whose chat is not there to stop it: its CPU time."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\n"
+         "from llama_chat.text import template_worker\n"
+         "template_worker.RENDER_CPU_SECONDS = 1\n"
+         "template_worker.serve(sys.stdin.buffer, sys.stdout.buffer)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    assert b'"ready"' in worker.stdout.readline()
+    worker.stdin.write(json.dumps({"source": SPIN, "variables": {}, "max_chars": 100}).encode() + b"\n")
+    worker.stdin.flush()
+    assert worker.wait(timeout=60) == -signal.SIGXCPU

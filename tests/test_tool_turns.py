@@ -7,6 +7,7 @@ import pytest
 
 from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
+from llama_chat.chat.tool_offer import MAX_CALLS
 from llama_chat.chat.tool_runner import DECLINED, Answer, Consent, ToolRunner
 from llama_chat.chat.turn import STOPPED
 from llama_chat.engine.sampling import SamplingSettings
@@ -35,7 +36,7 @@ class ScriptedView:
         self.shown.append(("result", call.name, result.outcome))
 
 
-def session_with_weather(max_calls: int | None = None, lookup: int = 0):
+def session_with_weather(max_calls: int = MAX_CALLS, lookup: int = 0):
     session = Session(trained_caller(), GREEDY)
     session.set_lookup(DraftLength(lookup))
     session.set_tools([WEATHER], max_calls)

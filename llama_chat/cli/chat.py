@@ -18,6 +18,7 @@ from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
 from llama_chat.chat.tool_runner import Answer
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import add_model_arguments, finite_float
+from llama_chat.cli.kernel_switch import finish_kernel_build, move_onto_built_kernels
 from llama_chat.cli.loaders import CompilingLoader, OptionsLoader
 from llama_chat.cli.options import draft_options, load_options
 from llama_chat.cli.subcommands import SUBCOMMANDS
@@ -251,13 +252,16 @@ def converse(session: Session, prompt: str | None, files: PendingFiles, options:
              load_model: CompilingLoader, load_draft: CompilingLoader, tools: ToolUse) -> int:
     """Answer the one prompt, or, without one, run the chat in the terminal; the exit code."""
     if prompt is not None:
-        return answer_once(session, files.message(prompt), options.stats, options.think == "show", tools)
+        code = answer_once(session, files.message(prompt), options.stats, options.think == "show", tools)
+        finish_kernel_build()
+        return code
     from llama_chat.repl.app import ConversationKeeper, run_repl
     from llama_chat.repl.render import Renderer
 
     renderer = Renderer(show_thinking=options.think == "show")
     return run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
-                    keeper=ConversationKeeper(kept_conversation_path()), files=files, tools=tools)
+                    keeper=ConversationKeeper(kept_conversation_path()), files=files, tools=tools,
+                    before_input=move_onto_built_kernels)
 
 
 def read_files(session: Session, patterns: list[str]) -> PendingFiles:

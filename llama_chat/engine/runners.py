@@ -11,6 +11,7 @@ also has `logits(ids)` (a whole-sequence pass, no cache), `status` (what runs, a
   the eager runner for the rest, and their life cycle (loaded from disk, or built in the
   background while the chat goes on).
 - TimedRunner: keeps the recent times of short calls, which the draft planner weighs.
+- ThreadGovernor: runs each call with the thread count measured fastest of late (below).
 - GroupRunner (parallel/group_runner): posts each call to a tensor-parallel group's other
   ranks first.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -226,6 +227,10 @@ class CompiledRunner(Wrapper):
         if self.pending is not None:
             self.pending.cancel()
 
+    def compiling(self) -> int:
+        """1 while a compile of this runner's runs in the background, else 0."""
+        return int(self.pending is not None and not self.pending.done())
+
 
 class TimedRunner(Wrapper):
     """Keeps what short calls cost, by their number of tokens: what speculation weighs."""
@@ -249,6 +254,107 @@ class TimedRunner(Wrapper):
         return {rows: min(times) for rows, times in self._times.items() if len(times) > 1}
 
 
-def model_runner(transformer: Transformer, cache_dtype: torch.dtype) -> TimedRunner:
-    """How a model on its own runs: timed, compiled where it can be, else eager."""
-    return TimedRunner(CompiledRunner(EagerRunner(transformer), cache_dtype))
+# Threads
+# -------
+# How many threads the model's calls run with, chosen by measuring while the chat runs.
+#
+# A thread that waits on the others at every operator loses far more than its share when
+# another process takes its core: on a 2-core machine with one other busy process, two
+# threads decode at an eighth of their idle speed, one thread at two thirds. So the chat
+# does not assume the machine is its own. It times its calls with the threads it uses and
+# runs with whichever count was fastest of late: decode and verify steps try the other
+# counts now and then, and their times go stale after a few seconds, so a machine that
+# becomes idle again gets all its threads back. A prompt goes in chunks: it starts with the
+# count the steps chose (all the threads where nothing is known), and a chunk that took
+# far longer than that count ever took (a starved thread) sends the next one to fewer
+# threads. While a child of the chat works in the background (a kernel build, a compile),
+# one core is left to it.
+
+STALE_SECONDS = 4.0  # a step's time older than this says little of the machine now
+TRY_EVERY = 8  # steps between tries of a count with no fresh time
+KEPT = 6  # times kept a count and call size
+STARVED = 1.6  # a chunk this many times slower than its count's best had a thread starved
+
+
+class ThreadGovernor(Wrapper):
+    """Runs each call of `inner` with the thread count measured fastest of late, at most
+    `most` less the children `background()` says are working."""
+
+    def __init__(self, inner: Runner, most: int | None = None, background: Callable[[], int] = lambda: 0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(inner)
+        self.most = most or torch.get_num_threads()
+        self.background = background
+        self.clock = clock
+        self._times: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (threads, tokens): (when, seconds)
+        self._chunk_best: dict[int, float] = {}  # threads: the least time a full prompt chunk took
+        self._since_try = 0
+        self.threads = self.most  # what the last call ran with
+
+    def __call__(self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, **options) -> torch.Tensor:
+        if len(ids) <= compiled.VERIFY_TOKENS or every_logits:
+            threads = self._choose(len(ids))
+            started = self._run_with(threads)
+            logits = self.inner(cache, ids, every_logits=every_logits, **options)
+            self._times.setdefault((threads, len(ids)), deque(maxlen=KEPT)).append(
+                (self.clock(), self.clock() - started))
+            return logits
+        return self._prompt(cache, ids, **options)
+
+    def _prompt(self, cache: KVCache, ids: Sequence[int], **options) -> torch.Tensor:
+        """A prompt in chunks, each with the count that suits the machine as its last showed."""
+        threads = self._best(self._allowed())
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[start : start + PREFILL_CHUNK]
+            began = self._run_with(threads)
+            logits = self.inner(cache, chunk, **options)
+            if len(chunk) == PREFILL_CHUNK:
+                took = self.clock() - began
+                best = self._chunk_best.setdefault(threads, took)
+                self._chunk_best[threads] = min(best, took)
+                if took > STARVED * best and threads > 1:
+                    threads -= 1
+        return logits
+
+    def _run_with(self, threads: int) -> float:
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        self.threads = threads
+        return self.clock()
+
+    def _allowed(self) -> list[int]:
+        return list(range(1, max(1, self.most - self.background()) + 1))
+
+    def _fresh(self, threads: int, tokens: int) -> float | None:
+        """The least recent time of calls of `tokens` on `threads`; None when none is fresh."""
+        now = self.clock()
+        times = [seconds for when, seconds in self._times.get((threads, tokens), ()) if now - when < STALE_SECONDS]
+        return min(times) if times else None
+
+    def _best(self, allowed: list[int], tokens: int = 1) -> int:
+        """The count with the least fresh time for calls of `tokens` (the most threads
+        where none is known)."""
+        known = {threads: seconds for threads in allowed if (seconds := self._fresh(threads, tokens)) is not None}
+        return min(known, key=known.get) if known else allowed[-1]
+
+    def _choose(self, tokens: int) -> int:
+        """The fastest count, or now and then one with no fresh time, to learn it."""
+        allowed = self._allowed()
+        self._since_try += 1
+        unknown = [threads for threads in allowed if self._fresh(threads, tokens) is None]
+        if unknown and (len(unknown) == len(allowed) or self._since_try >= TRY_EVERY):
+            self._since_try = 0
+            return unknown[-1]
+        return self._best(allowed, tokens)
+
+
+def model_runner(
+    transformer: Transformer, cache_dtype: torch.dtype, background: Callable[[], int] = lambda: 0
+) -> TimedRunner:
+    """How a model on its own runs: timed, compiled where it can be, else eager; on the cpu
+    with the threads measured fastest, a core left to each child at work (`background`, and
+    the runner's own compile)."""
+    compiling = CompiledRunner(EagerRunner(transformer), cache_dtype)
+    if transformer.rope_cos.device.type != "cpu":
+        return TimedRunner(compiling)
+    return TimedRunner(ThreadGovernor(compiling, background=lambda: background() + compiling.compiling()))

@@ -5,7 +5,9 @@ The C++ sources are compiled with PyTorch's extension tooling (a C++ compiler an
 `llama_chat::cache_attention`. A build is kept per CPU model, PyTorch version and source
 text, in `kernels/` of the cache folder (LLAMA_CHAT_KERNELS_DIR moves it: paths.kernels_folder),
 so it is made once: by `scripts/setup`, by `python -m llama_chat.kernels.native`, or in the background
-on first use, while that first run goes on with PyTorch's own kernels. Without a
+on first use, while that first run goes on with PyTorch's own kernels (a chat moves onto them
+once they are built, see `finished_build`). A background build runs at the lowest priority,
+one compiler at a time, and ends with the process that started it. Without a
 compiler, or when a build fails, PyTorch's kernels run and `status()` says why in one
 line. A kept build that is not the file its build wrote (truncated, changed: its digest
 is recorded beside it) is removed and built again the same way.
@@ -35,6 +37,7 @@ from llama_chat.engine.device import cpu_model_name
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.library_layout import library_layout
 from llama_chat.options import KernelFamily, KernelOptions
+from llama_chat.parent_watch import end_with_parent
 from llama_chat.paths import configure, kernels_folder
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
@@ -140,13 +143,45 @@ def _first_line(text: str) -> str:
 @functools.cache
 def _started_build(directory: Path) -> subprocess.Popen:
     """The one build this process starts into `directory`: a child process (so a chat never
-    waits on it, nor fails with it), in a session of its own (a chat that ends first, with
-    its terminal, leaves it to finish)."""
+    waits on it, nor fails with it), in a session of its own (Ctrl-C is the chat's), at the
+    lowest priority with one compiler at a time (the chat keeps the machine), ending with
+    this process however it ends."""
     return subprocess.Popen(
-        [sys.executable, "-m", "llama_chat.kernels.native", str(directory)],
+        [sys.executable, "-m", "llama_chat.kernels.native", str(directory), str(os.getpid())],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True, env=environment.child_environment(),
+        start_new_session=True, env=environment.child_environment(MAX_JOBS="1", OMP_NUM_THREADS="1"),
     )
+
+
+def build_under_way() -> subprocess.Popen | None:
+    """The build this process started, while it runs."""
+    directory = build_directory()
+    if directory is None or _started_build.cache_info().currsize == 0:
+        return None
+    child = _started_build(directory)
+    return child if child.poll() is None else None
+
+
+def finished_build() -> bool:
+    """Whether a build this process started in the background has finished since it was
+    last asked, with a library that loads: the kernels are there for models loaded from now
+    on. The build's process is collected either way."""
+    directory = build_directory()
+    if directory is None or _started_build.cache_info().currsize == 0:
+        return False
+    _started_build(directory).poll()  # collected once it has ended
+    if _operators_registered() or not library_file(directory).exists():  # written whole, or not at all
+        return False
+    return status().loaded
+
+
+def wait_for_build() -> bool:
+    """Wait for the build this process started (if one runs); whether the kernels loaded."""
+    child = build_under_way()
+    if child is None:
+        return False
+    child.communicate()
+    return finished_build()
 
 
 def _operators_registered() -> bool:
@@ -239,7 +274,11 @@ def variant_number(name: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Build into the folder given (a child of `status`), or into the cache folder."""
+    """Build into the folder given (a child of `status`, watching the process that started
+    it), or into the cache folder."""
+    if len(argv) > 1:  # in the background of a chat: ends with it, and yields it the machine
+        end_with_parent(int(argv[1]))
+        os.nice(19)
     directory = Path(argv[0]) if argv else build_directory()
     if directory is None:
         print("llama-chat kernels: the cache is off (LLAMA_CHAT_CACHE=off); nothing built", file=sys.stderr)

@@ -16,10 +16,12 @@ from datetime import timedelta
 
 import torch
 
+from llama_chat import environment
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.runners import PREFILL_CHUNK, Mode, RunnerStatus, Wrapper
 from llama_chat.parallel.ranks import Peers, follow, join, lead, shard_from_environment
 from llama_chat.parallel.sharding import Shard
+from llama_chat.parent_watch import end_with_parent
 
 @contextmanager
 def uninterrupted() -> Iterator[None]:
@@ -87,6 +89,7 @@ def run_in_group(
     collective not done within `timeout` ends the run."""
     shard = shard_from_environment()
     if shard is not None and shard.rank > 0:  # another rank of a group: rank 0 drives it
+        end_with_parent(environment.leader())  # one this host's rank 0 started ends with it
         return follow(join(shard, timeout), shard_loader(shard))
     shard, peers = lead(shard, tp, argv, timeout)
     try:

@@ -47,8 +47,8 @@ def start_ranks(
 ) -> tuple[dist.TCPStore, list[subprocess.Popen]]:
     """Ranks 1..world-1 of a group on this host, each `python -m llama_chat argv`; this
     process becomes rank 0. They run detached from the terminal (setsid), so that Ctrl-C
-    reaches rank 0 alone (which stops a reply between steps); the CPU's threads are shared
-    out. Also returned: the group's rendezvous store, already listening on the port the
+    reaches rank 0 alone (which stops a reply between steps), and end when this process
+    ends, however it ends (see parent_watch); the CPU's threads are shared out. Also returned: the group's rendezvous store, already listening on the port the
     ranks are given (a port found free and let go could be taken before the group bound
     it); keep it until `join`, whose rendezvous in this process shares it (multi_tenant)."""
     rendezvous = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timeout,
@@ -61,7 +61,8 @@ def start_ranks(
     return rendezvous, [
         subprocess.Popen(
             [sys.executable, "-m", "llama_chat", *argv],
-            env=environment.child_environment(**common, RANK=str(rank), LOCAL_RANK=str(rank)),
+            env=environment.child_environment(**common, RANK=str(rank), LOCAL_RANK=str(rank),
+                                              **{environment.LEADER: str(os.getpid())}),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )

@@ -233,10 +233,12 @@ def run_repl(
     keeper: ConversationKeeper | None = None,
     files: PendingFiles | None = None,
     tools: ToolUse | None = None,
+    before_input: Callable[[ChatState], None] | None = None,
 ) -> int:
     """Chat until /quit or Ctrl-D; returns the exit code (0). With a keeper, the conversation
     is kept after every input (for --resume); `files` (-f) go into the first message; `tools`
-    are the tools replies may call."""
+    are the tools replies may call; `before_input` sees the chat before each input is
+    handled (to move it onto kernels built meanwhile)."""
     state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model, files or PendingFiles(),
                       tools=tools)
     prompt = prompt_session(state, input=input, output=output, history=history)
@@ -264,6 +266,8 @@ def run_repl(
             except EOFError:
                 return 0
             try:
+                if before_input is not None:
+                    before_input(state)
                 if editing:
                     resend(state, editing, text)
                 elif not handle(state, text):

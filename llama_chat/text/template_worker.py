@@ -23,6 +23,11 @@ MEMORY_LIMIT_BYTES = 512 << 20
 _KEPT_TEMPLATES = 4  # sources compiled and kept (one per loaded model, and a draft's)
 
 
+# A render past this much CPU time is ended by the system: twice the chat's own limit on
+# its time (template_runner.RENDER_SECONDS), for a render whose chat is gone.
+RENDER_CPU_SECONDS = 10
+
+
 def limit_memory(limit: int) -> bool:
     """Cap this process's address space; False where the system has no such limit."""
     try:
@@ -71,6 +76,20 @@ class Renderer:
         return template
 
 
+def limit_cpu(seconds: float) -> None:
+    """Let this process use at most `seconds` more of CPU time (then the system ends it): a
+    render's own bound, should its chat no longer be there to stop it."""
+    try:
+        import resource
+    except ImportError:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = usage.ru_utime + usage.ru_stime
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(used + seconds) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
 def _render(template: Template, variables: dict[str, Any], max_chars: int) -> dict[str, Any]:
     # Piece by piece, so that a template writing without end is stopped at the limit
     # rather than when memory runs out.
@@ -94,6 +113,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     renderer = Renderer()
     _write(answers, {"ready": limit_memory(MEMORY_LIMIT_BYTES)})
     for line in requests:
+        limit_cpu(RENDER_CPU_SECONDS)
         answer = renderer.answer(json.loads(line))
         _write(answers, answer)
         if answer.get("error") == "memory":

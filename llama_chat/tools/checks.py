@@ -1,6 +1,5 @@
 """What llama-chat's own tools share in checking a call before it runs: the refusal they
-raise among themselves, a call's arguments held to the tool's schema, and the file tools'
-common part (the folders they may use, refusals from their own check).
+raise among themselves, and a call's arguments held to the tool's schema.
 
 The chat holds the model's arguments to each schema with its grammar engine; the check
 here is for the calls that come some other way, so that a tool never meets a value it
@@ -11,13 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llama_chat.errors import LlamaChatError
 from llama_chat.tools.tool import ToolSpec
-
-if TYPE_CHECKING:
-    from llama_chat.tools.folders import Folders
 
 
 class Refused(LlamaChatError):
@@ -31,26 +27,6 @@ def refusal_of(check: Callable[[], object]) -> str | None:
     except Refused as refused:
         return str(refused)
     return None
-
-
-class FileTool:
-    """A file tool: it works within `folders`, and refuses before anyone is asked what its
-    `_checked` (the check its run makes first) refuses; it shows nothing beyond its arguments
-    unless it says otherwise."""
-
-    spec: ToolSpec
-
-    def __init__(self, folders: Folders) -> None:
-        self.folders = folders
-
-    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
-        return refusal_of(lambda: self._checked(arguments))
-
-    def preview(self, arguments: Mapping[str, Any]) -> str | None:
-        return None
-
-    def _checked(self, arguments: Mapping[str, Any]) -> Any:
-        raise NotImplementedError
 
 
 def check_arguments(spec: ToolSpec, arguments: Any) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from llama_chat.text.undecodable import has_undecodable
-from llama_chat.tools.checks import FileTool, Refused, check_arguments
+from llama_chat.tools.checks import Refused, check_arguments
 from llama_chat.tools.file_changes import lines_of, unified_diff, write_atomically
-from llama_chat.tools.places import existing_file, file_to_write
+from llama_chat.tools.places import FileTool, existing_file, file_to_write
 from llama_chat.tools.text_files import NotText, TooLarge, error_reason, read_text
 from llama_chat.tools.tool import ToolResult, ToolSpec
 

@@ -1,16 +1,39 @@
 """A path a file tool was given, checked before anyone is asked: inside the folders the
 tools may use, and naming what the tool needs there (a file to read, a folder to look in,
-a place a file can be written)."""
+a place a file can be written); and what every file tool shares."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from llama_chat.tools.checks import Refused
+from llama_chat.tools.checks import Refused, refusal_of
 from llama_chat.tools.folders import Folders
 from llama_chat.tools.text_files import FILE, FOLDER, MISSING, error_reason, file_kind
+from llama_chat.tools.tool import ToolSpec
 
 FIND_IT = "list_directory or search_files finds the right name"
+
+
+class FileTool:
+    """A file tool: it works within `folders`, and refuses before anyone is asked what its
+    `_checked` (the check its run makes first) refuses; it shows nothing beyond its arguments
+    unless it says otherwise."""
+
+    spec: ToolSpec
+
+    def __init__(self, folders: Folders) -> None:
+        self.folders = folders
+
+    def refusal(self, arguments: Mapping[str, Any]) -> str | None:
+        return refusal_of(lambda: self._checked(arguments))
+
+    def preview(self, arguments: Mapping[str, Any]) -> str | None:
+        return None
+
+    def _checked(self, arguments: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
 
 
 def existing_file(folders: Folders, tool: str, given: str) -> Path:

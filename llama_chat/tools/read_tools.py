@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llama_chat.tools.checks import FileTool, Refused, check_arguments
-from llama_chat.tools.places import existing_file, existing_folder
+from llama_chat.tools.checks import Refused, check_arguments
+from llama_chat.tools.places import FileTool, existing_file, existing_folder
 from llama_chat.tools.text_files import error_reason, open_regular, sniff_binary
 from llama_chat.tools.tool import ToolResult, ToolSpec
 

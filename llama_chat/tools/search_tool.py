@@ -16,8 +16,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from llama_chat.tools.checks import FileTool, Refused, check_arguments
-from llama_chat.tools.places import existing_folder
+from llama_chat.tools.checks import Refused, check_arguments
+from llama_chat.tools.places import FileTool, existing_folder
 from llama_chat.tools.text_files import NotText, TooLarge, read_text
 from llama_chat.tools.tool import ToolResult, ToolSpec
 

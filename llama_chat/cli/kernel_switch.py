@@ -1,0 +1,42 @@
+"""A chat that started before llama-chat's kernels were built (a new install, a cleared cache,
+a new PyTorch) moves onto them once its background build is done, and a one-shot reply that
+started a build sees it through before it exits: nothing of the build outlives the chat."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from llama_chat.kernels import native
+
+if TYPE_CHECKING:  # the chat's modules load only for a chat, not for a one-shot reply
+    from llama_chat.repl.chat_state import ChatState
+
+
+def move_onto_built_kernels(state: ChatState) -> None:
+    """Once the build is done: load the model again (the same file and options), now on the
+    kernels where they measure faster, and go on with the conversation, as /load does."""
+    if not native.finished_build():
+        return
+    from llama_chat.repl.model_commands import describe_briefly
+
+    session = state.session
+    model = session.model
+    if session.model_path is None or not model.weights.packed or model.device.type != "cpu":
+        return  # weights our kernels do not run
+    moved = state.load_model(session.model_path)
+    note = session.set_model(moved, session.model_path)
+    state.renderer.note(f"llama-chat's kernels are built: {moved.name} runs on {describe_briefly(moved)} now "
+                        "(the conversation goes on)" + (f"; {note}" if note else ""))
+
+
+def finish_kernel_build() -> None:
+    """After a one-shot reply: the build it started, waited for (once; the next run loads it)."""
+    if native.build_under_way() is None:
+        return
+    print("llama-chat: finishing the build of llama-chat's kernels, once (Ctrl-C leaves it for the next run)",
+          file=sys.stderr)
+    try:
+        native.wait_for_build()
+    except KeyboardInterrupt:
+        pass
