@@ -142,7 +142,7 @@ def test_the_chat_moves_onto_the_kernels_once_they_are_built(tmp_path):
             assert time.monotonic() < deadline, "the kernels were not built"
             chat.read_until(b"\0never", 1.0)
         moved = chat.answer(b"hello again\r", b"tok/s", 300).decode(errors="replace")
-        assert "llama-chat's kernels are built: q4_0.gguf runs on cpu" in moved
+        assert "llama-chat's kernels are built: q4_0.gguf runs on cpu" in moved, "\n".join(screen_of(chat.output))
         assert "(the conversation goes on)" in moved
         device = command_output(chat, b"/device")
         shown = "\n".join(screen_of(device.encode()))

@@ -261,7 +261,7 @@ def converse(session: Session, prompt: str | None, files: PendingFiles, options:
     renderer = Renderer(show_thinking=options.think == "show")
     return run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
                     keeper=ConversationKeeper(kept_conversation_path()), files=files, tools=tools,
-                    before_input=move_onto_built_kernels)
+                    before_input=lambda state: move_onto_built_kernels(state, load_model))
 
 
 def read_files(session: Session, patterns: list[str]) -> PendingFiles:

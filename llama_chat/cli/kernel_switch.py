@@ -10,21 +10,28 @@ from typing import TYPE_CHECKING
 from llama_chat.kernels import native
 
 if TYPE_CHECKING:  # the chat's modules load only for a chat, not for a one-shot reply
+    from llama_chat.cli.loaders import CompilingLoader
     from llama_chat.repl.chat_state import ChatState
 
 
-def move_onto_built_kernels(state: ChatState) -> None:
-    """Once the build is done: load the model again (the same file and options), now on the
-    kernels where they measure faster, and go on with the conversation, as /load does."""
+def move_onto_built_kernels(state: ChatState, loader: CompilingLoader) -> None:
+    """Once the build is done: load the model again (the same file and options, through
+    `loader`, which compiles its step), now on the kernels where they measure faster, and
+    go on with the conversation, as /load does. A build that ended without kernels (it
+    failed) lets the compiles that waited for it start."""
+    if native.build_under_way() is not None:
+        return
     if not native.finished_build():
+        loader.compile_deferred()
         return
     from llama_chat.repl.model_commands import describe_briefly
 
     session = state.session
     model = session.model
     if session.model_path is None or not model.weights.packed or model.device.type != "cpu":
+        loader.compile_deferred()
         return  # weights our kernels do not run
-    moved = state.load_model(session.model_path)
+    moved = loader(session.model_path)
     note = session.set_model(moved, session.model_path)
     state.renderer.note(f"llama-chat's kernels are built: {moved.name} runs on {describe_briefly(moved)} now "
                         "(the conversation goes on)" + (f"; {note}" if note else ""))

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llama_chat.cli.load_progress import LoadProgress
+from llama_chat.kernels import native
 from llama_chat.llama import Llama
 from llama_chat.loading import load
 from llama_chat.options import LoadOptions
@@ -27,22 +28,38 @@ class OptionsLoader:
 
 class CompilingLoader:
     """Loads models and sets each one's runner compiling as --compile says; `stop()`
-    ends compiles still running (at exit: the next run starts them again)."""
+    ends compiles still running (at exit: the next run starts them again).
+
+    While llama-chat's kernels build in the background, a model's step is not compiled in
+    the background: the chat moves onto the kernels within a minute or two (see
+    kernel_switch), and a step compiled for PyTorch's kernels would be thrown away. The
+    build done, `compile_deferred` compiles what waited."""
 
     def __init__(self, load_model: Callable[[str], Llama], mode: str, background: bool) -> None:
         self.load_model = load_model
         self.mode = mode
         self.background = background
         self.loaded: list[Llama] = []
+        self.deferred: list[Llama] = []
 
     def __call__(self, path: str) -> Llama:
         model = self.load_model(path)
         if self.mode != "off":
             for earlier in self.loaded:
                 earlier.runner.cancel()
+            self.deferred.clear()
             self.loaded.append(model)
-            model.runner.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")
+            if self.mode == "auto" and self.background and native.build_under_way() is not None:
+                self.deferred.append(model)
+            else:
+                model.runner.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")
         return model
+
+    def compile_deferred(self) -> None:
+        """Start the compiles that waited for the kernels' build to end."""
+        for model in self.deferred:
+            model.runner.compile(background=True)
+        self.deferred.clear()
 
     def stop(self) -> None:
         for model in self.loaded:

@@ -154,12 +154,12 @@ def _started_build(directory: Path) -> subprocess.Popen:
 
 
 def build_under_way() -> subprocess.Popen | None:
-    """The build this process started, while it runs."""
+    """The build this process started, while it runs and has not written the library."""
     directory = build_directory()
     if directory is None or _started_build.cache_info().currsize == 0:
         return None
     child = _started_build(directory)
-    return child if child.poll() is None else None
+    return child if child.poll() is None and not library_file(directory).exists() else None
 
 
 def finished_build() -> bool:
@@ -176,11 +176,10 @@ def finished_build() -> bool:
 
 
 def wait_for_build() -> bool:
-    """Wait for the build this process started (if one runs); whether the kernels loaded."""
+    """Wait for the build this process started (if one runs) to end; whether the kernels loaded."""
     child = build_under_way()
-    if child is None:
-        return False
-    child.communicate()
+    if child is not None:
+        child.communicate()
     return finished_build()
 
 
