@@ -121,6 +121,20 @@ def test_int4_groups_pack_without_loss_on_both_paths(kernel_dtype):
     assert (many - exact).abs().max() <= 1e-5 * exact.abs().max()
 
 
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_a_layer_in_another_dtype_computes_as_one_packed_in_it(mode):
+    weight = torch.randn(64, 96)
+    packed_once = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), torch.float32).in_dtype(torch.bfloat16)
+    packed_in_it = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), torch.bfloat16,
+                                matmul_dtype=torch.bfloat16)
+    assert packed_once.kernel_dtype == packed_once.matmul_dtype == torch.bfloat16
+    x = torch.randn(5, 96)
+    for rows in (x[:1], x):  # the packed kernel, and the dequantised matrix
+        exact = rows.double() @ weight.double().t()
+        for layer in (packed_once, packed_in_it):  # each within bfloat16's rounding of the exact product
+            assert (layer(rows).double() - exact).abs().max() <= 2e-2 * exact.abs().max()
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_int8_rows_stay_within_half_a_step(seed):
     weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(seed))

@@ -188,8 +188,9 @@ def measure_native(args: ModelArgs, variants: list[str]) -> dict[Timing, float]:
         for rows, x in inputs.items():
             calls[Timing(variant, rows)] = lambda layer=layer, x=x: layer(x)
     mode = "int4" if in_features % 32 == 0 and int4_layout() is not None else "int8"
+    packed = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), CANDIDATES[0], matmul_dtype=CANDIDATES[0])
     for dtype in CANDIDATES:
-        aten = PackedLinear(TensorMatrix.of(weight), mode, Scratch(), dtype, matmul_dtype=dtype)
+        aten = packed.in_dtype(dtype)
         for rows, x in inputs.items():
             calls[Timing("aten", rows, dtype)] = lambda aten=aten, x=x: aten(x)
     times = one_thread(lambda: fastest_of(calls))

@@ -13,6 +13,8 @@ checks it, so that prompt steps can unpack the levels with plain tensor operatio
 
 from __future__ import annotations
 
+import copy
+
 import functools
 import math
 from dataclasses import dataclass
@@ -216,6 +218,16 @@ class PackedLinear(nn.Module):
             self.weight_int8[start:stop], self.scales[start:stop] = int8_rows(
                 as_float(source.rows(start, stop)), self.kernel_dtype
             )
+
+    def in_dtype(self, dtype: torch.dtype) -> PackedLinear:
+        """This layer's levels, shared, with its scales in `dtype`, multiplied in it: the same
+        work in another dtype, for timing (packing a large layer again takes seconds)."""
+        other = copy.copy(self)
+        other._buffers = dict(self._buffers)
+        other.kernel_dtype = other.matmul_dtype = dtype
+        name = "scales_and_zeros" if self.mode == "int4" else "scales"
+        other._buffers[name] = self._buffers[name].to(dtype)
+        return other
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)

@@ -32,6 +32,7 @@ from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_sa
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.packed_cache_entries import record_use
+from llama_chat.process_memory import populate
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
 # packs anew.
@@ -144,6 +145,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     record_use(path)
     # MAP_PRIVATE, never written: the pages stay the file's, counted as shared memory.
     mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    populate(mapped.data_ptr(), size)  # every page is read by the first model call anyway
     state = {}
     for name, entry in header.tensors.items():
         dtype = DTYPES.get(entry.dtype)
