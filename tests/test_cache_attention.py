@@ -19,6 +19,7 @@ from llama_chat.kernels.cache_attention import CacheAttention, use_cache_attenti
 
 from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
+from .test_runners import compiled_runner
 
 pytestmark = pytest.mark.needs_kernels
 
@@ -213,7 +214,7 @@ def test_the_compiled_step_calls_the_kernel_and_agrees_with_the_eager_one(tmp_pa
     ids = [(37 * i) % 250 + 3 for i in range(40)]
     results, held = {}, {}
     for name, packages in (("eager", None), ("compiled", background.packages)):
-        model.runner.inner.packages = packages
+        compiled_runner(model).packages = packages
         cache = model.new_cache(64)
         model.runner(cache, ids[:20])
         results[name] = torch.stack([model.runner(cache, [token]) for token in ids[20:30]] +

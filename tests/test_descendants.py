@@ -25,9 +25,9 @@ from transformers import (
 
 import llama_chat
 from llama_chat.chat.session import Session
-from llama_chat.disk_cache import entry_path
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.checkpoints.hf import args_from_hf_config, load_hf_directory
+from llama_chat.disk_cache import entry_path
 from llama_chat.engine import compiled
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
@@ -42,6 +42,7 @@ from .test_gguf import VOCAB as GGUF_VOCAB
 from .test_gguf import write_gguf
 from .test_hf_checkpoint import BOS, EOT, MULTILINGUAL, VOCAB, write_json, write_tokenizer_json
 from .test_hf_tokenizer import byte_level_metadata
+from .test_runners import compiled_runner
 from .test_session import GREEDY, restored_session, say
 
 IDS = [BOS] + [(37 * i) % 290 + 5 for i in range(63)]
@@ -331,7 +332,7 @@ def compiled_and_eager(model, folder, ids, singles: int):
     assert background.error == "" and background.packages is not None
     results = []
     for packages in (background.packages, None):
-        model.runner.inner.packages = packages
+        compiled_runner(model).packages = packages
         cache = model.new_cache(80)
         model.runner(cache, ids[:20])
         results.append(torch.cat([torch.stack([model.runner(cache, [token]) for token in ids[20:singles]]),

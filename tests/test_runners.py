@@ -29,9 +29,10 @@ def greedy(model: Llama, prompt: list[int], tokens: int) -> tuple[list[int], lis
 
 
 def compiled_runner(model: Llama) -> CompiledRunner:
-    """The compiled runner inside the model's timed one."""
-    runner = model.runner.inner
-    assert isinstance(runner, CompiledRunner)
+    """The compiled runner inside the model's wrappers (timing, threads)."""
+    runner = model.runner
+    while not isinstance(runner, CompiledRunner):
+        runner = runner.inner
     return runner
 
 

@@ -99,3 +99,20 @@ def test_the_governor_gives_the_eager_calls_logits():
     reply = model.generate([1, 2, 3], SamplingSettings(temperature=0, max_tokens=8))  # through the model's runner
     list(reply)
     assert isinstance(model.runner.inner, ThreadGovernor) and reply.stats.generated_tokens == 8
+
+
+def test_a_compiled_step_is_the_same_whatever_threads_the_chat_runs_with():
+    """Its generated code runs on one thread, its operators on the chat's: a chat that runs
+    on fewer threads for a while finds the package it built, and the next start does too."""
+    from llama_chat.engine import compiled
+
+    model = chat_model()
+    saved = torch.get_num_threads()
+    try:
+        keys = set()
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            keys.add(compiled.package_key(model.transformer, model.cache_dtype))
+    finally:
+        torch.set_num_threads(saved)
+    assert len(keys) == 1

@@ -106,11 +106,11 @@ def traced_sources(transformer: nn.Module) -> list[Path]:
 
 def package_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
     """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
-    this CPU and the threads it runs on, PyTorch and the traced code."""
+    this CPU, PyTorch and the traced code (not the threads: see build_package)."""
     spec = {
         "weights": [[name, list(t.shape), str(t.dtype)] for name, t in traced_weights(transformer).items()],
         "cache": str(cache_dtype),
-        "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()],
+        "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability()],
         "torch": torch.__version__,
         "code": [hashlib.sha256(path.read_bytes()).hexdigest() for path in traced_sources(transformer)],
     }
@@ -150,19 +150,19 @@ def load_packages(path: Path, transformer: nn.Module) -> tuple[CompiledPackages 
     return read_checked(package_files(path), lambda: CompiledPackages(path, transformer), damage=(Exception,))
 
 
-def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int) -> None:
+def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
     """Both packages of `structure`: one token at destination, then 2 to VERIFY_TOKENS
     tokens beside it (the single-token one first: a chat uses it most)."""
-    build_package(structure, cache_dtype, destination, threads, 1)
-    build_package(structure, cache_dtype, verify_path(destination), threads, VERIFY_TOKENS)
+    build_package(structure, cache_dtype, destination, 1)
+    build_package(structure, cache_dtype, verify_path(destination), VERIFY_TOKENS)
 
 
 def build_package(
-    structure: nn.Module, cache_dtype: torch.dtype, destination: Path, threads: int, most_tokens: int
+    structure: nn.Module, cache_dtype: torch.dtype, destination: Path, most_tokens: int
 ) -> None:
     """Export and compile the call of `structure` (a model, or a copy without data) for one
     token (most_tokens 1) or for 2 to most_tokens tokens, into a package at destination,
-    written whole or not at all, for `threads` threads."""
+    written whole or not at all."""
     # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched.
     weights = [
         torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in traced_weights(structure).values()
@@ -194,9 +194,12 @@ def build_package(
     settings = {
             # Keep every rounding the code asks for (to bfloat16 before a kernel and back).
         "emulate_precision_casts": True,
-        # The kernels' thread count is fixed when they are generated: the chat's, not the
-        # one thread this compiles on. (Thread counts read at run time were measured slower.)
-        "cpp.threads": threads,
+        # The code generated here is a step's element-wise work, small at one token; the
+        # matrices and attention are operators that run on the threads the chat sets. One
+        # thread: the generated count is fixed, and a thread waiting on a second that another
+        # process holds made a busy machine's steps 4x slower (2 cores: 46 against 177 tok/s
+        # on the default model, the chat on one thread); idle, two were 4% faster.
+        "cpp.threads": 1,
         # Keep small element-wise results (the final norm) in memory: inlined into the
         # output head's loop, they were computed again for every row of the vocabulary.
         "realize_cpu_opcount_threshold": 4,
@@ -275,7 +278,7 @@ class BackgroundBuild:
             torch.save(structure_copy(self.transformer), structure)
             dtype_name = str(cache_dtype).removeprefix("torch.")
             command = [sys.executable, "-m", "llama_chat.engine.compiled", str(structure), dtype_name,
-                       str(self.destination), str(torch.get_num_threads()), str(os.getpid())]
+                       str(self.destination), str(os.getpid())]
             # One thread: the chat keeps the other cores while this compiles.
             environment = child_environment(OMP_NUM_THREADS="1")
             with open(Path(workdir) / "log.txt", "w+b") as log:
@@ -301,11 +304,11 @@ class BackgroundBuild:
 
 
 def main(argv: list[str]) -> int:
-    structure_file, cache_dtype, destination, threads, parent = argv
+    structure_file, cache_dtype, destination, parent = argv
     end_with_parent(int(parent))  # a chat that ends takes its compile with it
     torch.set_num_threads(1)
     structure = torch.load(structure_file, weights_only=False)  # our own copy, written just now
-    build_packages(structure, getattr(torch, cache_dtype), Path(destination), int(threads))
+    build_packages(structure, getattr(torch, cache_dtype), Path(destination))
     return 0
 
 

@@ -287,7 +287,7 @@ class ThreadGovernor(Wrapper):
         self.background = background
         self.clock = clock
         self._times: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (threads, tokens): (when, seconds)
-        self._chunk_best: dict[int, float] = {}  # threads: the least time a full prompt chunk took
+        self._chunk_best: dict[tuple[int, int], float] = {}  # (threads, chunk size): the least time one took
         self._since_try = 0
         self.threads = self.most  # what the last call ran with
 
@@ -301,17 +301,18 @@ class ThreadGovernor(Wrapper):
             return logits
         return self._prompt(cache, ids, **options)
 
-    def _prompt(self, cache: KVCache, ids: Sequence[int], **options) -> torch.Tensor:
-        """A prompt in chunks, each with the count that suits the machine as its last showed."""
+    def _prompt(self, cache: KVCache, ids: Sequence[int], chunk_size: int = PREFILL_CHUNK, **options) -> torch.Tensor:
+        """A prompt in the chunks the eager runner would make, each with the count that suits
+        the machine as the last showed."""
         threads = self._best(self._allowed())
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[start : start + PREFILL_CHUNK]
+        for start in range(0, len(ids), chunk_size):
+            chunk = ids[start : start + chunk_size]
             began = self._run_with(threads)
-            logits = self.inner(cache, chunk, **options)
-            if len(chunk) == PREFILL_CHUNK:
+            logits = self.inner(cache, chunk, chunk_size=chunk_size, **options)
+            if len(chunk) == chunk_size:
                 took = self.clock() - began
-                best = self._chunk_best.setdefault(threads, took)
-                self._chunk_best[threads] = min(best, took)
+                best = self._chunk_best.setdefault((threads, chunk_size), took)
+                self._chunk_best[threads, chunk_size] = min(best, took)
                 if took > STARVED * best and threads > 1:
                     threads -= 1
         return logits
