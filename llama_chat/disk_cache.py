@@ -17,6 +17,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,9 +44,13 @@ def entry_path(*parts: str) -> Path | None:
 @contextmanager
 def staged(path: Path) -> Iterator[Path]:
     """A temporary name beside `path` to write a new file under: renamed to `path` when the
-    block ends, removed when it fails. A reader sees the file whole or not at all."""
+    block ends, removed when it fails. A reader sees the file whole or not at all. The name
+    holds the writer's process id: what a writer killed mid-way left (gigabytes, for packed
+    weights) is removed by the next one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=STAGING_SUFFIX)
+    _remove_abandoned(path)
+    prefix = f".{path.name}.{os.getpid()}."
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=STAGING_SUFFIX)
     os.close(handle)
     try:
         yield Path(staging)
@@ -53,6 +58,25 @@ def staged(path: Path) -> Iterator[Path]:
     except BaseException:
         Path(staging).unlink(missing_ok=True)
         raise
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove the temporary files of writers of `path` that are no longer running."""
+    prefix = f".{path.name}."
+    for staging in path.parent.glob(f"{glob_escape(prefix)}*{STAGING_SUFFIX}"):
+        writer = staging.name[len(prefix):].partition(".")[0]
+        if writer.isdigit() and not _running(int(writer)):
+            staging.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def read_checked(

@@ -2,6 +2,9 @@
 written whole or not at all, removed with a one-line reason when they do not read back."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -35,6 +38,20 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
         staging.write_text("half")
         raise OSError("disk full")
     assert path.read_text() == "old" and [p.name for p in path.parent.iterdir()] == ["entry.json"]
+
+
+def test_what_a_killed_writer_left_goes_with_the_next_write(tmp_path):
+    """A writer killed mid-way (SIGKILL runs no cleanup) leaves its temporary file; the
+    next writer of the entry removes it, and leaves a running writer's alone."""
+    path = tmp_path / "entry.bin"
+    killed = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".entry.bin.{killed.stdout.strip()}.abc123{disk_cache.STAGING_SUFFIX}"
+    left.write_bytes(b"half")
+    running = tmp_path / f".entry.bin.{os.getppid()}.def456{disk_cache.STAGING_SUFFIX}"
+    running.write_bytes(b"going on")
+    with disk_cache.staged(path) as staging:
+        staging.write_bytes(b"whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["entry.bin", running.name])
 
 
 def test_an_entry_that_does_not_read_back_is_removed_with_one_line(tmp_path):

@@ -153,8 +153,10 @@ def load_packages(path: Path, transformer: nn.Module) -> tuple[CompiledPackages 
 def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: Path) -> None:
     """Both packages of `structure`: one token at destination, then 2 to VERIFY_TOKENS
     tokens beside it (the single-token one first: a chat uses it most)."""
-    build_package(structure, cache_dtype, destination, 1)
-    build_package(structure, cache_dtype, verify_path(destination), VERIFY_TOKENS)
+    # One already there stays: a compile the chat ended half-way goes on where it was.
+    for path, most_tokens in ((destination, 1), (verify_path(destination), VERIFY_TOKENS)):
+        if not path.exists():
+            build_package(structure, cache_dtype, path, most_tokens)
 
 
 def build_package(
@@ -279,8 +281,8 @@ class BackgroundBuild:
             dtype_name = str(cache_dtype).removeprefix("torch.")
             command = [sys.executable, "-m", "llama_chat.engine.compiled", str(structure), dtype_name,
                        str(self.destination), str(os.getpid())]
-            # One thread: the chat keeps the other cores while this compiles.
-            environment = child_environment(OMP_NUM_THREADS="1")
+            # One thread and one compiler: the chat keeps the other cores while this compiles.
+            environment = child_environment(OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
             with open(Path(workdir) / "log.txt", "w+b") as log:
                 # A session of its own: Ctrl-C is the chat's; the compilers it starts end with it.
                 self.process = subprocess.Popen(
@@ -306,6 +308,7 @@ class BackgroundBuild:
 def main(argv: list[str]) -> int:
     structure_file, cache_dtype, destination, parent = argv
     end_with_parent(int(parent))  # a chat that ends takes its compile with it
+    os.nice(19)  # it yields the machine to the chat
     torch.set_num_threads(1)
     structure = torch.load(structure_file, weights_only=False)  # our own copy, written just now
     build_packages(structure, getattr(torch, cache_dtype), Path(destination))
