@@ -7,6 +7,7 @@ import torch
 from llama_chat.engine import runners
 from llama_chat.engine.runners import PREFILL_CHUNK, EagerRunner, ThreadGovernor
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.repl.model_commands import threads_note
 
 from .test_session import chat_model
 
@@ -99,6 +100,8 @@ def test_the_governor_gives_the_eager_calls_logits():
     reply = model.generate([1, 2, 3], SamplingSettings(temperature=0, max_tokens=8))  # through the model's runner
     list(reply)
     assert isinstance(model.runner.inner, ThreadGovernor) and reply.stats.generated_tokens == 8
+    most = model.runner.inner.most
+    assert threads_note(model) == f"; {model.runner.inner.threads} of {most} threads, as measured fastest of late"
 
 
 def test_a_compiled_step_is_the_same_whatever_threads_the_chat_runs_with():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from llama_chat.engine.runners import ThreadGovernor
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.model_info import model_info
@@ -56,7 +57,18 @@ def describe_tool_calls(model: Llama) -> str:
 
 def describe_device(model: Llama) -> str:
     """Where and how the model runs, with the reasons (for /device)."""
-    return f"{model.device} ({model.describe_weights()}; decode step {model.runner.status.describe()})"
+    threads = threads_note(model)
+    return f"{model.device} ({model.describe_weights()}; decode step {model.runner.status.describe()}{threads})"
+
+
+def threads_note(model: Llama) -> str:
+    """The threads the model's last call ran on, where a governor chooses them."""
+    runner = model.runner
+    while not isinstance(runner, ThreadGovernor):
+        runner = getattr(runner, "inner", None)
+        if runner is None:
+            return ""
+    return f"; {runner.threads} of {runner.most} threads, as measured fastest of late"
 
 
 def describe_briefly(model: Llama) -> str:
