@@ -1,5 +1,6 @@
-"""Structured answers (engine/constraint.py): replies held to a JSON schema or a regex, the
-mask at every temperature, speculation under a format, and one line for a bad format."""
+"""Structured answers (engine/constraint.py): replies held to a JSON schema, a regex or a
+grammar, the mask at every temperature, speculation under a format, and one line for a bad
+format."""
 
 import json
 import re
@@ -260,3 +261,44 @@ def test_a_reply_cut_by_its_budget_closes_what_is_open_and_parses(default_model,
         overran += turn.stats.generated_tokens > max_tokens
     assert overran  # some replies needed the closing tokens past the budget
 
+
+# Three colours, a line each: rules, a repetition and a terminal of alternatives, in
+# llguidance's Lark syntax. Unformatted, the default model answers this prompt with a
+# numbered list of sentences.
+COLOUR_GRAMMAR = """\
+start: item{3}
+item: "- " COLOUR "\\n"
+COLOUR: "red" | "green" | "blue" | "yellow" | "orange" | "purple" | "black" | "white"
+"""
+THREE_COLOURS = r"(- (red|green|blue|yellow|orange|purple|black|white)\n){3}"
+
+
+@pytest.mark.needs_kernels  # the command line loads the default model anew: seconds on llama-chat's kernels
+def test_the_default_model_answers_within_a_grammar_given_on_the_command_line(default_model, tmp_path, capsys):
+    grammar = tmp_path / "colours.lark"
+    grammar.write_text(COLOUR_GRAMMAR)
+    free = Session(default_model, SamplingSettings(temperature=0, max_tokens=40), context_size=512)
+    unformatted = free.send("Name three colours.")
+    unformatted.run()
+    assert not re.fullmatch(THREE_COLOURS, unformatted.text)  # the test can fail: the grammar must act
+    code = main(["--model", str(download_default_model()), "-p", "Name three colours.", "--grammar", str(grammar),
+                 "--temperature", "0", "--max-tokens", "40", "--compile", "off", "--stats"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.endswith("\n") and re.fullmatch(THREE_COLOURS, out[:-1]), out
+    assert "format " in err and "ms/token" in err  # the statistics line counts the format's time
+
+
+def test_the_default_model_answers_a_json_object_after_format_json_in_the_chat(default_model):
+    settings = SamplingSettings(temperature=0, max_tokens=60)
+    free = Session(default_model, settings, context_size=512).send("Describe a cat as JSON.")
+    free.run()
+    with pytest.raises(json.JSONDecodeError):  # the test can fail: unformatted, the reply is prose
+        json.loads(free.text)
+    session = Session(default_model, settings, context_size=512)
+    code, output = chat(session, "/format json", "Describe a cat as JSON.", "/stats", "/quit")
+    assert code == 0 and "format: json (any JSON object)" in output
+    reply = session.exchanges[0].reply
+    answer = json.loads(reply)
+    assert isinstance(answer, dict) and answer, reply  # an object, and not an empty one
+    assert reply in output and "ended by format_complete" in output  # shown as it streamed; ended by the format
