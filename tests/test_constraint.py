@@ -1,6 +1,6 @@
 """Structured answers (engine/constraint.py): replies held to a JSON schema, a regex or a
-grammar, the mask at every temperature, speculation under a format, and one line for a bad
-format."""
+grammar, the mask at every temperature, speculation (prompt lookup, a draft model) under a
+format, and one line for a bad format."""
 
 import json
 import re
@@ -21,7 +21,7 @@ from llama_chat.options import DraftLength
 
 from .conftest import tiny_args
 from .test_repl import chat
-from .test_session import GREEDY, chat_model
+from .test_session import GREEDY, chat_model, say
 
 DIGITS_THEN_LETTERS = r"[0-9]{2,4}-[a-z]{1,5}"
 
@@ -117,6 +117,60 @@ def test_greedy_replies_are_the_same_with_prompt_lookup_under_a_format(model):
     assert drafted.tokens == plain.tokens
     assert any(allowed < count for count, allowed in checks)
     assert drafted.stats.accepted_tokens > 0
+
+
+# About a quarter of the byte vocabulary: a random model's own choices fall in and out of it.
+WORDS = "[a-zA-Z0-9 ]{8,24}"
+
+
+def noisy_copy(model: Llama, seed: int = 2) -> Llama:
+    """The model with noise on every weight: a draft model that agrees with it in part."""
+    draft = chat_model(name="tiny draft")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for theirs, ours in zip(draft.transformer.parameters(), model.transformer.parameters()):
+            theirs.copy_(ours + 0.3 * ours.std() * torch.randn(ours.shape, generator=generator))
+    return draft
+
+
+def formatted_session(model: Llama, settings: SamplingSettings, draft: Llama | None) -> Session:
+    session = Session(model, settings)
+    session.set_format(Format("regex", WORDS))
+    if draft is not None:
+        session.set_draft(draft, "draft.gguf")
+        session.speculation.draft_length = DraftLength(4)  # drafts at every step, whatever they cost here
+    return session
+
+
+def test_a_greedy_reply_under_a_format_is_the_same_with_a_draft_model():
+    model = chat_model()
+    settings = SamplingSettings(temperature=0, max_tokens=30)
+    plain, drafted = formatted_session(model, settings, None), formatted_session(model, settings, noisy_copy(model))
+    stats = []
+    for text in ("hello", "tell me more", "and then?"):
+        expected, turn = say(plain, text), say(drafted, text)
+        assert re.fullmatch(WORDS, turn.text), turn.text
+        assert turn.generation.tokens == expected.generation.tokens
+        stats.append(turn.stats)
+    drafts, kept = sum(s.drafted_tokens for s in stats), sum(s.accepted_tokens for s in stats)
+    assert 0 < kept < drafts  # drafts were verified, some kept and some refused
+
+
+def test_every_sampled_reply_with_a_draft_model_keeps_to_the_format():
+    """At temperature 1 the draft model's tokens are drawn from its own distribution, format
+    or not, and stay whole: the acceptance rule, on the format's masked distribution, must
+    refuse every one outside it and draw its replacement inside."""
+    model = chat_model()
+    draft = noisy_copy(model)
+    drafts = kept = 0
+    for seed in range(6):
+        settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=30)
+        session = formatted_session(model, settings, draft)
+        turn = say(session, "hello")
+        assert re.fullmatch(WORDS, turn.text), (seed, turn.text)
+        assert turn.stats.stop_reason in ("format_complete", "stop_token")
+        drafts, kept = drafts + turn.stats.drafted_tokens, kept + turn.stats.accepted_tokens
+    assert 0 < kept < drafts
 
 
 @pytest.mark.parametrize(
