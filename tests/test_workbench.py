@@ -2,6 +2,8 @@
 files read into a message."""
 
 import base64
+import io
+import json
 import os
 import re
 import sys
@@ -10,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
+from rich.console import Console
 
 from llama_chat.chat.attachments import Attachment
 from llama_chat.chat.session import Session
@@ -19,7 +22,7 @@ from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
 
 from .terminal import Terminal
 from .test_gguf import tiny_hf_model, write_gguf
-from .test_repl import chat
+from .test_repl import chat, script_replies
 from .test_session import GREEDY, chat_model
 
 REPLY = "Here:\n```python\nprint('a')\n```\nand\n~~~\nfirst = 1\nsecond = 2\n~~~\ndone"
@@ -64,14 +67,37 @@ def test_copy_writes_the_last_reply_as_osc_52(tmp_path, term, note):
         chat.answer(b"hello\r", b"tok/s", 60)
         assert chat.read_prompt(30, after=chat.output.rindex(b"tok/s"))
         written = chat.answer(b"/copy\r", b"to the clipboard", 30)
-        sequence = re.search(rb"\x1b\]52;c;([A-Za-z0-9+/=]*)\x07", written)
-        assert sequence is not None, written
-        copied = base64.b64decode(sequence[1]).decode()
-        assert copied and f"copied {len(copied)} characters to the clipboard".encode() in written
+        copied = clipboard_writes(written)
+        # The reply as the chat keeps it (for --resume, after every input).
+        kept = json.loads((tmp_path / "state" / "llama-chat" / "conversation.json").read_text())
+        assert copied == [kept["messages"][1]["content"]] and copied[0], written
+        assert f"copied {len(copied[0])} characters to the clipboard".encode() in written
         assert (b"not known to accept it (OSC 52)" in written) is note
         assert b"\x1b]52" not in chat.answer(b"/copy code\r", b"no code block", 30)
     finally:
         chat.kill()
+
+
+def clipboard_writes(output: bytes | str) -> list[str]:
+    """The texts OSC 52 sequences in the output put on the clipboard, decoded."""
+    data = output.encode() if isinstance(output, str) else output
+    return [base64.b64decode(payload, validate=True).decode() for payload in
+            re.findall(rb"\x1b\]52;c;([A-Za-z0-9+/=]*)\x07", data)]
+
+
+def test_copy_puts_the_reply_and_its_last_code_block_on_the_clipboard_whole(monkeypatch):
+    """What /copy and /copy code write decodes to the reply's answer (its thinking left out)
+    and to its last code block, character for character."""
+    model = chat_model()
+    thought = "<think>the user wants code</think>"
+    reply = "Voilà, in two languages:\n" + REPLY + " — ✓"
+    script_replies(monkeypatch, model, thought + reply)
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    code, output = chat(Session(model, GREEDY), "show me", "/copy", "/copy code", "/quit", console=console)
+    assert code == 0
+    assert clipboard_writes(output) == [reply, "first = 1\nsecond = 2\n"]
+    assert f"copied {len(reply)} characters to the clipboard" in output
+    assert "copied 21 characters to the clipboard" in output
 
 
 # --- files read into a message -------------------------------------------------------------
