@@ -2,11 +2,14 @@
 files read into a message."""
 
 import base64
+import builtins
+import errno
 import io
 import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as QType
@@ -14,7 +17,7 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console
 
-from llama_chat.chat.attachments import Attachment
+from llama_chat.chat.attachments import MAX_FILE_BYTES, Attachment
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
 from llama_chat.repl.app import ChatCompleter
@@ -140,12 +143,55 @@ def test_read_puts_each_file_into_the_next_message_with_its_name(files):
     ("pipe", r"pipe is not a regular file \(a pipe or a device\); /read takes text files"),
     ("big.txt", r"big.txt is 250\d\d tokens; the context has room for \d+ more"),
     ("*.csv", r"\*.csv: no file matches"),
+    ("notes.txt/inner", r"notes.txt/inner: cannot be read \(Not a directory\)"),
 ])
 def test_read_refuses_in_one_line_and_nothing_is_added(files, name, message):
     session = Session(chat_model(), GREEDY, context_size=512)
     code, shown = chat(session, f"/read {files}/{name}", "hello", "/quit")
     assert code == 0 and re.search(message, shown), shown
     assert session.exchanges[0].user == "hello" and "Traceback" not in shown
+
+
+def test_read_refuses_a_file_past_its_byte_cap_without_reading_it(files, monkeypatch):
+    """One byte over MAX_FILE_BYTES is refused by its size alone; a file of exactly that size
+    is read (and then refused as the binary file it is: sparse files hold NUL bytes)."""
+    at_cap, over_cap = files / "at_cap.txt", files / "over_cap.txt"
+    for path, size in ((at_cap, MAX_FILE_BYTES), (over_cap, MAX_FILE_BYTES + 1)):
+        with open(path, "wb") as file:
+            file.truncate(size)  # sparse: no disk space, nothing written
+    read = []
+    real_read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read.append(path.name) or real_read_bytes(path))
+    session = Session(chat_model(), GREEDY, context_size=512)
+    code, shown = chat(session, f"/read {over_cap}", f"/read {at_cap}", "hello", "/quit")
+    assert code == 0 and "Traceback" not in shown
+    assert f"{over_cap} is {(MAX_FILE_BYTES + 1) / 1e6:.1f} MB, more than any context holds" in shown
+    assert f"{at_cap} holds NUL bytes: it is a binary file, not text" in shown
+    assert read == ["at_cap.txt"]  # the file over the cap was never read
+    assert session.exchanges[0].user == "hello"
+
+
+def test_read_of_a_file_it_may_not_open_is_one_line_and_the_chat_goes_on(files, monkeypatch):
+    """A file without read permission. As root, permissions deny nothing, so the open is told
+    to refuse as the system refuses anyone else."""
+    secret = files / "secret.txt"
+    secret.write_text("hidden\n")
+    secret.chmod(0)
+
+    def refusing(real_open):
+        def opened(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and os.fspath(file) == str(secret):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+            return real_open(file, *args, **kwargs)
+        return opened
+
+    monkeypatch.setattr(io, "open", refusing(io.open))
+    monkeypatch.setattr(builtins, "open", refusing(builtins.open))
+    session = Session(chat_model(), GREEDY, context_size=512)
+    code, shown = chat(session, f"/read {secret}", f"/read {files}/notes.txt", "hello", "/quit")
+    assert code == 0 and "Traceback" not in shown
+    assert f"{secret}: cannot be read (Permission denied)" in shown
+    assert session.exchanges[0].user == f"{files}/notes.txt:\n```\nthe sky is blue\n```\n\nhello"
 
 
 def test_read_takes_globs_and_quoted_paths_and_clear_lets_go(files):
