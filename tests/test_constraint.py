@@ -253,7 +253,8 @@ def schema_errors(value, schema) -> list[str]:
     """Where value breaks the schema, by jsonschema (an independent validator of the whole
     of JSON Schema, not only the keywords these schemas use), as a list of lines."""
     validator = jsonschema.Draft202012Validator(schema)
-    return [f"{'.'.join(map(str, error.absolute_path)) or '$'}: {error.message}" for error in validator.iter_errors(value)]
+    return [f"{'.'.join(map(str, error.absolute_path)) or '$'}: {error.message}"
+            for error in validator.iter_errors(value)]
 
 
 def test_the_validator_follows_json_schema_not_python_types():
