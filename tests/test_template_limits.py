@@ -1,5 +1,6 @@
 """A model's chat template runs in a process of its own, under limits of time, output and memory."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -187,3 +188,72 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+# The renderer's own failures: it does not start, it dies, or the template does not compile.
+# Each is one line, and the chat goes on.
+NESTED_TOO_DEEP = "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}"  # Jinja's parser recurses past Python's limit
+PICK = "use --chat-format to pick another (llama2, llama3, chatml, gemma, plain, template)"
+
+
+def renderer_start_failing_once(monkeypatch, fail) -> None:
+    """The first start of a renderer goes through `fail(command, **options)`; later ones start
+    as usual."""
+    real_popen = subprocess.Popen
+    starts = []
+
+    def popen(command, **options):
+        if "llama_chat.text.template_worker" in command and not starts:
+            starts.append(command)
+            return fail(real_popen, command, **options)
+        return real_popen(command, **options)
+
+    monkeypatch.setattr(template_runner.subprocess, "Popen", popen)
+
+
+def cannot_fork(real_popen, command, **options):
+    raise OSError(11, "Resource temporarily unavailable")
+
+
+def without_jinja(directory):
+    """A renderer that finds a jinja2 that will not import, as where it is not installed."""
+    (directory / "jinja2").mkdir()
+    (directory / "jinja2" / "__init__.py").write_text("raise ImportError('no jinja2 here')\n")
+
+    def start(real_popen, command, *, env, **options):
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(directory), env["PYTHONPATH"]])}
+        return real_popen(command, env=env, **options)
+
+    return start
+
+
+@pytest.mark.parametrize("failure, message", [
+    ("cannot fork", "could not start the chat template's renderer: [Errno 11] Resource temporarily unavailable"),
+    ("no jinja2", "the chat template's renderer did not start (is jinja2 installed?)"),
+])
+def test_a_renderer_that_does_not_start_refuses_one_turn_and_the_next_starts_it(monkeypatch, tmp_path, failure,
+                                                                                message):
+    model = chat_model(template=CHATML, format_name="template")
+    session = Session(model, GREEDY)
+    model.chat_format.runner.close()  # the next render starts a renderer: the first message's
+    renderer_start_failing_once(monkeypatch, cannot_fork if failure == "cannot fork" else without_jinja(tmp_path))
+    code, output = chat(session, "one", "two", "/quit")
+    assert code == 0 and "Traceback" not in output
+    assert [line for line in output.splitlines() if "renderer" in line] == [message]
+    assert [e.user for e in session.exchanges] == ["two"]  # the turn refused left nothing behind
+    assert session.exchanges[0].reply_ids and session.ids is not None
+
+
+def test_a_template_that_does_not_compile_is_refused_at_load_and_the_chat_goes_on(tmp_path):
+    """Not a syntax error Jinja reports but a failure while compiling: too deeply nested for
+    its parser."""
+    path = write_gguf(tmp_path / "deep.gguf", tiny_hf_model(), chat_template=NESTED_TOO_DEEP)
+    model = chat_model()
+    session = Session(model, GREEDY)
+    code, output = chat(session, "one", f"/load {path}", "two", "/quit",
+                        load_model=lambda path: llama_chat.load(path, device="cpu"))
+    assert code == 0 and "Traceback" not in output
+    refused = [line for line in output.splitlines() if "could not load" in line]
+    assert refused == [f"could not load {path}: the chat template of deep.gguf is invalid: RecursionError: "
+                       f"maximum recursion depth exceeded in comparison; {PICK}; still chatting with tiny"]
+    assert session.model is model and [e.user for e in session.exchanges] == ["one", "two"]
