@@ -18,7 +18,7 @@ from llama_chat.text.template_runner import TemplateRunner, UnusableTemplateErro
 
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_repl import chat
-from .test_session import GREEDY, chat_model, say
+from .test_session import GREEDY, assert_consistent, chat_model, say
 
 LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 FLOOD = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"
@@ -242,6 +242,25 @@ def test_a_renderer_that_does_not_start_refuses_one_turn_and_the_next_starts_it(
     assert [line for line in output.splitlines() if "renderer" in line] == [message]
     assert [e.user for e in session.exchanges] == ["two"]  # the turn refused left nothing behind
     assert session.exchanges[0].reply_ids and session.ids is not None
+
+
+def test_a_renderer_that_dies_is_one_line_and_the_chat_goes_on_with_another_model():
+    """The renderer killed (by the system, out of memory, say): its template is refused from
+    then on, without a new process each turn; /load of another model carries on the chat."""
+    model = chat_model(template=CHATML, format_name="template")
+    session = Session(model, GREEDY)
+    say(session, "one")
+    worker = model.chat_format.runner._worker.process
+    worker.kill()
+    worker.wait()
+    other = chat_model(name="other")
+    code, output = chat(session, "two", "three", "/load other.gguf", "four", "/quit", load_model=lambda path: other)
+    assert code == 0 and "Traceback" not in output
+    crashed = f"the chat template of the model crashed its renderer, so llama-chat stopped it; {PICK}"
+    assert [line for line in output.splitlines() if "renderer" in line] == [crashed, crashed]
+    assert model.chat_format.runner._worker is None  # refused at once the second time: no new renderer
+    assert session.model is other and [e.user for e in session.exchanges] == ["one", "four"]
+    assert_consistent(session)
 
 
 def test_a_template_that_does_not_compile_is_refused_at_load_and_the_chat_goes_on(tmp_path):
