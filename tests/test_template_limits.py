@@ -141,7 +141,8 @@ def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGHUP"])
 def test_a_render_ends_with_the_process_that_asked_for_it(signal_name):
     """The chat killed (or its terminal closed) while a looping template renders: the
-    renderer, in a session of its own, goes within 2 s instead of looping on for hours."""
+    renderer, in a session of its own, goes (its watch looks every 0.25 s) instead of looping
+    on for hours."""
     asker = subprocess.Popen(
         [sys.executable, "-c",
          "from llama_chat.text.template_runner import TemplateRunner\n"
@@ -157,7 +158,9 @@ def test_a_render_ends_with_the_process_that_asked_for_it(signal_name):
     assert len(workers) == 1  # the renderer, at work (its limit is 5 s, far off)
     asker.send_signal(getattr(signal, signal_name))
     asker.wait()
-    time.sleep(2.0)
+    deadline = time.monotonic() + 30  # ending at all is what counts: a busy machine may take a moment
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [pid for pid in workers if _running(pid)] == []
 
 
