@@ -6,7 +6,9 @@ conversation, its KV cache, a packed-cache entry) and mutates it: bytes overwrit
 boundary values, inserted, deleted, truncated, and structure-aware changes (JSON values
 swapped for other types or nested deep, GGUF entries with deep arrays and huge counts).
 A target's contract: it returns, or raises the one error type its caller turns into one
-line; anything else escaping is a failure.
+line; anything else escaping is a failure. What a reader returns is checked too: a GGUF
+checkpoint against the file as the gguf package reads it, a packed-cache entry against
+its own header, byte for byte.
 """
 
 from __future__ import annotations
@@ -138,11 +140,13 @@ def gguf_mutations(draw, seed: bytes, hot: int) -> bytes:
 
 @dataclass
 class Target:
-    """A reader, the strategy of its inputs, and `check(data)`, which feeds it one input."""
+    """A reader, the strategy of its inputs, and `check(data)`, which feeds it one input;
+    `seed`, the valid input the mutations start from (None where there is no one input)."""
 
     name: str
     inputs: st.SearchStrategy[bytes]
     check: Callable[[bytes], None]
+    seed: bytes | None = None
 
 
 def gguf_target(directory: Path) -> Target:
@@ -158,11 +162,42 @@ def gguf_target(directory: Path) -> Target:
     def check(data: bytes) -> None:
         path.write_bytes(data)
         try:
-            load_gguf(path)
+            checkpoint = load_gguf(path)
         except LlamaChatError:
-            pass
+            return
+        assert_gguf_read_as_written(path, checkpoint)
 
-    return Target("gguf", gguf_mutations(seed, hot=_gguf_header_length(seed)), check)
+    return Target("gguf", gguf_mutations(seed, hot=_gguf_header_length(seed)), check, seed)
+
+
+def assert_gguf_read_as_written(path: Path, checkpoint) -> None:
+    """A GGUF file that loaded holds what the gguf package (an independent reader) finds in
+    it: as many metadata entries and tensors as the header counts, each tensor where that
+    reader puts it, inside the file; the checkpoint's layers and vocabulary are the header's,
+    and every weight reads whole in the shape the checkpoint gives it."""
+    import gguf
+
+    from llama_chat.checkpoints.gguf_file import read_gguf_header
+
+    data = path.read_bytes()
+    tensor_count, entry_count = struct.unpack_from("<QQ", data, 8)
+    metadata, stored = read_gguf_header(path)
+    assert (len(stored), len(metadata)) == (tensor_count, entry_count)
+    reader = gguf.GGUFReader(path)  # refuses what a GGUF may not be (a key listed twice, say)
+    theirs = {tensor.name: (int(tensor.data_offset), int(tensor.n_bytes), tuple(reversed(tensor.shape.tolist())))
+              for tensor in reader.tensors}
+    their_keys = {name for name in reader.fields if not name.startswith("GGUF.")}
+    data_start = reader.data_offset
+    del reader  # its memory map, before the next example rewrites the file
+    assert their_keys == set(metadata)
+    assert {name: (info.offset, info.n_bytes, info.shape) for name, info in stored.items()} == theirs
+    assert all(data_start <= info.offset and info.offset + info.n_bytes <= len(data) for info in stored.values())
+    layers = {name.split(".")[1] for name in stored if name.startswith("blk.")}
+    assert checkpoint.args.n_layers == len(layers)
+    assert checkpoint.args.vocab_size == len(metadata["tokenizer.ggml.tokens"]) == stored["token_embd.weight"].shape[0]
+    dense = checkpoint.state_dict()
+    assert {name: tuple(dense[name].shape) for name in dense} == {
+        name: tuple(weight.shape) for name, weight in checkpoint.tensors.items()}
 
 
 def _gguf_header_length(seed: bytes) -> int:
@@ -200,7 +235,7 @@ def conversation_target(directory: Path) -> Target:
             assert_consistent(opened)
 
     inputs = st.one_of(json_mutations(json.loads(seed)), byte_mutations(seed, hot=len(seed)))
-    return Target("conversation", inputs, check)
+    return Target("conversation", inputs, check, seed)
 
 
 def kv_cache_target(directory: Path) -> Target:
@@ -220,7 +255,7 @@ def kv_cache_target(directory: Path) -> Target:
 
     inputs = st.one_of(byte_mutations(seed, hot=8 + header_length),
                        json_mutations(header).map(safetensors_with))
-    return Target("kv-cache", inputs, check)
+    return Target("kv-cache", inputs, check, seed)
 
 
 def packed_entry_target(directory: Path) -> Target:
@@ -234,18 +269,41 @@ def packed_entry_target(directory: Path) -> Target:
     header = json.loads(seed[8 : 8 + header_length])
     path = directory / "fuzzed.safetensors"
 
+    written = {name: (entry["dtype"], entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+
     def check(data: bytes) -> None:
         path.write_bytes(data)
         try:
-            packed_cache.load(path)
+            state = packed_cache.load(path)
         except ValueError:  # the caller removes the entry and packs the weights again
-            pass
+            return
+        assert_entry_read_as_written(data, state, written, {"tied": "a.weight"})
 
     def safetensors_with(header_bytes: bytes) -> bytes:
         return struct.pack("<Q", len(header_bytes)) + header_bytes + seed[8 + header_length:]
 
     inputs = st.one_of(byte_mutations(seed, hot=8 + header_length), json_mutations(header).map(safetensors_with))
-    return Target("packed-entry", inputs, check)
+    return Target("packed-entry", inputs, check, seed)
+
+
+def assert_entry_read_as_written(data: bytes, state: dict, written: dict, aliases: dict) -> None:
+    """A packed-cache entry that loaded holds the tensors it was written with (`written`:
+    name to dtype and shape; `aliases`: name to the tensor it shares), each tensor's bytes
+    (every one read) those its header places in the file."""
+    import torch
+
+    from llama_chat.kernels.packed_cache import DTYPE_NAMES
+
+    (length,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8 : 8 + length])
+    header.pop("__metadata__")
+    assert {name: (DTYPE_NAMES[state[name].dtype], list(state[name].shape)) for name in header} == written
+    assert set(state) == set(written) | set(aliases)
+    assert all(state[alias] is state[target] for alias, target in aliases.items())
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        held = state[name].reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert held == data[8 + length + begin : 8 + length + end], name
 
 
 # Template pieces that loop, write or build, nested at random.
@@ -272,8 +330,8 @@ def template_target(directory: Path, context_length: int = 2048) -> Target:
             pass
         finally:
             runner.close()
-        # the limit, and the worker's start on a busy machine
-        assert time.monotonic() - start < template_runner.RENDER_SECONDS + 10
+        # within the runner's own limits: the renderer's start, then the render
+        assert time.monotonic() - start < template_runner.START_SECONDS + template_runner.RENDER_SECONDS
 
     return Target("template", templates().map(str.encode), check)
 

@@ -277,3 +277,29 @@ def test_edit_and_edit_n_on_a_terminal_show_the_cache_reused(tmp_path):
         assert [m["content"] for m in json.loads(kept.read_text())["messages"][::2]] == ["hello there"]
     finally:
         chat.kill()
+
+
+def test_a_version_followed_after_open_in_the_chat_answers_as_a_fresh_run(tmp_path):
+    """/open of a conversation saved with two versions, then /branches to list them and follow
+    the other one: the next reply is what a conversation that only ever had that version
+    gives, from the opened cache up to where the versions part."""
+    model = chat_model()
+    path = tmp_path / "talk.json"
+    session = Session(model, GREEDY, model_path=tmp_path / "m.gguf")
+    chat(session, "one", "two", "three", "/edit 2", CTRL_U + "zwei", f"/save {path}", "/quit")
+    assert users(session.exchanges) == ["one", "zwei"]
+
+    reopened = Session(model, SamplingSettings(temperature=0.7), model_path=tmp_path / "m.gguf")
+    code, output = chat(reopened, f"/open {path}", "/branches", "/branches 1", "/quit")
+    assert code == 0 and f"opened {path}: 2 exchanges" in output
+    assert "at message 2:\n   1  'two' -> " in output and "(then 1 exchange)\n*  2  'zwei' -> " in output
+    assert "following version 1: 3 exchanges, the last 'three' -> " in output
+    assert_consistent(reopened)  # the opened cache kept up to where the versions part
+    assert len(reopened.cache) >= ids_before(reopened, 2)
+    code, output = chat(reopened, "four", "/branches", "/quit")
+    assert "at message 2:\n*  1  'two' -> " in output and "(then 2 exchanges)\n   2  'zwei' -> " in output
+    assert users(reopened.exchanges) == ["one", "two", "three", "four"]
+    fresh = replay(model, ["one", "two", "three", "four"])  # the saved settings (greedy) came back with /open
+    assert reopened.exchanges[-1].reply == fresh.exchanges[-1].reply and reopened.ids == fresh.ids
+    assert reopened.last_stats.reused_tokens >= ids_before(reopened, 2)
+    assert_consistent(reopened)

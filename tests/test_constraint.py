@@ -1,9 +1,11 @@
-"""Structured answers (engine/constraint.py): replies held to a JSON schema or a regex, the
-mask at every temperature, speculation under a format, and one line for a bad format."""
+"""Structured answers (engine/constraint.py): replies held to a JSON schema, a regex or a
+grammar, the mask at every temperature, speculation (prompt lookup, a draft model) under a
+format, and one line for a bad format."""
 
 import json
 import re
 
+import jsonschema
 import pytest
 import torch
 
@@ -19,7 +21,7 @@ from llama_chat.options import DraftLength
 
 from .conftest import tiny_args
 from .test_repl import chat
-from .test_session import GREEDY, chat_model
+from .test_session import GREEDY, chat_model, say
 
 DIGITS_THEN_LETTERS = r"[0-9]{2,4}-[a-z]{1,5}"
 
@@ -117,6 +119,60 @@ def test_greedy_replies_are_the_same_with_prompt_lookup_under_a_format(model):
     assert drafted.stats.accepted_tokens > 0
 
 
+# About a quarter of the byte vocabulary: a random model's own choices fall in and out of it.
+WORDS = "[a-zA-Z0-9 ]{8,24}"
+
+
+def noisy_copy(model: Llama, seed: int = 2) -> Llama:
+    """The model with noise on every weight: a draft model that agrees with it in part."""
+    draft = chat_model(name="tiny draft")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for theirs, ours in zip(draft.transformer.parameters(), model.transformer.parameters()):
+            theirs.copy_(ours + 0.3 * ours.std() * torch.randn(ours.shape, generator=generator))
+    return draft
+
+
+def formatted_session(model: Llama, settings: SamplingSettings, draft: Llama | None) -> Session:
+    session = Session(model, settings)
+    session.set_format(Format("regex", WORDS))
+    if draft is not None:
+        session.set_draft(draft, "draft.gguf")
+        session.speculation.draft_length = DraftLength(4)  # drafts at every step, whatever they cost here
+    return session
+
+
+def test_a_greedy_reply_under_a_format_is_the_same_with_a_draft_model():
+    model = chat_model()
+    settings = SamplingSettings(temperature=0, max_tokens=30)
+    plain, drafted = formatted_session(model, settings, None), formatted_session(model, settings, noisy_copy(model))
+    stats = []
+    for text in ("hello", "tell me more", "and then?"):
+        expected, turn = say(plain, text), say(drafted, text)
+        assert re.fullmatch(WORDS, turn.text), turn.text
+        assert turn.generation.tokens == expected.generation.tokens
+        stats.append(turn.stats)
+    drafts, kept = sum(s.drafted_tokens for s in stats), sum(s.accepted_tokens for s in stats)
+    assert 0 < kept < drafts  # drafts were verified, some kept and some refused
+
+
+def test_every_sampled_reply_with_a_draft_model_keeps_to_the_format():
+    """At temperature 1 the draft model's tokens are drawn from its own distribution, format
+    or not, and stay whole: the acceptance rule, on the format's masked distribution, must
+    refuse every one outside it and draw its replacement inside."""
+    model = chat_model()
+    draft = noisy_copy(model)
+    drafts = kept = 0
+    for seed in range(6):
+        settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=30)
+        session = formatted_session(model, settings, draft)
+        turn = say(session, "hello")
+        assert re.fullmatch(WORDS, turn.text), (seed, turn.text)
+        assert turn.stats.stop_reason in ("format_complete", "stop_token")
+        drafts, kept = drafts + turn.stats.drafted_tokens, kept + turn.stats.accepted_tokens
+    assert 0 < kept < drafts
+
+
 @pytest.mark.parametrize(
     ("format", "message"),
     [
@@ -191,34 +247,26 @@ PROMPTS = [f"Describe {pet} as JSON." for pet in (
     "a guard dog", "a kitten", "a koi", "a tiny bird", "a loud dog", "a calm fish", "a stray cat", "a sheepdog",
     "a canary", "a cat called Tom", "a dog owned by a king", "a bird owned by a child", "a fish in a bowl",
 )]
-TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
 
 
-def schema_errors(value, schema, where="$"):
-    """Where value breaks the schema (the keywords PET_SCHEMA uses), as a list of lines."""
-    if "enum" in schema:
-        return [] if value in schema["enum"] else [f"{where}: {value!r} is not one of {schema['enum']}"]
-    kind = schema["type"]
-    if kind in ("integer", "number"):
-        number = int if kind == "integer" else (int, float)
-        if isinstance(value, bool) or not isinstance(value, number):
-            return [f"{where}: {value!r} is not an {kind}"]
-        if not schema["minimum"] <= value <= schema["maximum"]:
-            return [f"{where}: {value} is out of range"]
-        return []
-    if not isinstance(value, TYPES[kind]):
-        return [f"{where}: {value!r} is not a {kind}"]
-    if kind == "string":
-        return [f"{where}: too long"] if len(value) > schema["maxLength"] else []
-    if kind == "array":
-        errors = [] if schema["minItems"] <= len(value) <= schema["maxItems"] else [f"{where}: {len(value)} items"]
-        items = [schema_errors(item, schema["items"], f"{where}[{i}]") for i, item in enumerate(value)]
-        return errors + [error for item in items for error in item]
-    if kind == "object":
-        errors = [f"{where}: keys {sorted(value)}"] if sorted(value) != sorted(schema["required"]) else []
-        return errors + [e for key, item in value.items() if key in schema["properties"]
-                         for e in schema_errors(item, schema["properties"][key], f"{where}.{key}")]
-    return []
+def schema_errors(value, schema) -> list[str]:
+    """Where value breaks the schema, by jsonschema (an independent validator of the whole
+    of JSON Schema, not only the keywords these schemas use), as a list of lines."""
+    validator = jsonschema.Draft202012Validator(schema)
+    return [f"{'.'.join(map(str, error.absolute_path)) or '$'}: {error.message}"
+            for error in validator.iter_errors(value)]
+
+
+def test_the_validator_follows_json_schema_not_python_types():
+    """What a validator written from these schemas' keywords would get wrong: 5.0 is an
+    integer in JSON Schema, True is not one, a missing or an extra key is an error."""
+    jsonschema.Draft202012Validator.check_schema(PET_SCHEMA)
+    pet = {"name": "Tom", "kind": "cat", "age": 5.0, "weight": 4, "owner": {"name": "Ann", "vip": False},
+           "tags": ["calm"]}
+    assert schema_errors(pet, PET_SCHEMA) == []
+    assert schema_errors({**pet, "age": True}, PET_SCHEMA) == ["age: True is not of type 'integer'"]
+    assert len(schema_errors({**pet, "colour": "red"}, PET_SCHEMA)) == 1
+    assert len(schema_errors({key: value for key, value in pet.items() if key != "tags"}, PET_SCHEMA)) == 1
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +310,50 @@ def test_a_reply_cut_by_its_budget_closes_what_is_open_and_parses(default_model,
         turn = session.send(prompt)
         turn.run()
         answer = json.loads(turn.text)
-        assert sorted(answer) == ["name", "owner", "tags"] and isinstance(answer["tags"], list), turn.text
+        assert schema_errors(answer, OPEN_SCHEMA) == [], turn.text
+        assert sorted(answer) == ["name", "owner", "tags"], turn.text  # nothing beside what is required
         assert turn.stats.stop_reason == "format_complete", turn.text
         overran += turn.stats.generated_tokens > max_tokens
     assert overran  # some replies needed the closing tokens past the budget
+
+
+# Three colours, a line each: rules, a repetition and a terminal of alternatives, in
+# llguidance's Lark syntax. Unformatted, the default model answers this prompt with a
+# numbered list of sentences.
+COLOUR_GRAMMAR = """\
+start: item{3}
+item: "- " COLOUR "\\n"
+COLOUR: "red" | "green" | "blue" | "yellow" | "orange" | "purple" | "black" | "white"
+"""
+THREE_COLOURS = r"(- (red|green|blue|yellow|orange|purple|black|white)\n){3}"
+
+
+@pytest.mark.needs_kernels  # the command line loads the default model anew: seconds on llama-chat's kernels
+def test_the_default_model_answers_within_a_grammar_given_on_the_command_line(default_model, tmp_path, capsys):
+    grammar = tmp_path / "colours.lark"
+    grammar.write_text(COLOUR_GRAMMAR)
+    free = Session(default_model, SamplingSettings(temperature=0, max_tokens=40), context_size=512)
+    unformatted = free.send("Name three colours.")
+    unformatted.run()
+    assert not re.fullmatch(THREE_COLOURS, unformatted.text)  # the test can fail: the grammar must act
+    code = main(["--model", str(download_default_model()), "-p", "Name three colours.", "--grammar", str(grammar),
+                 "--temperature", "0", "--max-tokens", "40", "--compile", "off", "--stats"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.endswith("\n") and re.fullmatch(THREE_COLOURS, out[:-1]), out
+    assert "format " in err and "ms/token" in err  # the statistics line counts the format's time
+
+
+def test_the_default_model_answers_a_json_object_after_format_json_in_the_chat(default_model):
+    settings = SamplingSettings(temperature=0, max_tokens=60)
+    free = Session(default_model, settings, context_size=512).send("Describe a cat as JSON.")
+    free.run()
+    with pytest.raises(json.JSONDecodeError):  # the test can fail: unformatted, the reply is prose
+        json.loads(free.text)
+    session = Session(default_model, settings, context_size=512)
+    code, output = chat(session, "/format json", "Describe a cat as JSON.", "/stats", "/quit")
+    assert code == 0 and "format: json (any JSON object)" in output
+    reply = session.exchanges[0].reply
+    answer = json.loads(reply)
+    assert isinstance(answer, dict) and answer, reply  # an object, and not an empty one
+    assert reply in output and "ended by format_complete" in output  # shown as it streamed; ended by the format

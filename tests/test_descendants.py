@@ -323,21 +323,29 @@ def test_a_descendants_compiled_packages_agree_with_its_eager_calls(tmp_path, ki
     torch.testing.assert_close(compiled_logits, eager_logits, atol=1e-3, rtol=0)
 
 
-def compiled_and_eager(model, folder, ids, singles: int):
+def compiled_and_eager(model, folder, ids, singles: int, capacity: int = 80):
     """The model's logits through its packages compiled ahead of time (built into `folder`),
-    and through eager calls: a prompt of 20 tokens, then single tokens up to `singles`, then
-    the rest of `ids` in one verify-sized call."""
+    and through eager calls, on a cache of `capacity`: a prompt of 20 tokens, then single
+    tokens up to `singles`, then the rest of `ids` in one verify-sized call."""
+    packages = built_packages(model, folder)
+    return [logits_through(model, chosen, ids, singles, capacity) for chosen in (packages, None)]
+
+
+def built_packages(model, folder):
+    """The model's decode step compiled ahead of time into `folder`, as the chat builds it."""
     background = compiled.BackgroundBuild(model.transformer, model.cache_dtype, folder / "decode.pt2")
     background.wait()
     assert background.error == "" and background.packages is not None
-    results = []
-    for packages in (background.packages, None):
-        compiled_runner(model).packages = packages
-        cache = model.new_cache(80)
-        model.runner(cache, ids[:20])
-        results.append(torch.cat([torch.stack([model.runner(cache, [token]) for token in ids[20:singles]]),
-                                  model.runner(cache, ids[singles:], every_logits=True)]))
-    return results
+    return background.packages
+
+
+def logits_through(model, packages, ids, singles: int, capacity: int):
+    """Logits of `ids` with the runner using `packages` (None: eager), as compiled_and_eager says."""
+    compiled_runner(model).packages = packages
+    cache = model.new_cache(capacity)
+    model.runner(cache, ids[:20])
+    return torch.cat([torch.stack([model.runner(cache, [token]) for token in ids[20:singles]]),
+                      model.runner(cache, ids[singles:], every_logits=True)])
 
 
 GGUF_IDS = [(37 * i) % 260 + 3 for i in range(64)]
@@ -364,6 +372,77 @@ def test_a_descendants_gguf_gives_transformers_logits(tmp_path, kind):
     best, second = torch.topk(reference, 2).values.unbind(-1)
     clear = best - second > 0.2
     assert clear.sum() >= 16 and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+# Phi-3 within its original context (48): the short factors. Every other Phi-3 check above
+# runs a cache past it, on the long ones.
+SHORT_IDS = GGUF_IDS[:40]
+
+
+def phi3_file(directory, qtype: QType):
+    """descendant("phi3") as a GGUF file of `qtype`, its factors as llama.cpp's converter writes them."""
+    model = descendant("phi3", vocab_size=len(GGUF_VOCAB))
+    path = write_gguf(directory / f"phi3-{qtype.name}.gguf", model, qtype=qtype, architecture="phi3",
+                      vocabulary=byte_level_metadata(pre="qwen2"))
+    return model, path
+
+
+def short_and_long_references(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' logits of SHORT_IDS alone (short factors), and as the start of a sequence
+    past the original context (long factors): far apart, so that a check can fail."""
+    short, long = hf_logits(model, SHORT_IDS), hf_logits(model, GGUF_IDS)[: len(SHORT_IDS)]
+    assert (short - long).abs().mean() > 0.3
+    return short, long
+
+
+def cached_logits(model, ids, capacity: int) -> torch.Tensor:
+    """Logits of `ids` through a cache of `capacity`: a prompt of 10, then a token at a time."""
+    cache = model.new_cache(capacity)
+    return torch.cat([model.runner(cache, ids[:10], every_logits=True),
+                      torch.stack([model.runner(cache, [token]) for token in ids[10:]])])
+
+
+def assert_turns_as(logits, reference, other, least_clear: int = 16) -> None:
+    """Packed logits that follow `reference` (rounding apart: measured, a mean of 0.025 and at
+    most 0.17) and not `other`, choosing as it does where its two best are 0.2 apart (at
+    `least_clear` positions or more)."""
+    assert (logits - reference).abs().mean() < 0.05 and (logits - reference).abs().max() < 0.25
+    assert (logits - other).abs().mean() > 0.3
+    best, second = torch.topk(reference, 2).values.unbind(-1)
+    clear = best - second > 0.2
+    assert clear.sum() >= least_clear and torch.equal(logits.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+def test_phi3_from_a_gguf_turns_with_its_short_factors_within_its_original_context(tmp_path):
+    """A cache of 40, and one of exactly the original context (48): F32 through the GGUF reader
+    against transformers within 1e-4; Q8_0 packed, and mapped again from the packed cache."""
+    model, f32 = phi3_file(tmp_path, QType.F32)
+    short, long = short_and_long_references(model)
+    exact = llama_from_checkpoint(load_gguf(f32))
+    torch.testing.assert_close(cached_logits(exact, SHORT_IDS, 40), short, atol=1e-4, rtol=0)
+    _, q8 = phi3_file(tmp_path, QType.Q8_0)
+    for packed in (llama_chat.load(q8, device="cpu"), llama_chat.load(q8, device="cpu")):  # packed, then mapped
+        assert packed.weights.packed
+        assert_turns_as(cached_logits(packed, SHORT_IDS, 48), short, long)
+        assert_turns_as(cached_logits(packed, SHORT_IDS, 80), long, short)  # past it, the long ones
+        assert_turns_as(cached_logits(packed, SHORT_IDS, 48), short, long)  # and back
+    assert any(entry_path("packed").iterdir())
+
+
+@pytest.mark.needs_compiler
+def test_phi3s_compiled_packages_turn_with_the_short_factors_after_the_long_ones(tmp_path):
+    """The packages read the model's rotary tables as they are when called: a cache within
+    the original context, made after one past it, turns the compiled calls with the short
+    factors again."""
+    model, q8 = phi3_file(tmp_path, QType.Q8_0)
+    short, long = short_and_long_references(model)
+    packed = llama_chat.load(q8, device="cpu")
+    packages = built_packages(packed, tmp_path)
+    for capacity, reference, other in ((80, long, short), (48, short, long)):
+        compiled_logits = logits_through(packed, packages, SHORT_IDS, 30, capacity)
+        eager_logits = logits_through(packed, None, SHORT_IDS, 30, capacity)
+        torch.testing.assert_close(compiled_logits, eager_logits, atol=1e-3, rtol=0)
+        assert_turns_as(compiled_logits, reference[20:], other[20:], least_clear=4)
 
 
 # The split patterns of Qwen2's and Phi-4-mini's tokenizer.json, written out whole.

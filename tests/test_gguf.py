@@ -460,6 +460,9 @@ HOSTILE_HEADERS = {
                               "tensor t's rows are not whole Q4_0 blocks"),
     "a name that is not one": ([], [gguf_tensor("a\nb", [4])], r"a tensor is named 'a\nb'"),
     "a tensor twice": ([], [gguf_tensor("t", [4]), gguf_tensor("t", [4])], "tensor t is listed twice"),
+    "a key twice": ([gguf_entry("llama.context_length", U32, struct.pack("<I", 128)),
+                     gguf_entry("llama.context_length", U32, struct.pack("<I", 2**20))], [],
+                    "metadata key 'llama.context_length' is listed twice"),
 }
 
 

@@ -30,11 +30,24 @@ def test_200000_levels_are_refused_without_recursion():
         parse_json("[" * 200_000 + "]" * 200_000)
 
 
+def shortest_seconds(work) -> float:
+    """The shortest of three runs of `work()`: its own cost, whatever else the machine does."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
 def test_an_unterminated_string_of_escaped_quotes_is_scanned_in_linear_time():
-    started = time.perf_counter()
+    unterminated = '["' + '\\"' * 1_000_000 + "\\"
     with pytest.raises(json.JSONDecodeError, match="Unterminated string"):
-        parse_json('["' + '\\"' * 1_000_000 + "\\")
-    assert time.perf_counter() - started < 2
+        parse_json(unterminated)
+    # Timed against json.loads of a document as long, not the clock (the machine may be busy):
+    # measured, the scan costs about 5 times that parse; one that backtracked would take hours.
+    terminated = '["' + '\\"' * 1_000_000 + '"]'
+    assert shortest_seconds(lambda: check_nesting(unterminated)) < 25 * shortest_seconds(lambda: json.loads(terminated))
 
 
 def test_the_scan_of_a_10_mb_safetensors_header_costs_less_than_parsing_it():
@@ -43,12 +56,7 @@ def test_the_scan_of_a_10_mb_safetensors_header_costs_less_than_parsing_it():
               for i in range(90_000)}
     text = json.dumps(header)
     assert len(text) > 10 * 2**20
-    started = time.perf_counter()
-    check_nesting(text)
-    scanned = time.perf_counter()
-    json.loads(text)
-    parsed = time.perf_counter()
-    assert scanned - started < 2 * (parsed - scanned)
+    assert shortest_seconds(lambda: check_nesting(text)) < 2 * shortest_seconds(lambda: json.loads(text))
 
 
 def test_a_deep_config_is_one_line_naming_the_file(tmp_path):

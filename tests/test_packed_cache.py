@@ -111,6 +111,18 @@ def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, re
     assert str(refused.value).startswith(reason) and isinstance(refused.value, ValueError)
 
 
+@pytest.mark.parametrize("aliases", ["{}", '{"b": "a", "c": "a"}'])
+def test_an_entry_whose_aliases_were_edited_is_refused(tmp_path, aliases):
+    """A tied table left out (or one name too many) changes no tensor's bytes, dtype or shape,
+    but the model would not get the tensors written."""
+    path = tmp_path / "entry.safetensors"
+    table = torch.randn(8, 4)
+    write_entry(path, {"a": table, "b": table})
+    edited_entry(path, lambda header: {**header, "__metadata__": {**header["__metadata__"], "aliases": aliases}})
+    with pytest.raises(CorruptFileError, match="its header is not the one it was written with"):
+        packed_cache.load(path)
+
+
 @pytest.mark.needs_kernels
 def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)

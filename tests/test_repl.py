@@ -14,6 +14,7 @@ from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
 import llama_chat
+import llama_chat.repl.app
 from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.default_model import download_default_model
@@ -158,19 +159,49 @@ def test_multi_line_input_and_ctrl_c_at_the_prompt():
     assert [e.user for e in session.exchanges] == ["line one\nline two", "hello"]
 
 
-def test_tab_then_enter_takes_a_completion_without_sending():
-    # Completion runs between key presses, so the keys come one by one, as typed.
+def wait_until(condition, seconds: float = 30.0) -> bool:
+    """Whether `condition()` comes to hold within `seconds` (looked at every few milliseconds)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_tab_then_enter_takes_a_completion_without_sending(monkeypatch):
+    # Completion runs between key presses, so the keys come one by one, as typed: each once the
+    # prompt's line shows what the keys before it did.
     session = Session(chat_model(), SamplingSettings())
+    prompts = []
+    make_prompt = llama_chat.repl.app.prompt_session
+    monkeypatch.setattr(llama_chat.repl.app, "prompt_session",
+                        lambda *args, **kwargs: prompts.append(make_prompt(*args, **kwargs)) or prompts[-1])
+
+    def line():
+        return prompts[0].default_buffer
+
     exit_codes = []
     with create_pipe_input() as pipe:
         repl = threading.Thread(target=lambda: exit_codes.append(run_repl(
             session, refuse_to_load, renderer=Renderer(Console(file=io.StringIO())), input=pipe,
             output=DummyOutput(), history=InMemoryHistory())))
         repl.start()
-        for keys in ["/temper", "\t", ENTER, " 0.5" + ENTER, "/quit" + ENTER]:
-            time.sleep(0.5)
-            pipe.send_text(keys)
-        repl.join(timeout=10)
+        try:
+            assert wait_until(lambda: prompts and prompts[0].app.is_running)
+            for keys, shown in [
+                ("/temper", lambda: line().text == "/temper"),
+                ("\t", lambda: line().text == "/temperature" and line().complete_state is not None),
+                (ENTER, lambda: line().complete_state is None),  # the completion taken...
+            ]:
+                pipe.send_text(keys)
+                assert wait_until(shown), (keys, line().text)
+            assert line().text == "/temperature" and session.settings.temperature != 0.5  # ...and nothing sent
+            pipe.send_text(" 0.5" + ENTER)
+            assert wait_until(lambda: session.settings.temperature == 0.5)
+        finally:
+            pipe.send_text("/quit" + ENTER)
+            repl.join(timeout=30)
     assert exit_codes == [0] and session.settings.temperature == 0.5
 
 

@@ -1,6 +1,7 @@
 """A model's chat template runs in a process of its own, under limits of time, output and memory."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from llama_chat.text.template_runner import TemplateRunner, UnusableTemplateErro
 
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_repl import chat
-from .test_session import GREEDY, chat_model, say
+from .test_session import GREEDY, assert_consistent, chat_model, say
 
 LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 FLOOD = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"
@@ -141,7 +142,8 @@ def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGHUP"])
 def test_a_render_ends_with_the_process_that_asked_for_it(signal_name):
     """The chat killed (or its terminal closed) while a looping template renders: the
-    renderer, in a session of its own, goes within 2 s instead of looping on for hours."""
+    renderer, in a session of its own, goes (its watch looks every 0.25 s) instead of looping
+    on for hours."""
     asker = subprocess.Popen(
         [sys.executable, "-c",
          "from llama_chat.text.template_runner import TemplateRunner\n"
@@ -157,7 +159,9 @@ def test_a_render_ends_with_the_process_that_asked_for_it(signal_name):
     assert len(workers) == 1  # the renderer, at work (its limit is 5 s, far off)
     asker.send_signal(getattr(signal, signal_name))
     asker.wait()
-    time.sleep(2.0)
+    deadline = time.monotonic() + 2.0  # the target: nothing of llama-chat's outlives a chat by more
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [pid for pid in workers if _running(pid)] == []
 
 
@@ -204,3 +208,91 @@ def test_a_render_past_its_cpu_time_is_ended_by_the_system():
     worker.stdin.write(json.dumps({"source": SPIN, "variables": {}, "max_chars": 100}).encode() + b"\n")
     worker.stdin.flush()
     assert worker.wait(timeout=60) == -signal.SIGXCPU
+
+
+# The renderer's own failures: it does not start, it dies, or the template does not compile.
+# Each is one line, and the chat goes on.
+NESTED_TOO_DEEP = "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}"  # Jinja's parser recurses past Python's limit
+PICK = "use --chat-format to pick another (llama2, llama3, chatml, gemma, plain, template)"
+
+
+def renderer_start_failing_once(monkeypatch, fail) -> None:
+    """The first start of a renderer goes through `fail(command, **options)`; later ones start
+    as usual."""
+    real_popen = subprocess.Popen
+    starts = []
+
+    def popen(command, **options):
+        if "llama_chat.text.template_worker" in command and not starts:
+            starts.append(command)
+            return fail(real_popen, command, **options)
+        return real_popen(command, **options)
+
+    monkeypatch.setattr(template_runner.subprocess, "Popen", popen)
+
+
+def cannot_fork(real_popen, command, **options):
+    raise OSError(11, "Resource temporarily unavailable")
+
+
+def without_jinja(directory):
+    """A renderer that finds a jinja2 that will not import, as where it is not installed."""
+    (directory / "jinja2").mkdir()
+    (directory / "jinja2" / "__init__.py").write_text("raise ImportError('no jinja2 here')\n")
+
+    def start(real_popen, command, *, env, **options):
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(directory), env["PYTHONPATH"]])}
+        return real_popen(command, env=env, **options)
+
+    return start
+
+
+@pytest.mark.parametrize("failure, message", [
+    ("cannot fork", "could not start the chat template's renderer: [Errno 11] Resource temporarily unavailable"),
+    ("no jinja2", "the chat template's renderer did not start (is jinja2 installed?)"),
+])
+def test_a_renderer_that_does_not_start_refuses_one_turn_and_the_next_starts_it(monkeypatch, tmp_path, failure,
+                                                                                message):
+    model = chat_model(template=CHATML, format_name="template")
+    session = Session(model, GREEDY)
+    model.chat_format.runner.close()  # the next render starts a renderer: the first message's
+    renderer_start_failing_once(monkeypatch, cannot_fork if failure == "cannot fork" else without_jinja(tmp_path))
+    code, output = chat(session, "one", "two", "/quit")
+    assert code == 0 and "Traceback" not in output
+    assert [line for line in output.splitlines() if "renderer" in line] == [message]
+    assert [e.user for e in session.exchanges] == ["two"]  # the turn refused left nothing behind
+    assert session.exchanges[0].reply_ids and session.ids is not None
+
+
+def test_a_renderer_that_dies_is_one_line_and_the_chat_goes_on_with_another_model():
+    """The renderer killed (by the system, out of memory, say): its template is refused from
+    then on, without a new process each turn; /load of another model carries on the chat."""
+    model = chat_model(template=CHATML, format_name="template")
+    session = Session(model, GREEDY)
+    say(session, "one")
+    worker = model.chat_format.runner._worker.process
+    worker.kill()
+    worker.wait()
+    other = chat_model(name="other")
+    code, output = chat(session, "two", "three", "/load other.gguf", "four", "/quit", load_model=lambda path: other)
+    assert code == 0 and "Traceback" not in output
+    crashed = f"the chat template of the model crashed its renderer, so llama-chat stopped it; {PICK}"
+    assert [line for line in output.splitlines() if "renderer" in line] == [crashed, crashed]
+    assert model.chat_format.runner._worker is None  # refused at once the second time: no new renderer
+    assert session.model is other and [e.user for e in session.exchanges] == ["one", "four"]
+    assert_consistent(session)
+
+
+def test_a_template_that_does_not_compile_is_refused_at_load_and_the_chat_goes_on(tmp_path):
+    """Not a syntax error Jinja reports but a failure while compiling: too deeply nested for
+    its parser."""
+    path = write_gguf(tmp_path / "deep.gguf", tiny_hf_model(), chat_template=NESTED_TOO_DEEP)
+    model = chat_model()
+    session = Session(model, GREEDY)
+    code, output = chat(session, "one", f"/load {path}", "two", "/quit",
+                        load_model=lambda path: llama_chat.load(path, device="cpu"))
+    assert code == 0 and "Traceback" not in output
+    refused = [line for line in output.splitlines() if "could not load" in line]
+    assert refused == [f"could not load {path}: the chat template of deep.gguf is invalid: RecursionError: "
+                       f"maximum recursion depth exceeded in comparison; {PICK}; still chatting with tiny"]
+    assert session.model is model and [e.user for e in session.exchanges] == ["one", "two"]

@@ -2,16 +2,22 @@
 files read into a message."""
 
 import base64
+import builtins
+import errno
+import io
+import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as QType
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
+from rich.console import Console
 
-from llama_chat.chat.attachments import Attachment
+from llama_chat.chat.attachments import MAX_FILE_BYTES, Attachment
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
 from llama_chat.repl.app import ChatCompleter
@@ -19,7 +25,7 @@ from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
 
 from .terminal import Terminal
 from .test_gguf import tiny_hf_model, write_gguf
-from .test_repl import chat
+from .test_repl import chat, script_replies
 from .test_session import GREEDY, chat_model
 
 REPLY = "Here:\n```python\nprint('a')\n```\nand\n~~~\nfirst = 1\nsecond = 2\n~~~\ndone"
@@ -64,14 +70,37 @@ def test_copy_writes_the_last_reply_as_osc_52(tmp_path, term, note):
         chat.answer(b"hello\r", b"tok/s", 60)
         assert chat.read_prompt(30, after=chat.output.rindex(b"tok/s"))
         written = chat.answer(b"/copy\r", b"to the clipboard", 30)
-        sequence = re.search(rb"\x1b\]52;c;([A-Za-z0-9+/=]*)\x07", written)
-        assert sequence is not None, written
-        copied = base64.b64decode(sequence[1]).decode()
-        assert copied and f"copied {len(copied)} characters to the clipboard".encode() in written
+        copied = clipboard_writes(written)
+        # The reply as the chat keeps it (for --resume, after every input).
+        kept = json.loads((tmp_path / "state" / "llama-chat" / "conversation.json").read_text())
+        assert copied == [kept["messages"][1]["content"]] and copied[0], written
+        assert f"copied {len(copied[0])} characters to the clipboard".encode() in written
         assert (b"not known to accept it (OSC 52)" in written) is note
         assert b"\x1b]52" not in chat.answer(b"/copy code\r", b"no code block", 30)
     finally:
         chat.kill()
+
+
+def clipboard_writes(output: bytes | str) -> list[str]:
+    """The texts OSC 52 sequences in the output put on the clipboard, decoded."""
+    data = output.encode() if isinstance(output, str) else output
+    return [base64.b64decode(payload, validate=True).decode() for payload in
+            re.findall(rb"\x1b\]52;c;([A-Za-z0-9+/=]*)\x07", data)]
+
+
+def test_copy_puts_the_reply_and_its_last_code_block_on_the_clipboard_whole(monkeypatch):
+    """What /copy and /copy code write decodes to the reply's answer (its thinking left out)
+    and to its last code block, character for character."""
+    model = chat_model()
+    thought = "<think>the user wants code</think>"
+    reply = "Voilà, in two languages:\n" + REPLY + " — ✓"
+    script_replies(monkeypatch, model, thought + reply)
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    code, output = chat(Session(model, GREEDY), "show me", "/copy", "/copy code", "/quit", console=console)
+    assert code == 0
+    assert clipboard_writes(output) == [reply, "first = 1\nsecond = 2\n"]
+    assert f"copied {len(reply)} characters to the clipboard" in output
+    assert "copied 21 characters to the clipboard" in output
 
 
 # --- files read into a message -------------------------------------------------------------
@@ -114,12 +143,55 @@ def test_read_puts_each_file_into_the_next_message_with_its_name(files):
     ("pipe", r"pipe is not a regular file \(a pipe or a device\); /read takes text files"),
     ("big.txt", r"big.txt is 250\d\d tokens; the context has room for \d+ more"),
     ("*.csv", r"\*.csv: no file matches"),
+    ("notes.txt/inner", r"notes.txt/inner: cannot be read \(Not a directory\)"),
 ])
 def test_read_refuses_in_one_line_and_nothing_is_added(files, name, message):
     session = Session(chat_model(), GREEDY, context_size=512)
     code, shown = chat(session, f"/read {files}/{name}", "hello", "/quit")
     assert code == 0 and re.search(message, shown), shown
     assert session.exchanges[0].user == "hello" and "Traceback" not in shown
+
+
+def test_read_refuses_a_file_past_its_byte_cap_without_reading_it(files, monkeypatch):
+    """One byte over MAX_FILE_BYTES is refused by its size alone; a file of exactly that size
+    is read (and then refused as the binary file it is: sparse files hold NUL bytes)."""
+    at_cap, over_cap = files / "at_cap.txt", files / "over_cap.txt"
+    for path, size in ((at_cap, MAX_FILE_BYTES), (over_cap, MAX_FILE_BYTES + 1)):
+        with open(path, "wb") as file:
+            file.truncate(size)  # sparse: no disk space, nothing written
+    read = []
+    real_read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read.append(path.name) or real_read_bytes(path))
+    session = Session(chat_model(), GREEDY, context_size=512)
+    code, shown = chat(session, f"/read {over_cap}", f"/read {at_cap}", "hello", "/quit")
+    assert code == 0 and "Traceback" not in shown
+    assert f"{over_cap} is {(MAX_FILE_BYTES + 1) / 1e6:.1f} MB, more than any context holds" in shown
+    assert f"{at_cap} holds NUL bytes: it is a binary file, not text" in shown
+    assert read == ["at_cap.txt"]  # the file over the cap was never read
+    assert session.exchanges[0].user == "hello"
+
+
+def test_read_of_a_file_it_may_not_open_is_one_line_and_the_chat_goes_on(files, monkeypatch):
+    """A file without read permission. As root, permissions deny nothing, so the open is told
+    to refuse as the system refuses anyone else."""
+    secret = files / "secret.txt"
+    secret.write_text("hidden\n")
+    secret.chmod(0)
+
+    def refusing(real_open):
+        def opened(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and os.fspath(file) == str(secret):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+            return real_open(file, *args, **kwargs)
+        return opened
+
+    monkeypatch.setattr(io, "open", refusing(io.open))
+    monkeypatch.setattr(builtins, "open", refusing(builtins.open))
+    session = Session(chat_model(), GREEDY, context_size=512)
+    code, shown = chat(session, f"/read {secret}", f"/read {files}/notes.txt", "hello", "/quit")
+    assert code == 0 and "Traceback" not in shown
+    assert f"{secret}: cannot be read (Permission denied)" in shown
+    assert session.exchanges[0].user == f"{files}/notes.txt:\n```\nthe sky is blue\n```\n\nhello"
 
 
 def test_read_takes_globs_and_quoted_paths_and_clear_lets_go(files):

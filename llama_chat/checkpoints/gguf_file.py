@@ -175,6 +175,8 @@ def _parse(buffer) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     metadata = {}
     for _ in range(entry_count):
         key = cursor.string()
+        if key in metadata:  # which value would hold is anyone's guess (llama.cpp refuses it too)
+            raise ValueError(f"metadata key {shown(key)} is listed twice")
         metadata[key] = cursor.value(cursor.take("<I"))
     layout = []
     for _ in range(tensor_count):

@@ -38,7 +38,8 @@ from llama_chat.process_memory import populate
 # packs anew.
 PACKING_SOURCES = ("kernels/block_linear.py", "kernels/block_backend.py", "kernels/csrc/arrange.cpp",
                    "kernels/csrc/blocks.h", "kernels/csrc/kernels.h", "kernels/packed.py", "kernels/quantize.py",
-                   "kernels/packed_build.py", "checkpoints/stored.py", "checkpoints/gguf_blocks.py")
+                   "kernels/packed_build.py", "checkpoints/stored.py", "checkpoints/gguf_blocks.py",
+                   "kernels/packed_cache.py")
 SAMPLES = 16
 SAMPLE_BYTES = 1 << 16
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
@@ -110,7 +111,7 @@ def writing(path: Path, layout: dict[str, torch.Tensor], source: str) -> Iterato
         entries[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
                          "data_offsets": [offset, offset + size]}
         offset += size
-    digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()})
+    digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()}, aliases)
     metadata = {"aliases": json.dumps(aliases), "layout": digest, "source": source}
     header = json.dumps({"__metadata__": metadata, **entries}).encode()
     header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
@@ -130,10 +131,11 @@ def writing(path: Path, layout: dict[str, torch.Tensor], source: str) -> Iterato
         yield views | {name: views[target] for name, target in aliases.items()}
 
 
-def _digest(layout: dict[str, tuple[str, list[int]]]) -> str:
-    """A hash of each tensor's name, dtype and shape: a header edited by hand, its JSON still
-    well-formed, would otherwise hand the model tensors of another dtype or shape."""
-    return hashlib.sha256(json.dumps(sorted(layout.items())).encode()).hexdigest()
+def _digest(layout: dict[str, tuple[str, list[int]]], aliases: dict[str, str]) -> str:
+    """A hash of each tensor's name, dtype and shape, and of the names that share them: a
+    header edited by hand, its JSON still well-formed, would otherwise hand the model
+    tensors of another dtype or shape, or leave a tied table out."""
+    return hashlib.sha256(json.dumps([sorted(layout.items()), sorted(aliases.items())]).encode()).hexdigest()
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
@@ -176,10 +178,11 @@ def _checked_header(path: Path) -> tuple[SafetensorsHeader, dict[str, str], int]
         aliases = parse_json(header.metadata.get("aliases", "{}"))
     except ValueError as error:
         raise CorruptFileError(str(error)) from None
-    if header.metadata.get("layout") != _digest({n: (e.dtype, list(e.shape)) for n, e in header.tensors.items()}):
-        raise CorruptFileError("its header is not the one it was written with")
     if not isinstance(aliases, dict) or not all(isinstance(t, str) and t in header.tensors for t in aliases.values()):
         raise CorruptFileError("its aliases name tensors it does not hold")
+    layout = {name: (entry.dtype, list(entry.shape)) for name, entry in header.tensors.items()}
+    if header.metadata.get("layout") != _digest(layout, aliases):
+        raise CorruptFileError("its header is not the one it was written with")
     if header.data_start + max((entry.end for entry in header.tensors.values()), default=0) != size:
         raise CorruptFileError("it holds more bytes than its tensors")
     return header, aliases, size

@@ -163,4 +163,7 @@ class _Worker:
             self.process.kill()
         self.process.wait()
         if self.process.stdin is not None:
-            self.process.stdin.close()
+            try:
+                self.process.stdin.close()
+            except OSError:  # a request still buffered for a process that has ended
+                pass
