@@ -31,7 +31,10 @@ def fresh_kernels(tmp_path: Path) -> dict[str, str]:
 
 
 def built_library(tmp_path: Path) -> list[Path]:
-    return list((tmp_path / "kernels").glob("*/llama_chat_kernels.so"))
+    """The libraries a build has put in place. The compiler links its output in a work folder
+    beside them first; only a library in place has its record (written just before it)."""
+    libraries = (tmp_path / "kernels").glob("*/llama_chat_kernels.so")
+    return [library for library in libraries if library.with_name(library.name + ".sha256").exists()]
 
 
 def group_members(group: int) -> list[int]:
