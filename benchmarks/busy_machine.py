@@ -67,6 +67,9 @@ def main() -> int:
                 value, base = results[name][program][key], idle[program][key]
                 cells.append(f"{value:.1f} ({value / base:.0%})".rjust(24))
         print(name.ljust(30) + "".join(cells))
+    for name, _ in CONDITIONS:  # the machine's own limit, as llama-chat bench measured it in each condition
+        ours = results[name]["llama-chat"]
+        print(f"memory read while {name}: {ours['read_bandwidth_gb_per_second']:.1f} GB/s")
     return 0
 
 
