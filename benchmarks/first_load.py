@@ -4,7 +4,8 @@ llama.cpp (llama-cpp-python: load, `eval` of "hi", one sample), the file in the 
 
 The first load packs the file into llama-chat's packed cache (emptied before it) and
 measures its kernels on the model's shapes; later ones map the cache. llama.cpp keeps no
-cache: every load repacks where its CPU back-end does (Q4_0 into interleaved rows here).
+cache: every load repacks where its CPU back-end does (Q4_0 into interleaved rows here);
+it is also timed with that repacking off, its weights used as mapped from the file.
 
     python benchmarks/first_load.py --model FILE.gguf --peer-python PYTHON --repeats 3
 """
@@ -21,9 +22,21 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from compare_speed import cpu_name
+
+# argv: the file, the threads, and 1 to let llama.cpp repack weights for its CPU kernels (its
+# default: extra buffer types) or 0 to keep them as mapped from the file.
 LLAMA_CPP = """
 import sys
+import llama_cpp.llama_cpp as bindings
 from llama_cpp import Llama
+defaults = bindings.llama_model_default_params
+def model_params():
+    params = defaults()
+    params.use_extra_bufts = sys.argv[3] == "1"
+    return params
+bindings.llama_model_default_params = model_params
 llm = Llama(model_path=sys.argv[1], n_ctx=512, n_threads=int(sys.argv[2]), verbose=False)
 llm.eval(llm.tokenize(b"hi"))
 llm.sample()
@@ -31,15 +44,20 @@ llm.sample()
 
 
 def timed(command: list[str], environment: dict[str, str]) -> float:
+    os.sync()  # the last process's written files (a packed cache) are not this one's to flush
     started = time.perf_counter()
     subprocess.run(command, env=environment, check=True, capture_output=True)
     return time.perf_counter() - started
 
 
-def read_into_page_cache(path: Path) -> None:
+def read_whole(path: Path) -> float:
+    """Seconds to read the file once (from the page cache once it is there)."""
+    buffer = bytearray(1 << 24)
+    started = time.perf_counter()
     with open(path, "rb") as file:
-        while file.read(1 << 24):
+        while file.readinto(buffer):
             pass
+    return time.perf_counter() - started
 
 
 def main() -> int:
@@ -57,18 +75,26 @@ def main() -> int:
             "--compile", "off"]
     rows: dict[str, list[float]] = {}
     try:
-        read_into_page_cache(options.model)
+        read_whole(options.model)  # into the page cache
+        reading = min(read_whole(options.model) for _ in range(2))
         for _ in range(options.repeats):
+            # llama.cpp first, while none of llama-chat's packed cache is in memory: beside those
+            # pages its repacking load measured 2-4x slower here.
+            shutil.rmtree(cache / "packed", ignore_errors=True)
+            if options.peer_python:
+                for name, repack in (("llama.cpp (every load)", "1"), ("llama.cpp, weights not repacked", "0")):
+                    peer = [options.peer_python, "-c", LLAMA_CPP, str(options.model), str(options.threads), repack]
+                    rows.setdefault(name, []).append(timed(peer, dict(os.environ)))
             for name, extra in (("llama-chat --raw", ["--raw"]), ("llama-chat, chat template", [])):
                 shutil.rmtree(cache / "packed", ignore_errors=True)
                 (cache / "cpu-paths.json").unlink(missing_ok=True)
                 rows.setdefault(f"{name}: first load", []).append(timed(chat + extra, environment))
                 rows.setdefault(f"{name}: later load", []).append(timed(chat + extra, environment))
-            if options.peer_python:
-                peer = [options.peer_python, "-c", LLAMA_CPP, str(options.model), str(options.threads)]
-                rows.setdefault("llama.cpp (every load)", []).append(timed(peer, dict(os.environ)))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    print(f"CPU: {cpu_name()} (torch capability {torch.backends.cpu.get_cpu_capability()})")
+    size = options.model.stat().st_size
+    print(f"reading the file once from the page cache: {reading:.2f} s ({size / reading / 1e9:.1f} GB/s)")
     print(f"{options.model.name}, {options.threads} threads, whole processes, median of {options.repeats} (s):")
     peer = statistics.median(rows["llama.cpp (every load)"]) if options.peer_python else None
     for name, seconds in rows.items():
