@@ -119,3 +119,18 @@ def test_a_compiled_step_is_the_same_whatever_threads_the_chat_runs_with():
     finally:
         torch.set_num_threads(saved)
     assert len(keys) == 1
+
+
+def test_a_model_loaded_while_a_governor_runs_on_fewer_threads_gets_the_process_threads():
+    """A governor leaves PyTorch's count lowered between calls (a core lent to a build); the
+    model the chat moves onto next (or /load) is governed over all the process's threads."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lending = ThreadGovernor(Machine(), background=lambda: 1)
+        lending(None, [1])
+        assert torch.get_num_threads() == 1
+        assert ThreadGovernor(Machine()).most == 2
+        assert chat_model().runner.inner.most == 2
+    finally:
+        torch.set_num_threads(saved)

@@ -30,6 +30,7 @@ import torch
 from llama_chat.engine import compiled
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.model import Transformer
+from llama_chat.engine.threads import process_threads, run_with
 from llama_chat.process_memory import return_freed_memory
 
 PREFILL_CHUNK = 256  # tokens per model call at most: bounds a prompt's temporaries (256 read prompts as fast
@@ -283,7 +284,7 @@ class ThreadGovernor(Wrapper):
     def __init__(self, inner: Runner, most: int | None = None, background: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(inner)
-        self.most = most or torch.get_num_threads()
+        self.most = most or process_threads()
         self.background = background
         self.clock = clock
         self._times: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (threads, tokens): (when, seconds)
@@ -318,8 +319,7 @@ class ThreadGovernor(Wrapper):
         return logits
 
     def _run_with(self, threads: int) -> float:
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
+        run_with(threads)
         self.threads = threads
         return self.clock()
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.engine.model import Transformer
+from llama_chat.engine.threads import process_threads
 from llama_chat.kernels.backend import PackedBackend, Progress
 from llama_chat.kernels.block_linear import BlockEmbedding, BlockLinear, StackedBlockLinear
 from llama_chat.kernels.packed import PackedEmbedding, PackedHead, Scratch
@@ -33,7 +34,7 @@ def build_packed_transformer(
     embedding, head = tensors["tok_embeddings.weight"], tensors["output.weight"]
     # Matrices pack on as many threads as PyTorch uses (reading, decoding and packing
     # release the GIL); each holds one block of rows at a time, so memory stays bounded.
-    pool = ThreadPoolExecutor(max_workers=torch.get_num_threads() if read else 1)
+    pool = ThreadPoolExecutor(max_workers=process_threads() if read else 1)
     try:
         packing = {"tok_embeddings.weight": pool.submit(backend.pack_table, embedding, scratch, read=read)}
         if head is not embedding:
@@ -71,7 +72,7 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
     tensors = dict(checkpoint.tensors)
     if tensors["output.weight"] is tensors["tok_embeddings.weight"]:
         del tensors["output.weight"]  # the embedding's table, filled with it
-    pool = ThreadPoolExecutor(max_workers=torch.get_num_threads())
+    pool = ThreadPoolExecutor(max_workers=process_threads())
     try:
         filling = {}
         for name, weight in tensors.items():
@@ -90,7 +91,6 @@ def fill_packed_transformer(transformer: Transformer, checkpoint: Checkpoint, pr
                     vector.copy_(weight.float())
     finally:
         pool.shutdown(cancel_futures=True)
-
 
 
 def place_packed(transformer: Transformer, backend: PackedBackend, module_name: str, packed: nn.Module) -> None:
