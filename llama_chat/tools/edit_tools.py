@@ -47,11 +47,8 @@ class WriteFile(FileTool):
             return str(refused)
         return unified_diff(old, arguments["content"], self.folders.shown(path))
 
-    def run(self, arguments: Mapping[str, Any]) -> ToolResult:
-        try:
-            path, old = self._checked(arguments)
-        except Refused as refused:
-            return ToolResult(str(refused), is_error=True)
+    def _run(self, checked: Any, arguments: Mapping[str, Any]) -> ToolResult:
+        path, old = checked
         content, shown = arguments["content"], self.folders.shown(path)
         if content == old:
             return ToolResult(f"{shown} already holds this text: nothing was written")
@@ -102,11 +99,8 @@ class EditFile(FileTool):
             return str(refused)
         return unified_diff(old, new, self.folders.shown(path))
 
-    def run(self, arguments: Mapping[str, Any]) -> ToolResult:
-        try:
-            path, _, new, line = self._checked(arguments)
-        except Refused as refused:
-            return ToolResult(str(refused), is_error=True)
+    def _run(self, checked: Any, arguments: Mapping[str, Any]) -> ToolResult:
+        path, _, new, line = checked
         shown = self.folders.shown(path)
         try:
             write_atomically(path, new)

@@ -11,7 +11,7 @@ from typing import Any
 from llama_chat.tools.checks import Refused, refusal_of
 from llama_chat.tools.folders import Folders
 from llama_chat.tools.text_files import FILE, FOLDER, MISSING, error_reason, file_kind
-from llama_chat.tools.tool import ToolSpec
+from llama_chat.tools.tool import ToolResult, ToolSpec
 
 FIND_IT = "list_directory or search_files finds the right name"
 
@@ -32,7 +32,18 @@ class FileTool:
     def preview(self, arguments: Mapping[str, Any]) -> str | None:
         return None
 
+    def run(self, arguments: Mapping[str, Any]) -> ToolResult:
+        """The tool's work on what its check gives; what the check refuses is an error result."""
+        try:
+            checked = self._checked(arguments)
+        except Refused as refused:
+            return ToolResult(str(refused), is_error=True)
+        return self._run(checked, arguments)
+
     def _checked(self, arguments: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _run(self, checked: Any, arguments: Mapping[str, Any]) -> ToolResult:
         raise NotImplementedError
 
 

@@ -45,11 +45,7 @@ class ReadFile(FileTool):
         },
     )
 
-    def run(self, arguments: Mapping[str, Any]) -> ToolResult:
-        try:
-            path = self._checked(arguments)
-        except Refused as refused:
-            return ToolResult(str(refused), is_error=True)
+    def _run(self, path: Path, arguments: Mapping[str, Any]) -> ToolResult:
         shown = self.folders.shown(path)
         try:
             with open_regular(path) as file:
@@ -152,11 +148,7 @@ class ListDirectory(FileTool):
         },
     )
 
-    def run(self, arguments: Mapping[str, Any]) -> ToolResult:
-        try:
-            path = self._checked(arguments)
-        except Refused as refused:
-            return ToolResult(str(refused), is_error=True)
+    def _run(self, path: Path, arguments: Mapping[str, Any]) -> ToolResult:
         shown = self.folders.shown(path)
         try:
             with os.scandir(path) as listing:

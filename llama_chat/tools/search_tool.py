@@ -56,11 +56,8 @@ class SearchFiles(FileTool):
         },
     )
 
-    def run(self, arguments: Mapping[str, Any]) -> ToolResult:
-        try:
-            folder, parts = self._checked(arguments)
-        except Refused as refused:
-            return ToolResult(str(refused), is_error=True)
+    def _run(self, checked: Any, arguments: Mapping[str, Any]) -> ToolResult:
+        folder, parts = checked
         pattern, text, where = arguments["pattern"], arguments.get("text"), self.folders.shown(folder)
         nothing = f"[no file in {where} matches {pattern}]"
         files = self._matching(folder, parts)
