@@ -297,8 +297,8 @@ class ThreadGovernor(Wrapper):
             threads = self._choose(len(ids))
             started = self._run_with(threads)
             logits = self.inner(cache, ids, every_logits=every_logits, **options)
-            self._times.setdefault((threads, len(ids)), deque(maxlen=KEPT)).append(
-                (self.clock(), self.clock() - started))
+            now = self.clock()
+            self._times.setdefault((threads, len(ids)), deque(maxlen=KEPT)).append((now, now - started))
             return logits
         return self._prompt(cache, ids, **options)
 
@@ -326,28 +326,31 @@ class ThreadGovernor(Wrapper):
     def _allowed(self) -> list[int]:
         return list(range(1, max(1, self.most - self.background()) + 1))
 
-    def _fresh(self, threads: int, tokens: int) -> float | None:
-        """The least recent time of calls of `tokens` on `threads`; None when none is fresh."""
+    def _known(self, allowed: list[int], tokens: int) -> dict[int, float]:
+        """Each allowed count's least recent time for calls of `tokens`, where one is fresh."""
         now = self.clock()
-        times = [seconds for when, seconds in self._times.get((threads, tokens), ()) if now - when < STALE_SECONDS]
-        return min(times) if times else None
+        known = {}
+        for threads in allowed:
+            times = [seconds for when, seconds in self._times.get((threads, tokens), ()) if now - when < STALE_SECONDS]
+            if times:
+                known[threads] = min(times)
+        return known
 
     def _best(self, allowed: list[int], tokens: int = 1) -> int:
         """The count with the least fresh time for calls of `tokens` (the most threads
         where none is known)."""
-        known = {threads: seconds for threads in allowed if (seconds := self._fresh(threads, tokens)) is not None}
+        known = self._known(allowed, tokens)
         return min(known, key=known.get) if known else allowed[-1]
 
     def _choose(self, tokens: int) -> int:
-        """The fastest count, or now and then one with no fresh time, to learn it."""
+        """The fastest count, or now and then the most threads with no fresh time, to learn it."""
         allowed = self._allowed()
         self._since_try += 1
-        unknown = [threads for threads in allowed if self._fresh(threads, tokens) is None]
-        if unknown and (len(unknown) == len(allowed) or self._since_try >= TRY_EVERY):
+        known = self._known(allowed, tokens)
+        if len(known) < len(allowed) and (not known or self._since_try >= TRY_EVERY):
             self._since_try = 0
-            return unknown[-1]
-        return self._best(allowed, tokens)
-
+            return max(set(allowed) - known.keys())
+        return min(known, key=known.get)
 
 def model_runner(
     transformer: Transformer, cache_dtype: torch.dtype, background: Callable[[], int] = lambda: 0

@@ -155,9 +155,9 @@ def _started_build(directory: Path) -> subprocess.Popen:
 
 def build_under_way() -> subprocess.Popen | None:
     """The build this process started, while it runs and has not written the library."""
-    directory = build_directory()
-    if directory is None or _started_build.cache_info().currsize == 0:
+    if _started_build.cache_info().currsize == 0:  # asked at every step: nothing to work out
         return None
+    directory = build_directory()
     child = _started_build(directory)
     return child if child.poll() is None and not library_file(directory).exists() else None
 
@@ -166,9 +166,9 @@ def finished_build() -> bool:
     """Whether a build this process started in the background has finished since it was
     last asked, with a library that loads: the kernels are there for models loaded from now
     on. The build's process is collected either way."""
-    directory = build_directory()
-    if directory is None or _started_build.cache_info().currsize == 0:
+    if _started_build.cache_info().currsize == 0:
         return False
+    directory = build_directory()
     _started_build(directory).poll()  # collected once it has ended
     if _operators_registered() or not library_file(directory).exists():  # written whole, or not at all
         return False
