@@ -35,10 +35,11 @@ def memory_report() -> list[float]:
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable[..., int] | None:
+    """A function of glibc, or None where the C library is another."""
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
         return None
 
 
@@ -50,33 +51,22 @@ def return_freed_memory() -> None:
     packing one matrix after another, or of a prompt chunk's layers, would stay resident,
     used by nothing.
     """
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     if trim is not None:
         trim(0)
 
 
-# madvise's advice that fills a mapping's page table at once (Linux 5.14 and later).
-_POPULATE_READ, _POPULATE_WRITE = 22, 23
+_POPULATE_READ = 22  # madvise's advice that fills a mapping's page table at once (Linux 5.14 and later)
 _PAGE = 4096
 
 
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    try:
-        advise = ctypes.CDLL("libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return advise
-
-
-def populate(address: int, length: int, write: bool = False) -> bool:
-    """Map in, at once, the pages of a mapped file's `length` bytes from `address` (for
-    writing, with `write`), as llama.cpp's MAP_POPULATE does: the first pass over a model
-    then meets no page faults, a million of them for 4 GB, each a trip into the kernel.
-    False where the system cannot (the pages then come in as they are first touched)."""
-    advise = _madvise()
+def populate(address: int, length: int) -> None:
+    """Map in, at once, the pages of a mapped file's `length` bytes from `address`, as
+    llama.cpp's MAP_POPULATE does: the first pass over a model then meets no page faults, a
+    million of them for 4 GB, each a trip into the kernel. Where the system cannot, the
+    pages come in as they are first touched."""
+    advise = _libc("madvise")
     if advise is None or length <= 0:
-        return False
+        return
     start = address - address % _PAGE
-    return advise(start, length + address - start, _POPULATE_WRITE if write else _POPULATE_READ) == 0
+    advise(ctypes.c_void_p(start), ctypes.c_size_t(length + address - start), _POPULATE_READ)

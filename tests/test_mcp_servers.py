@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import mcp_types as types
@@ -26,6 +25,7 @@ from llama_chat.tools.mcp_tools import MAX_TOOLS, cut, result_text, schema_probl
 from llama_chat.tools.tool import ToolResult
 
 from .npm_server import HAS_NPM, install_filesystem_server
+from .waiting import wait_until
 
 # An asyncio transport left open to the garbage collector can print an error on the terminal:
 # a failure here, as is the warning that it was left open.
@@ -238,22 +238,13 @@ def _server_processes() -> set[int]:
     return found
 
 
-def _wait_until(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def _closed_leaving_nothing(servers: McpServers) -> None:
     """Close the servers; not one of their processes may be left, nor anything of theirs
     that would complain when collected (see pytestmark)."""
     processes = _server_processes()
     assert processes, "no server process was running"
     servers.close()
-    assert _wait_until(lambda: not any(map(_alive, processes)), GONE_SECONDS), [pid for pid in processes if _alive(pid)]
+    assert wait_until(lambda: not any(map(_alive, processes)), GONE_SECONDS), [pid for pid in processes if _alive(pid)]
     gc.collect()
 
 
@@ -535,7 +526,7 @@ def test_a_call_that_hangs_is_cancelled_at_the_time_limit(sdk, raw, tmp_path):
                                     is_error=True)
         assert servers.take_notices() == [
             'MCP server "slow" did not answer a call to "wait" within 2 s; the request was cancelled']
-        assert _wait_until((tmp_path / "cancelled").exists, 10)  # the server heard: its tool was stopped
+        assert wait_until((tmp_path / "cancelled").exists, 10)  # the server heard: its tool was stopped
         assert _tool(servers, "say").run({"text": "after"}) == ToolResult("after")
         _still_works(servers)
         _closed_leaving_nothing(servers)
@@ -547,13 +538,13 @@ def test_ctrl_c_while_a_call_waits_cancels_the_request(sdk, tmp_path):
         started = tmp_path / "started"
 
         def interrupt_once_the_call_is_in():
-            if _wait_until(started.exists, READY_SECONDS):
+            if wait_until(started.exists, READY_SECONDS):
                 os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt_once_the_call_is_in, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             _tool(servers, "wait").run({"seconds": 60})
-        assert _wait_until((tmp_path / "cancelled").exists, 10)
+        assert wait_until((tmp_path / "cancelled").exists, 10)
         assert servers.take_notices() == []
         assert _tool(servers, "say").run({"text": "after"}) == ToolResult("after")
         _closed_leaving_nothing(servers)
@@ -684,7 +675,7 @@ def test_a_server_that_ignores_its_input_closing_is_stopped_anyway(raw):
 def test_closing_while_servers_start(raw, sdk):
     servers = McpServers([sdk("starting"), raw("silent", "silent")])
     servers.start()
-    assert _wait_until(lambda: len(_server_processes()) >= 4, READY_SECONDS)  # two guards, two servers
+    assert wait_until(lambda: len(_server_processes()) >= 4, READY_SECONDS)  # two guards, two servers
     _closed_leaving_nothing(servers)
     assert {state for state, _ in _states(servers).values()} == {ServerState.STOPPED}
     assert servers.tools() == []
@@ -710,7 +701,7 @@ def test_the_servers_end_with_a_killed_chat(scripts):
             assert len(processes) == 4  # two guards, two servers
             chat.kill()
             chat.wait()
-            assert _wait_until(lambda: not any(map(_alive, processes)), GONE_SECONDS), [
+            assert wait_until(lambda: not any(map(_alive, processes)), GONE_SECONDS), [
                 pid for pid in processes if _alive(pid)]
         finally:
             chat.kill()

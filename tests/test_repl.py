@@ -3,7 +3,6 @@
 import io
 import re
 import threading
-import time
 
 import pytest
 from prompt_toolkit.completion import CompleteEvent
@@ -27,6 +26,7 @@ from llama_chat.repl.render import Renderer
 
 from .conftest import tiny_args
 from .test_session import GREEDY, assert_consistent, chat_model, replay
+from .waiting import wait_until
 
 ENTER, ESCAPE, CTRL_C, CTRL_D = "\r", "\x1b", "\x03", "\x04"
 
@@ -157,16 +157,6 @@ def test_multi_line_input_and_ctrl_c_at_the_prompt():
     code, _ = chat(session, keys=keys)
     assert code == 0
     assert [e.user for e in session.exchanges] == ["line one\nline two", "hello"]
-
-
-def wait_until(condition, seconds: float = 30.0) -> bool:
-    """Whether `condition()` comes to hold within `seconds` (looked at every few milliseconds)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_tab_then_enter_takes_a_completion_without_sending(monkeypatch):

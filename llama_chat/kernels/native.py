@@ -153,12 +153,20 @@ def _started_build(directory: Path) -> subprocess.Popen:
     )
 
 
-def build_under_way() -> subprocess.Popen | None:
-    """The build this process started, while it runs and has not written the library."""
+def _build_started() -> tuple[Path, subprocess.Popen] | None:
+    """The folder and process of the build this process started, if it started one."""
     if _started_build.cache_info().currsize == 0:  # asked at every step: nothing to work out
         return None
     directory = build_directory()
-    child = _started_build(directory)
+    return directory, _started_build(directory)
+
+
+def build_under_way() -> subprocess.Popen | None:
+    """The build this process started, while it runs and has not written the library."""
+    started = _build_started()
+    if started is None:
+        return None
+    directory, child = started
     return child if child.poll() is None and not library_file(directory).exists() else None
 
 
@@ -166,10 +174,11 @@ def finished_build() -> bool:
     """Whether a build this process started in the background has finished since it was
     last asked, with a library that loads: the kernels are there for models loaded from now
     on. The build's process is collected either way."""
-    if _started_build.cache_info().currsize == 0:
+    started = _build_started()
+    if started is None:
         return False
-    directory = build_directory()
-    _started_build(directory).poll()  # collected once it has ended
+    directory, child = started
+    child.poll()  # collected once it has ended
     if _operators_registered() or not library_file(directory).exists():  # written whole, or not at all
         return False
     return status().loaded

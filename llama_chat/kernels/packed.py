@@ -14,7 +14,6 @@ checks it, so that prompt steps can unpack the levels with plain tensor operatio
 from __future__ import annotations
 
 import copy
-
 import functools
 import math
 from dataclasses import dataclass

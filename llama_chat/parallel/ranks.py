@@ -48,8 +48,9 @@ def start_ranks(
     """Ranks 1..world-1 of a group on this host, each `python -m llama_chat argv`; this
     process becomes rank 0. They run detached from the terminal (setsid), so that Ctrl-C
     reaches rank 0 alone (which stops a reply between steps), and end when this process
-    ends, however it ends (see parent_watch); the CPU's threads are shared out. Also returned: the group's rendezvous store, already listening on the port the
-    ranks are given (a port found free and let go could be taken before the group bound
+    ends, however it ends (see parent_watch); the CPU's threads are shared out. Also
+    returned: the group's rendezvous store, already listening on the port the ranks are
+    given (a port found free and let go could be taken before the group bound
     it); keep it until `join`, whose rendezvous in this process shares it (multi_tenant)."""
     rendezvous = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timeout,
                                wait_for_workers=False, multi_tenant=True)
