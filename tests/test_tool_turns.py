@@ -2,6 +2,8 @@
 runs on a yes and its result reaches the model, a no is told to it, the limit stops a loop,
 Ctrl-C keeps what there is, and conversations with calls save, reopen and branch."""
 
+import json
+
 import jsonschema
 import pytest
 
@@ -11,6 +13,7 @@ from llama_chat.chat.tool_offer import MAX_CALLS
 from llama_chat.chat.tool_runner import DECLINED, Answer, Consent, ToolRunner
 from llama_chat.chat.turn import STOPPED
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.errors import LlamaChatError
 from llama_chat.options import DraftLength
 from llama_chat.text.tool_calls import HERMES, ToolChoice, read_calls
 
@@ -136,6 +139,39 @@ def test_a_conversation_with_calls_saves_reopens_and_branches(tmp_path):
     assert reopened.exchanges[0] is retried
     reopened.switch_version(1)  # the reopened version, its calls with it
     assert reopened.exchanges[0] is not retried and reopened.exchanges[0].rounds == session.exchanges[0].rounds
+
+
+ROUND_REFUSALS = {
+    "a result's outcome": (lambda round_: round_["results"][0].update(outcome=5), "a tool result needs a text 'text'"),
+    "rounds not a list": (None, "'tool_rounds' must be a list"),
+    "a call without its results": (lambda round_: round_.update(results=[]), "a tool round must be an object"),
+    "arguments not text": (lambda round_: round_["calls"][0].update(arguments={"\ud800": "\udc00"}),
+                           "a tool round holds characters that are not text (lone surrogates); not opened"),
+}
+
+
+@pytest.mark.parametrize("damage", ROUND_REFUSALS)
+def test_a_conversation_file_with_a_malformed_round_is_refused_in_one_line(tmp_path, damage):
+    """Arguments a file holds go into the next render as text: ones that cannot be written as
+    UTF-8 are refused at /open, not met by the next message."""
+    session, _ = session_with_weather()
+    session.send(QUESTION).run(None, runner(Weather(), ScriptedView(Answer.YES)))
+    path, _ = session.save(tmp_path / "calls.json")
+    lines = path.read_text().split("\n")
+    at = next(number for number, line in enumerate(lines) if "tool_rounds" in line)
+    reply = json.loads(lines[at])
+    change, message = ROUND_REFUSALS[damage]
+    if change is None:
+        reply["tool_rounds"] = {"text": "not a list"}
+    else:
+        change(reply["tool_rounds"][0])
+    lines[at] = json.dumps(reply)
+    path.write_text("\n".join(lines))
+    reopened, _ = session_with_weather()
+    with pytest.raises(LlamaChatError) as refused:
+        reopened.open(path)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert reopened.exchanges == []  # nothing of the file taken
 
 
 def test_a_saved_conversation_opened_with_other_tools_offered_is_rendered_anew(tmp_path):

@@ -264,7 +264,8 @@ def _round_from(value: object, path: Path) -> ToolRound:
                 f"{path}: a tool result needs a text 'text' and an 'outcome' ({', '.join(sorted(outcomes))})"
             )
         read_results.append(CallResult(result["text"], Outcome(result["outcome"])))
-    texts = [value["text"], *(result.text for result in read_results)]
+    texts = [value["text"], *(result.text for result in read_results),
+             *(json.dumps([call.id, call.name, call.arguments], ensure_ascii=False) for call in read_calls)]
     if any(has_undecodable(text) for text in texts):
         raise LlamaChatError(f"{path}: a tool round holds characters that are not text (lone surrogates); not opened")
     return ToolRound(value["text"], read_calls, read_results)
