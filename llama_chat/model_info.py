@@ -12,7 +12,7 @@ import torch
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
-from llama_chat.checkpoints.gguf_file import read_gguf_header
+from llama_chat.checkpoints.gguf_split import read_gguf_model
 from llama_chat.kernels.quantize import held_as
 
 _LONGEST_VALUE = 200  # characters of a name or license shown
@@ -26,13 +26,15 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
     checkpoint = read_checkpoint(path)
     args, tokenizer = checkpoint.args, checkpoint.tokenizer
     metadata, types = {}, defaultdict(lambda: [0, 0])
-    kernels = None
+    kernels, split = None, ""
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
     if path.is_file() and is_gguf(path):
-        metadata, tensors = read_gguf_header(path)
+        metadata, tensors, files = read_gguf_model(path)
         for info in tensors.values():
             types[info.tensor_type.name][0] += 1
             types[info.tensor_type.name][1] += info.n_bytes
         kernels = kernels_row(tensors.values(), checkpoint.source_quantization)
+        split = f", split in {len(files)} parts" if len(files) > 1 else ""
     else:
         for tensor in checkpoint.tensors.values():
             kind, size = tensor_type(tensor)
@@ -40,12 +42,11 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
             types[kind][1] += size
     unique = {id(tensor): tensor for tensor in checkpoint.tensors.values()}  # a tied head counted once
     parameters = sum(math.prod(tensor.shape) for tensor in unique.values())
-    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else [path]
     stop_names = sorted(f"{tokenizer.token_name(token) or token} ({token})" for token in tokenizer.stop_ids)
     return [
         ("name", _from_file(metadata.get("general.name")) or path.name),
         ("architecture", args.architecture),
-        ("file", f"{path} ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB)"),
+        ("file", f"{path} ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB{split})"),
         ("parameters", f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"),
         ("layers", str(args.n_layers)),
         ("heads", f"{args.n_heads} query, {args.n_kv_heads} key/value, {args.head_dim} wide"

@@ -36,6 +36,9 @@ class Checkpoint:
     source_quantization: str | None = None
     # The sampling settings the model's authors recommend, in SamplingSettings' names.
     sampling: dict = field(default_factory=dict)
+    # What the files call the model (GGUF's general.basename and general.name, a Hugging
+    # Face config's _name_or_path): how a model card is matched to it (models/cards.py).
+    names: tuple[str, ...] = ()
 
     @property
     def stop_ids(self) -> frozenset[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from llama_chat.checkpoints.contents import Checkpoint
@@ -9,6 +10,8 @@ from llama_chat.checkpoints.gguf import GGUF_MAGIC, load_gguf
 from llama_chat.checkpoints.hf import load_hf_directory
 from llama_chat.checkpoints.meta import load_meta_directory
 from llama_chat.errors import LlamaChatError
+
+LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split model is named by its first part
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -28,7 +31,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         return load_hf_directory(path)
     if (path / "params.json").is_file():
         return load_meta_directory(path)
-    ggufs = sorted(path.glob("*.gguf"))
+    ggufs = sorted(file for file in path.glob("*.gguf") if not LATER_PART.search(file.name))
     if len(ggufs) == 1:
         return load_gguf(ggufs[0])
     found = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no checkpoint"

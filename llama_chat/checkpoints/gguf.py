@@ -1,6 +1,7 @@
-"""GGUF checkpoints (llama.cpp's single-file format): a file's metadata checked and read
-into hyper-parameters (gguf_config), a tokenizer, and weights (gguf_tensors). The header
-is read by gguf_file.
+"""GGUF checkpoints (llama.cpp's format): a file's metadata checked and read into
+hyper-parameters (gguf_config), a tokenizer, and weights (gguf_tensors). The header is read
+by gguf_file; a model split in parts (gguf-split's NAME-00001-of-00003.gguf, ...) is
+gathered from its parts by gguf_split.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 from llama_chat.checkpoints import sampling_defaults
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.gguf_config import args_from_gguf_metadata
-from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
-from llama_chat.checkpoints.gguf_file import TensorInfo, read_gguf_header
+from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC  # noqa: F401 (detect.py's, from here)
+from llama_chat.checkpoints.gguf_file import TensorInfo
+from llama_chat.checkpoints.gguf_split import read_gguf_model
 from llama_chat.checkpoints.gguf_tensors import (
     LONGROPE_FACTORS,
     ROPE_FREQS,
@@ -35,8 +37,8 @@ HALF_ROTARY = frozenset({"qwen2", "qwen3", "phi3", "gemma2", "gemma3"})
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
-    """Read a GGUF file's metadata and tokenizer (an architecture of ARCHITECTURES); its
-    weights are read when the loader asks for them."""
+    """Read a GGUF file's metadata and tokenizer (an architecture of ARCHITECTURES), or a
+    split model's, named by its first part; its weights are read when the loader asks for them."""
     source = str(path)
     metadata, stored = _read(Path(path))
     _check_metadata_types(metadata, source)
@@ -52,7 +54,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
     except Exception as error:  # noqa: BLE001 (tokenizers refuses a vocabulary with plain Exceptions)
         raise LlamaChatError(f"{source}: its tokenizer metadata makes no tokenizer ({first_line(error)})") from None
     tokens = metadata["tokenizer.ggml.tokens"]
-    factors = {name: read_vector(stored[name], source).double()
+    factors = {name: read_vector(stored[name]).double()
                for name in (ROPE_FREQS, *LONGROPE_FACTORS) if name in stored}
     args = args_from_gguf_metadata(
         metadata,
@@ -71,6 +73,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
         eos_token=tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else None,
         source_quantization=_layer_weight_type(stored),
         sampling=sampling_defaults.from_gguf(metadata),
+        names=tuple(value for key in ("general.basename", "general.name") if isinstance(value := metadata.get(key), str)),
     )
 
 
@@ -81,13 +84,11 @@ def _layer_weight_type(stored: Mapping[str, TensorInfo]) -> str:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    """The file's metadata as Python values, and where its tensors lie."""
+    """The model's metadata as Python values, and where its tensors lie (in its parts, if split)."""
     if not path.is_file():
         raise LlamaChatError(f"{path}: no such file")
-    with path.open("rb") as file:
-        if file.read(4) != GGUF_MAGIC:
-            raise LlamaChatError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
-    return read_gguf_header(path)
+    metadata, stored, _ = read_gguf_model(path)
+    return metadata, stored
 
 
 # The types of the metadata llama-chat reads, other than the hyper-parameters (checked

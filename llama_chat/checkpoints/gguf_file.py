@@ -55,6 +55,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # PyTorch order: outermost first
     offset: int  # from the start of the file
     n_bytes: int
+    file: Path  # the file it lies in (one part of a split model, gguf_split.py)
 
 
 class _Cursor:
@@ -142,7 +143,7 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]
             if os.fstat(file.fileno()).st_size < len(MAGIC):
                 raise ValueError("it is shorter than a header")
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return _parse(mapped)
+                return _parse(mapped, path)
     except OSError as error:
         raise LlamaChatError(f"{path}: cannot read it ({error.strerror or error})") from None
     # A truncated or damaged file fails wherever the reader runs out of bytes or meets nonsense.
@@ -160,7 +161,7 @@ def _reason(error: Exception) -> str:
     return first_line(error)
 
 
-def _parse(buffer) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+def _parse(buffer, path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     size = len(buffer)
     cursor = _Cursor(buffer)
     if bytes(buffer[:4]) != MAGIC:
@@ -205,7 +206,7 @@ def _parse(buffer) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
             raise ValueError(f"tensor {name} runs past the end of the file")
         if name in tensors:
             raise ValueError(f"tensor {name} is listed twice")
-        tensors[name] = TensorInfo(name, tensor_type, tuple(reversed(dimensions)), start, n_bytes)
+        tensors[name] = TensorInfo(name, tensor_type, tuple(reversed(dimensions)), start, n_bytes, path)
     return metadata, tensors
 
 

@@ -1,6 +1,7 @@
-"""A GGUF file's tensors under our names and layout (llama.cpp's single-file format).
+"""A GGUF model's tensors under our names and layout (llama.cpp's format).
 
-Matrices are handed out as GGUFMatrix, read from the file a block of rows at a time by
+Matrices are handed out as GGUFMatrix, read from the file they lie in (one part of a split
+model, or the model's one file) a block of rows at a time by
 plain reads (a memory map's touched pages would stay counted in the process's resident
 memory until the load ends): 4-bit blocks (Q4_0, Q4_1, Q4_K) as their levels, scales and
 zeros, every other type dequantised to float32. GGUF lists a tensor's dimensions innermost
@@ -93,14 +94,14 @@ def convert_gguf_tensors(
         shape = stored[name].shape
         if shape != shapes[name]:
             raise LlamaChatError(f"{source}: tensor {name} has shape {list(shape)}, expected {list(shapes[name])}")
-        return GGUFMatrix(stored[name], source) if len(shape) == 2 else read_vector(stored[name], source)
+        return GGUFMatrix(stored[name]) if len(shape) == 2 else read_vector(stored[name])
 
     return assemble_state_dict(args, names, take, interleaved_rotary=interleaved_rotary)
 
 
-def read_vector(tensor: TensorInfo, path: str) -> torch.Tensor:
+def read_vector(tensor: TensorInfo) -> torch.Tensor:
     """A 1-D tensor (a norm's gains, rotary factors) as float32."""
-    raw = np.frombuffer(read_range(path, tensor.offset, tensor.n_bytes), dtype=np.uint8)[None]
+    raw = np.frombuffer(read_range(tensor.file, tensor.offset, tensor.n_bytes), dtype=np.uint8)[None]
     return torch.from_numpy(_float_rows(raw, tensor.tensor_type).reshape(-1))
 
 
@@ -116,9 +117,8 @@ def _float_rows(raw: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarra
 class GGUFMatrix(StoredMatrix):
     """A matrix of a GGUF file, read and decoded a block of rows at a time."""
 
-    def __init__(self, tensor: TensorInfo, path: str) -> None:
+    def __init__(self, tensor: TensorInfo) -> None:
         self.tensor = tensor
-        self.path = path
         self.shape = tensor.shape
         self.row_bytes = tensor.n_bytes // self.shape[0]
         self.type_name = tensor.tensor_type.name
@@ -129,7 +129,7 @@ class GGUFMatrix(StoredMatrix):
 
     def _raw(self, start: int, stop: int) -> np.ndarray:
         count = stop - start
-        data = read_range(self.path, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
+        data = read_range(self.tensor.file, self.tensor.offset + start * self.row_bytes, count * self.row_bytes)
         return np.frombuffer(data, dtype=np.uint8).reshape(count, self.row_bytes)
 
     def blocks(self, start: int, stop: int) -> torch.Tensor:

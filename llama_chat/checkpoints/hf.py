@@ -225,6 +225,7 @@ def load_hf_directory(path: str | Path) -> Checkpoint:
         eos_token=token_content(tokenizer_config.get("eos_token")) or tokenizer.token_name(tokenizer.eos_id),
         source_quantization=_source_quantization(config, config_path),
         sampling=sampling_defaults.from_generation_config(generation_config),
+        names=tuple(name for name in (config.get("_name_or_path"), directory.name) if isinstance(name, str)),
     )
 
 

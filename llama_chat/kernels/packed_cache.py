@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from llama_chat import disk_cache
+from llama_chat.checkpoints.gguf_split import named_parts
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import open_regular_file
 from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_safetensors_header
@@ -60,8 +61,9 @@ def file_identity(path: Path) -> list:
 
 
 def source_identity(source: Path) -> list:
-    """The identity of a model file, or of every file in a model folder."""
-    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
+    """The identity of a model file (with every later part of a split GGUF model, so that
+    replacing any part packs anew), or of every file in a model folder."""
+    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else named_parts(source)
     return [file_identity(p) for p in files]
 
 
