@@ -17,6 +17,7 @@ from llama_chat.engine.runners import model_runner
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
 from llama_chat.kernels.weights_record import DENSE, WeightsRecord
+from llama_chat.models.source import ModelSource
 from llama_chat.text.builtin_formats import PlainFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
@@ -44,7 +45,8 @@ class Llama:
         chat_format: ChatFormat | None = None,
         weights: WeightsRecord = DENSE,
         cache_dtype: torch.dtype | None = None,
-        sampling_defaults: dict | None = None,
+        recommended: tuple[tuple[str, dict], ...] = (),
+        source: ModelSource | None = None,
     ) -> None:
         self.transformer = transformer.eval()
         self.tokenizer = tokenizer
@@ -57,8 +59,12 @@ class Llama:
         self.device = first.device
         self.dtype = first.dtype
         self.cache_dtype = cache_dtype or self.dtype  # the KV cache's (--kv-dtype)
-        # The sampling settings the model's files recommend (SamplingSettings' names).
-        self.sampling_defaults = dict(sampling_defaults or {})
+        # The sampling settings recommended for the model (SamplingSettings' names), each
+        # with where it comes from, the weakest first (loading.recommended_sampling).
+        self.recommended = recommended
+        # Where the model was found by its name, and what that place says of it.
+        self.source = source
+        self.stop_strings = source.stop_strings if source is not None else ()
         # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
         self.runner = model_runner(self.transformer, self.cache_dtype, background=_kernels_building)
 
@@ -104,7 +110,7 @@ class Llama:
         *,
         cache: KVCache | None = None,
         stop_ids: Iterable[int] | None = None,
-        stop_strings: Iterable[str] = (),
+        stop_strings: Iterable[str] | None = None,
         speculation: Speculation | None = None,
         processors: Sequence[LogitsProcessor] = (),
     ) -> Generation:
@@ -118,6 +124,7 @@ class Llama:
         if cache is None:
             cache = self.new_cache(min(self.args.max_seq_len, len(prompt_ids) + settings.max_tokens + 1))
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
+        stop_strings = self.stop_strings if stop_strings is None else stop_strings
         return Generation(
             self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation, processors
         )

@@ -25,6 +25,9 @@ from llama_chat.kernels.backend import Progress, Source
 from llama_chat.kernels.cpu_paths import choose_backend
 from llama_chat.kernels.quantize import refuse_unpackable
 from llama_chat.llama import Llama
+from llama_chat.models.cards import CARD, card_sampling
+from llama_chat.models.resolve import note_on_stderr, resolve
+from llama_chat.models.source import ModelSource
 from llama_chat.options import DTYPES, LoadOptions, named_dtype
 from llama_chat.parallel.sharding import Shard, add_all_reduces, local_args, shard_state
 from llama_chat.text.format_choice import get_chat_format
@@ -53,14 +56,17 @@ def reading_errors(source: Path) -> Iterator[None]:
 
 
 def load(
-    path: str | Path,
+    name: str | Path | ModelSource,
     options: LoadOptions | None = None,
     *,
     shard: Shard | None = None,
     progress: Callable[[str, int], Progress] = NoProgress,
     **settings: str | None,
 ) -> Llama:
-    """Load a model from local files onto `options.device` (auto: cuda, mps, else cpu).
+    """Load a model onto `options.device` (auto: cuda, mps, else cpu).
+
+    `name` is a path, a Hugging Face Hub id (fetched into the Hugging Face cache unless it
+    is there) or the name of a model another tool keeps on this machine: see models/names.py.
 
     `options` (LoadOptions: every default auto) are the command line's or a caller's;
     `settings` change some of their fields, for a caller's convenience (device="cpu").
@@ -76,14 +82,17 @@ def load(
     options = (options or LoadOptions()).replaced(**settings)
     device = resolve_device(options.device)
     refuse_unpackable(options.quantize, device)  # a bad setting is refused before any read
-    checkpoint = read_share(path, shard)
-    source = Path(path).expanduser()
+    model_source = resolve(name)
+    for note in model_source.notes:
+        note_on_stderr(note)
+    checkpoint = read_share(model_source.path, shard)
+    source = model_source.path
     chosen_format = get_chat_format(
         options.chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
-        origin=source.name, context_length=checkpoint.args.max_seq_len,
+        origin=model_source.name, context_length=checkpoint.args.max_seq_len,
     )
     total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
-    reporter = progress(f"loading {source.name}", total)
+    reporter = progress(f"loading {model_source.name}", total)
     kv_dtype, kernels = resolve_kv_dtype(options.kv_dtype), options.packed_kernels()
     try:
         with reading_errors(source):
@@ -95,10 +104,19 @@ def load(
     if shard is not None and shard.world > 1:
         add_all_reduces(transformer)
     return Llama(
-        transformer, checkpoint.tokenizer, name=source.name, chat_format=chosen_format,
+        transformer, checkpoint.tokenizer, name=model_source.name, chat_format=chosen_format,
         weights=backend.record(modes, note), cache_dtype=kv_dtype or backend.kv_cache_dtype(),
-        sampling_defaults=checkpoint.sampling,
+        recommended=recommended_sampling(checkpoint, model_source), source=model_source,
     )
+
+
+def recommended_sampling(checkpoint: Checkpoint, source: ModelSource) -> tuple[tuple[str, dict], ...]:
+    """The sampling recommended for the model, each with where it comes from, the weakest
+    first: its model card, its file's own keys, the store's settings (ollama's params)."""
+    names = (source.name, source.path.name, *checkpoint.names)
+    layers = [(CARD, card_sampling(names, checkpoint.chat_template is not None)), ("model file", checkpoint.sampling),
+              (source.sampling_source, source.sampling)]
+    return tuple((label, values) for label, values in layers if values)
 
 
 def read_share(path: str | Path, shard: Shard | None) -> Checkpoint:

@@ -293,22 +293,23 @@ def test_bytes_piped_in_under_a_strict_locale_are_read_with_replacement_characte
 
 
 def test_the_models_recommended_sampling_sits_between_flags_and_defaults(monkeypatch):
-    """Flags and slash commands, then the model file, then llama-chat's defaults; /settings
-    says where each value came from."""
+    """Flags and slash commands, then the model file, then its card, then llama-chat's
+    defaults; /settings says where each value came from."""
 
     def load(path, options, **keywords):
         model = chat_model(name="tiny")
-        model.sampling_defaults = {"temperature": 0.15, "top_k": 30}
+        model.recommended = (("model card", {"temperature": 0.2, "top_p": 0.9, "top_k": 20}),
+                             ("model file", {"temperature": 0.15, "top_k": 30}))
         return model
 
     monkeypatch.setattr(llama_chat.cli.loaders, "load", load)
     sessions, shown = typed_chats(monkeypatch, ["/min_p 0.1", "/settings", "/quit"])
     assert main(["--model", "tiny.gguf", "--top-k", "5"]) == 0
     settings = sessions[0].settings
-    assert (settings.temperature, settings.top_k, settings.min_p, settings.top_p) == (0.15, 5, 0.1, 0.95)
+    assert (settings.temperature, settings.top_k, settings.min_p, settings.top_p) == (0.15, 5, 0.1, 0.9)
     text = shown.getvalue()
     assert "temperature = 0.15 (model file)" in text and "top_k = 5 (command line)" in text
-    assert "min_p = 0.1 (set in the chat)" in text and "top_p = 0.95\n" in text
+    assert "min_p = 0.1 (set in the chat)" in text and "top_p = 0.9 (model card)\n" in text
 
 
 def test_settings_show_a_model_files_float32_as_its_author_wrote_it(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ FLOORS = [
     {"engine"},
     {"checkpoints"},
     {"kernels", "parallel"},
-    {"llama", "loading", "default_model", "model_info"},
+    {"llama", "loading", "default_model", "model_info", "models"},
     {"chat"},
     {"repl", "train"},
     {"cli", "__main__", "__init__"},

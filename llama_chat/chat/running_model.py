@@ -19,12 +19,18 @@ if TYPE_CHECKING:  # the grammar engine loads only when a format is chosen
     from llama_chat.engine.constraint import Format
 
 
+def file_of(model: Llama, model_path: str | Path | None) -> str | Path | None:
+    """The file or folder the model was read from: where its name led (a Hub id to the
+    cache, an ollama name to its blob), else the path given."""
+    return model.source.path if model.source is not None else model_path
+
+
 class RunningModel:
     """The model, its cache and speculation, for one conversation at a time."""
 
     def __init__(self, model: Llama, model_path: str | Path | None, context_size: int | None) -> None:
         self.model = model
-        self.model_path = absolute(model_path)
+        self.model_path = absolute(file_of(model, model_path))
         self.context_size = context_size  # as asked for; None: the model's, at most 4096
         self.speculation = Speculation()  # prompt lookup, auto; or a draft model
         self.format: Format | None = None  # what replies must look like (engine/constraint)
@@ -40,7 +46,7 @@ class RunningModel:
         be let go (another vocabulary)."""
         capacity = min(self.context_size, model.args.max_seq_len) if self.context_size else None
         cache = model.new_cache(capacity)  # before anything changes: it may not fit in memory
-        self.model, self.cache, self.model_path = model, cache, absolute(model_path)
+        self.model, self.cache, self.model_path = model, cache, absolute(file_of(model, model_path))
         self._source = None
         draft = self.speculation.draft
         if draft is not None:
@@ -56,7 +62,7 @@ class RunningModel:
         model's vocabulary is refused (UsageError) and nothing changes."""
         if draft is not None:
             check_same_vocabulary(self.model, draft)
-        self.speculation.draft = None if draft is None else DraftModel(draft, absolute(path) or "")
+        self.speculation.draft = None if draft is None else DraftModel(draft, absolute(file_of(draft, path)) or "")
 
     def described(self) -> dict:
         """What a saved conversation records of the model (see conversation_file)."""

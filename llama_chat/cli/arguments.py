@@ -44,7 +44,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that say which model runs and how it is loaded: one declaration, for the
     chat and `bench` alike (cli/options.py makes the load options of them)."""
     model = parser.add_argument_group("the model and how it is loaded")
-    model.add_argument("--model", "-m", help="a .gguf file, or a Hugging Face or Meta checkpoint directory "
+    model.add_argument("--model", "-m", help="a .gguf file or a checkpoint directory; a Hugging Face Hub id "
+                       "OWNER/REPO[:QUANT|/FILE][@REVISION]; ollama:NAME; or a name `llama-chat models` lists "
                        "(default: SmolLM2-135M-Instruct)")
     model.add_argument("--chat-format", help="llama3, llama2, chatml, gemma, plain, or template (the model's own)")
     model.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")

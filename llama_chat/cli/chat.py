@@ -194,6 +194,8 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             system = None if options.system is None else checked_text(options.system, "--system")
             model = load_model(model_path)
             warn_about_model(model, model_options)
+            if system is None and model.source is not None:
+                system = model.source.system  # a store's default (ollama's system layer)
             session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
                               model_path=model_path)
             configure_session(session, argv, lookup, answer_format)
@@ -241,8 +243,9 @@ def configure_session(
     session: Session, argv: Sequence[str], lookup: DraftLength, answer_format: Format | None
 ) -> None:
     """The sampling settings, prompt lookup and answer format the session starts with."""
-    # Flags first, then what the model file recommends, then llama-chat's defaults.
-    session.apply_settings(session.model.sampling_defaults, "model file")
+    # Flags first, then what is recommended for the model, then llama-chat's defaults.
+    for source, values in session.model.recommended:
+        session.apply_settings(values, source)
     session.apply_settings(given_settings(argv), "command line")
     session.set_lookup(lookup)
     session.set_format(answer_format)

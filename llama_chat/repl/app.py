@@ -41,6 +41,7 @@ from llama_chat.chat.tool_use import ToolUse
 from llama_chat.chat.turn import Turn
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
+from llama_chat.models.catalog import model_names
 from llama_chat.paths import history_path
 from llama_chat.repl import commands
 from llama_chat.repl.chat_state import ChatState
@@ -61,10 +62,13 @@ def open_history() -> History:
 
 
 class ChatCompleter(Completer):
-    """Completes command names after "/", argument words, and paths after /load /save /open /read."""
+    """Completes command names after "/", argument words, paths after /load /save /open /read, and
+    the names of the models on this machine after /load and /draft."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_names: Callable[[], list[str]] = model_names) -> None:
         self.paths = PathCompleter(expanduser=True)
+        self.model_names = model_names
+        self.known_models: list[str] | None = None  # looked up at the first completion of a model's name
 
     def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterable[Completion]:
         text = document.text_before_cursor
@@ -82,6 +86,12 @@ class ChatCompleter(Completer):
         argument = argument.lstrip()
         if command.several:
             argument = argument.rpartition(" ")[2]
+        if command.takes_model:
+            if self.known_models is None:
+                self.known_models = self.model_names()
+            for name in self.known_models:
+                if name.startswith(argument) and argument != name:
+                    yield Completion(name, start_position=-len(argument))
         if command.takes_path:
             yield from self.paths.get_completions(Document(argument), complete_event)
         for choice in command.choices:

@@ -59,6 +59,7 @@ class Command:
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()  # argument words offered by completion
     takes_path: bool = False  # the argument is a file path (completed as one)
+    takes_model: bool = False  # the argument names a model (the names `llama-chat models` lists are offered)
     several: bool = False  # it takes several arguments (the last one is completed)
 
 

@@ -21,7 +21,7 @@ from llama_chat.repl.conversation_commands import (
     run_undo,
 )
 from llama_chat.repl.file_commands import run_copy, run_open, run_read, run_save
-from llama_chat.repl.model_commands import run_device, run_info, run_load
+from llama_chat.repl.model_commands import run_device, run_info, run_load, run_models
 from llama_chat.repl.reply_commands import run_draft, run_format, run_lookup
 from llama_chat.repl.settings_commands import SETTINGS, run_seed, run_settings, setting_command, switch_command
 from llama_chat.repl.tool_commands import run_mcp, run_tools
@@ -87,16 +87,18 @@ COMMANDS: list[Command] = [
             run_edit),
     Command("branches", "[N]", "list the versions where /retry and /edit forked the conversation (* the one "
             "followed), or follow version N", run_branches),
-    Command("load", "PATH", "load other weights; the conversation goes on",
-            needs_argument(run_load, "a model path"), takes_path=True),
+    Command("load", "MODEL", "load other weights (a path, OWNER/REPO[:QUANT], or a name /models lists); the "
+            "conversation goes on", needs_argument(run_load, "a model path or name"), takes_path=True,
+            takes_model=True),
+    _plain("models", "every model on this machine llama-chat can run, with the name /load takes", run_models),
     Command("save", "FILE", "save the conversation, settings and model path as JSON",
             needs_argument(run_save, "a file name"), takes_path=True),
     Command("open", "FILE", "open a conversation saved with /save",
             needs_argument(run_open, "a file name"), takes_path=True),
     Command("lookup", "N|auto", "draft up to N tokens by prompt lookup (0: off; auto: where it measures faster)",
             needs_argument(run_lookup, "a number of tokens or auto"), choices=("auto", "0")),
-    Command("draft", "PATH|off", "draft with a smaller model of the same vocabulary (off: prompt lookup again)",
-            needs_argument(run_draft, "a model path or off"), takes_path=True),
+    Command("draft", "MODEL|off", "draft with a smaller model of the same vocabulary (off: prompt lookup again)",
+            needs_argument(run_draft, "a model path or name, or off"), takes_path=True, takes_model=True),
     Command("read", "PATH...|clear", "put text files (globs too) into the next message, each with its name",
             run_read, choices=("clear",), takes_path=True, several=True),
     Command("copy", "[code]", "put the last reply (code: its last code block) on the clipboard, through the terminal",

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from llama_chat.chat.display import visible
 from llama_chat.engine.runners import ThreadGovernor
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.model_info import model_info
+from llama_chat.models.catalog import Catalog, catalog
+from llama_chat.models.sizes import human_parameters, human_size
 from llama_chat.parallel.sharding import RankLost
 from llama_chat.process_memory import memory_now_mb
 from llama_chat.repl.chat_state import ChatState, CommandError, exchanges
@@ -31,6 +34,32 @@ def run_load(state: ChatState, text: str) -> None:
         state.renderer.note(draft_note)
 
 
+def run_models(state: ChatState, text: str) -> None:
+    found = catalog()
+    for line in table_lines(found):
+        state.renderer.line(line)
+    for problem in found.left_out:
+        state.renderer.note(f"left out {visible(problem)}")
+
+
+COLUMNS = ("name", "architecture", "parameters", "quantisation", "size", "chat template", "where")
+
+
+def table_lines(found: Catalog) -> list[str]:
+    """The catalog as aligned columns, names and paths printed literally (they come from strangers)."""
+    if not found.rows:
+        return ["no models found: the Hugging Face cache, ollama's store, LM Studio's folders and llama-chat's "
+                "weights folder hold none llama-chat can run (`llama-chat pull OWNER/REPO` fetches one)"]
+    cells = [COLUMNS] + [
+        (row.name, row.architecture, human_parameters(row.parameters), row.quantisation, human_size(row.size),
+         row.template, row.path)
+        for row in found.rows
+    ]
+    cells = [tuple(visible(cell) for cell in line) for line in cells]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS) - 1)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in cells]
+
+
 def run_device(state: ChatState, text: str) -> None:
     state.renderer.line(describe_device(state.session.model))
     memory = describe_memory()
@@ -42,8 +71,13 @@ def run_info(state: ChatState, text: str) -> None:
     path = state.session.model_path
     if path is None:
         raise CommandError(f"{state.session.model.name} was not loaded from a file: there is nothing to read")
+    source = state.session.model.source
     for label, value in model_info(path):
+        if label == "chat template" and source is not None and source.template_note:
+            value = source.template_note
         state.renderer.line(f"{label + ':':15}{value}")
+    if source is not None and source.origin != "path":
+        state.renderer.line(f"{'found as:':15}{source.name} ({source.origin})")
     state.renderer.line(f"{'tool calls:':15}{describe_tool_calls(state.session.model)}")
 
 

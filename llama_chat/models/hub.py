@@ -1,0 +1,283 @@
+"""Models from the Hugging Face Hub, through its own client (`huggingface_hub`), into the
+shared Hugging Face cache that transformers, llama.cpp and mlx-lm read too: one copy serves
+every tool.
+
+Only what the chat needs is fetched (hub_files.py chooses). Before the first byte the
+listing is checked and the free disk space too; each file arrives with the client's
+progress bar and resumes from where a kill or a dropped connection left it; each file
+fetched is checked against the size and sha256 the hub states. Offline (`HF_HUB_OFFLINE`)
+or with the hub out of reach, the cache alone is used, and one line says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llama_chat.errors import LlamaChatError
+from llama_chat.models import hub_download
+from llama_chat.models.hub_files import Choice, RepoFile, checked_listing, choose
+from llama_chat.models.names import HubName
+from llama_chat.models.sizes import human_size
+from llama_chat.models.source import ModelSource
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_BRANCH = "main"
+SPARE_BYTES = 256 << 20  # left free on the disk beyond the files themselves
+_TRUE = ("1", "on", "yes", "true")
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """Where the hub and its cache are, as the `HF_*` variables say (the client's own names)."""
+
+    endpoint: str
+    cache_dir: Path
+    token: str | None
+    offline: bool
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> HubSettings:
+        home = environ.get("HF_HOME") or str(Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                             / "huggingface")
+        cache = environ.get("HF_HUB_CACHE") or str(Path(home) / "hub")
+        offline = any(environ.get(name, "").lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+        return cls((environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
+                   Path(os.path.expandvars(cache)).expanduser(), environ.get("HF_TOKEN") or None, offline)
+
+    def repo_folder(self, repo_id: str) -> Path:
+        """The repository's folder in the cache, as the client lays it out."""
+        return self.cache_dir / ("models--" + repo_id.replace("/", "--"))
+
+
+def fetch(name: HubName, settings: HubSettings, notify: Callable[[str], None]) -> ModelSource:
+    """The files `name` asks for, downloaded unless the cache has them; the source to load.
+    `notify` gets the lines a person should see (what was chosen, offline use)."""
+    if settings.offline:
+        return _from_cache(name, settings, "HF_HUB_OFFLINE is set", notify)
+    try:
+        listing, commit = _listing(name, settings)
+    except _Unreachable as error:
+        return _from_cache(name, settings, f"the hub at {settings.endpoint} cannot be reached ({error})", notify)
+    choice = choose(checked_listing(listing, name.repo_id), name)
+    if choice.note:
+        notify(choice.note)
+    _check_free_space(choice, name, settings, commit)
+    for file in choice.files:
+        _download(name, file, settings, commit)
+    folder = settings.repo_folder(name.repo_id) / "snapshots" / commit
+    return _source(name, folder / choice.entry, choice)
+
+
+def _source(name: HubName, entry: Path, choice: Choice) -> ModelSource:
+    path = entry.parent if choice.entry == "config.json" else entry
+    return ModelSource(path=path, name=str(name), origin="hub")
+
+
+class _Unreachable(Exception):
+    """The hub did not answer (no network, a timeout, a server error): the cache may serve."""
+
+
+def _client():
+    """The hub's client, imported where a hub is used (it is heavy, and optional to the chat)."""
+    import huggingface_hub
+
+    return huggingface_hub
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    return httpx2.TransportError, OfflineModeIsEnabled, ConnectionError, TimeoutError
+
+
+def _listing(name: HubName, settings: HubSettings) -> tuple[list[RepoFile], str]:
+    """The repository's files with their sizes and sha256, and the commit they are at."""
+    hub = _client()
+    api = hub.HfApi(endpoint=settings.endpoint, token=settings.token, library_name="llama-chat")
+    try:
+        info = api.model_info(name.repo_id, revision=name.revision, files_metadata=True)
+    except Exception as error:  # noqa: BLE001 (the client's errors, each turned into one line)
+        raise _hub_error(error, name, settings) from None
+    commit = info.sha or ""
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise LlamaChatError(f"{name.repo_id}: the hub gave a malformed commit ({commit[:50]!r}); refused")
+    files = []
+    for sibling in info.siblings or []:
+        lfs = sibling.lfs
+        size = lfs.size if lfs is not None else sibling.size
+        files.append(RepoFile(str(sibling.rfilename), int(size if size is not None else -1),
+                              lfs.sha256 if lfs is not None else None))
+    return files, commit
+
+
+def _hub_error(error: Exception, name: HubName, settings: HubSettings) -> Exception:
+    """A client error as what to do, in one line; _Unreachable where the cache may serve instead."""
+    from huggingface_hub import errors
+
+    page = f"{settings.endpoint}/{name.repo_id}"
+    if isinstance(error, _network_errors()):
+        return _Unreachable(_first_line(error))
+    if isinstance(error, errors.GatedRepoError):
+        if settings.token is None:
+            return LlamaChatError(f"{name.repo_id} is gated: accept its licence at {page}, then set HF_TOKEN to an "
+                                  "access token of that account")
+        return LlamaChatError(f"{name.repo_id} is gated and the token in HF_TOKEN has no access: accept its licence "
+                              f"at {page} with that token's account")
+    if isinstance(error, errors.RevisionNotFoundError):
+        return LlamaChatError(f"{name.repo_id} has no revision {name.revision!r} on the hub")
+    if isinstance(error, errors.RepositoryNotFoundError):
+        private = "" if settings.token else "; if it is private, set HF_TOKEN to an access token that can read it"
+        return LlamaChatError(f"{name.repo_id}: no such file here and no such model repository on the hub{private}")
+    if isinstance(error, errors.HfHubHTTPError):
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status is not None and status >= 500 or status == 429:
+            return _Unreachable(f"it answered {status}")
+        return LlamaChatError(f"{name.repo_id}: the hub refused the request ({_first_line(error)})")
+    if isinstance(error, LlamaChatError):
+        return error
+    return LlamaChatError(f"{name.repo_id}: {type(error).__name__}: {_first_line(error)}")
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def _cached_path(name: HubName, file: RepoFile, settings: HubSettings, commit: str) -> Path | None:
+    """The file in the cache at `commit`, when it is there whole (its size as listed)."""
+    path = settings.repo_folder(name.repo_id) / "snapshots" / commit / file.path
+    try:
+        return path if path.stat().st_size == file.size else None
+    except OSError:
+        return None
+
+
+def _check_free_space(choice: Choice, name: HubName, settings: HubSettings, commit: str) -> None:
+    """Refuse before the first byte when the files cannot fit on the cache's disk."""
+    blobs = settings.repo_folder(name.repo_id) / "blobs"
+    needed = 0
+    for file in choice.files:
+        if _cached_path(name, file, settings, commit) is None:
+            partial = blobs / f"{file.sha256}.incomplete" if file.sha256 else None
+            have = partial.stat().st_size if partial is not None and partial.is_file() else 0
+            needed += max(file.size - have, 0)
+    if not needed:
+        return
+    folder = settings.cache_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < needed + SPARE_BYTES:
+        raise LlamaChatError(f"{name}: needs {human_size(needed)} more, but only {human_size(free)} is free in "
+                             f"{folder}; free some space or set HF_HUB_CACHE to a folder on a larger disk")
+
+
+def _download(name: HubName, file: RepoFile, settings: HubSettings, commit: str) -> Path:
+    """One file into the cache (nothing fetched when it is there whole), checked against the
+    listing, then read back through the client, as every other tool will find it."""
+    if _cached_path(name, file, settings, commit) is not None:
+        _trusted(name, file, settings, commit)
+    else:
+        branch = None if name.revision and re.fullmatch(r"[0-9a-f]{40}", name.revision) else (
+            name.revision or DEFAULT_BRANCH)
+        try:
+            hub_download.download(name.repo_id, file.path, commit, size=file.size, sha256=file.sha256,
+                                  folder=settings.repo_folder(name.repo_id), endpoint=settings.endpoint,
+                                  token=settings.token, branch=branch)
+        except KeyboardInterrupt:
+            print(f"\nllama-chat: the download of {file.path} stopped; the same command resumes it", file=sys.stderr)
+            raise
+        except hub_download.BrokenOff as error:
+            raise LlamaChatError(f"{name}: the download of {file.path} broke off ({error}); the same command "
+                                 "resumes it") from None
+        except LlamaChatError:
+            raise
+        except Exception as error:  # noqa: BLE001 (the client's errors, each turned into one line)
+            turned = _hub_error(error, name, settings)
+            if isinstance(turned, _Unreachable):
+                raise LlamaChatError(f"{name}: the download of {file.path} broke off ({turned}); the same command "
+                                     "resumes it") from None
+            raise turned from None
+    return Path(_client().hf_hub_download(name.repo_id, file.path, revision=commit, cache_dir=settings.cache_dir,
+                                          local_files_only=True))
+
+
+def _trusted(name: HubName, file: RepoFile, settings: HubSettings, commit: str) -> None:
+    """A file found in the cache, held to the listing: its blob named by the sha256 the hub
+    states (the cache names large files so), else hashed."""
+    path = settings.repo_folder(name.repo_id) / "snapshots" / commit / file.path
+    if file.sha256 is None or path.resolve().name == file.sha256:
+        return
+    if hub_download.sha256_of(path) != file.sha256:
+        _discard(path)
+        raise LlamaChatError(f"{name}: the cached {file.path} does not have the sha256 the hub states; it was "
+                             "removed, and the same command fetches it again")
+
+
+def _discard(path: Path) -> None:
+    """A snapshot's file and the blob it points to."""
+    blob = path.resolve()
+    path.unlink(missing_ok=True)
+    if blob != path:
+        blob.unlink(missing_ok=True)
+
+
+def _from_cache(name: HubName, settings: HubSettings, why: str, notify: Callable[[str], None]) -> ModelSource:
+    """What the cache holds of `name` (the revision named, else the default branch's), or one
+    line saying it holds nothing to run."""
+    folder = settings.repo_folder(name.repo_id)
+    revision = name.revision or DEFAULT_BRANCH
+    commit = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else branch_commit(folder, revision)
+    snapshot = folder / "snapshots" / commit if commit else None
+    if snapshot is None or not snapshot.is_dir():
+        raise LlamaChatError(f"{why}, and {name.repo_id} is not in the Hugging Face cache ({settings.cache_dir}); "
+                             f"with the hub in reach, `llama-chat pull {name}` fetches it")
+    try:
+        choice = choose(checked_listing(snapshot_files(snapshot), name.repo_id), name)
+    except LlamaChatError as error:
+        raise LlamaChatError(f"{why}, and the cached copy does not serve: {error}; with the hub in reach, "
+                             f"`llama-chat pull {name}` fetches it") from None
+    for file in choice.files:
+        if not (snapshot / file.path).is_file():
+            raise LlamaChatError(f"{why}, and the cache holds {name.repo_id} without {file.path}; with the hub in "
+                                 f"reach, `llama-chat pull {name}` completes it")
+    notify(f"{why}: using the cached {name.repo_id} at {commit[:7]}")
+    if choice.note:
+        notify(choice.note)
+    return _source(name, snapshot / choice.entry, choice)
+
+
+def branch_commit(folder: Path, revision: str) -> str | None:
+    """The commit a cached repository's branch or tag pointed to when it was last fetched."""
+    try:
+        text = (folder / "refs" / revision).read_text(encoding="ascii", errors="replace")[:100].strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9a-f]{40}", text) else None
+
+
+def snapshot_files(snapshot: Path, most: int = 20_000) -> list[RepoFile]:
+    """A cached snapshot's files as a listing (sizes from the disk, sha256 from the blobs'
+    names), walked without following links out of it."""
+    files: list[RepoFile] = []
+    for root, folders, names in os.walk(snapshot):
+        folders[:] = [folder for folder in folders if not (Path(root) / folder).is_symlink()]
+        for file_name in names:
+            path = Path(root) / file_name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue  # a link to a blob that is gone
+            blob = path.resolve().name
+            files.append(RepoFile(path.relative_to(snapshot).as_posix(), size,
+                                  blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None))
+            if len(files) > most:
+                return files  # checked_listing refuses it
+    return files
