@@ -4,8 +4,10 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -275,3 +277,18 @@ def test_the_real_cli_downloads_and_answers_then_starts_without_the_bytes(hub_se
         assert done.returncode == 0 and done.stdout.strip() and "Traceback" not in done.stderr, done.stderr
     gets = byte_gets(hub_server, "Tiny-Q4_K_M.gguf")
     assert len(gets) == 1  # the first run's only
+
+
+def test_a_hub_that_never_answers_is_out_of_reach_not_a_hang(hub_env, capsys, monkeypatch):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are taken into the backlog and never answered
+    monkeypatch.setattr(hub, "LISTING_SECONDS", 1)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    try:
+        started = time.monotonic()
+        code, out, err = reply(capsys, "-m", GGUF_REPO)
+        assert time.monotonic() - started < 30
+    finally:
+        silent.close()
+    assert code == 1 and one_line(err) and "cannot be reached" in err and "not in the Hugging Face cache" in err

@@ -124,3 +124,42 @@ def test_models_lists_every_source_and_each_name_loads(machine, hub_server, tmp_
         done = subprocess.run([*run, "-m", name, "-p", "Hi", "--max-tokens", "2"], env=environment,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (name, done.stderr)
+
+
+def test_load_completes_the_names_of_the_models_on_this_machine():
+    from prompt_toolkit.completion import CompleteEvent
+    from prompt_toolkit.document import Document
+
+    from llama_chat.repl.app import ChatCompleter
+
+    completer = ChatCompleter(model_names=lambda: ["ollama:smollm2:135m", "ollama:qwen3:8b", "owner/Repo:Q4_K_M"])
+    offered = [c.text for c in completer.get_completions(Document("/load ollama:s"), CompleteEvent())]
+    assert offered == ["ollama:smollm2:135m"]
+    offered = [c.text for c in completer.get_completions(Document("/draft own"), CompleteEvent())]
+    assert "owner/Repo:Q4_K_M" in offered
+
+
+def test_models_in_the_chat_lists_them(machine, monkeypatch):
+    from .test_cli import typed_chats
+
+    sessions, shown = typed_chats(monkeypatch, ["/models", "/load ollama:smollm2:135m", "/quit"])
+    assert main(["-m", str(Path(os.environ["LLAMA_CHAT_WEIGHTS"]) / "tiny.gguf"), "--compile", "off"]) == 0
+    text = shown.getvalue()
+    assert "ollama:smollm2:135m" in text and "tiny.gguf" in text and "chat template" in text
+    assert "loaded ollama:smollm2:135m" in text
+    assert sessions[0].model.source.origin == "ollama"
+
+
+def test_a_short_name_finds_the_one_model_it_names_or_lists_them_all(machine, tmp_path):
+    from llama_chat.cli.options import configure_folders
+    from llama_chat.errors import LlamaChatError
+    from llama_chat.models.resolve import resolve
+
+    configure_folders()  # the weights folder the fixture named (the suite's fixture restores the folders)
+    assert resolve("smollm2:135m").origin == "ollama"
+    assert resolve("tiny").path == Path(os.environ["LLAMA_CHAT_WEIGHTS"]) / "tiny.gguf"
+    write_gguf(Path(os.environ["LLAMA_CHAT_WEIGHTS"]) / "smollm2:135m.gguf", tiny_hf_model(seed=3))
+    with pytest.raises(LlamaChatError, match=r"'smollm2:135m' names 2 models: .*smollm2:135m.gguf, ollama:smollm2:135m"):
+        resolve("smollm2:135m")
+    with pytest.raises(LlamaChatError, match="nothing-here: no such file or directory, nor a model of that name"):
+        resolve("nothing-here")

@@ -28,6 +28,7 @@ from llama_chat.models.source import ModelSource
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_BRANCH = "main"
+LISTING_SECONDS = 30  # a hub that does not answer the listing in this time is out of reach
 SPARE_BYTES = 256 << 20  # left free on the disk beyond the files themselves
 _TRUE = ("1", "on", "yes", "true")
 
@@ -103,7 +104,7 @@ def _listing(name: HubName, settings: HubSettings) -> tuple[list[RepoFile], str]
     hub = _client()
     api = hub.HfApi(endpoint=settings.endpoint, token=settings.token, library_name="llama-chat")
     try:
-        info = api.model_info(name.repo_id, revision=name.revision, files_metadata=True)
+        info = api.model_info(name.repo_id, revision=name.revision, files_metadata=True, timeout=LISTING_SECONDS)
     except Exception as error:  # noqa: BLE001 (the client's errors, each turned into one line)
         raise _hub_error(error, name, settings) from None
     commit = info.sha or ""
