@@ -411,11 +411,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command == "GET":
-            self.wfile.write(body)
+        self._send_body(body)
 
     def _send_error(self, error: HubError) -> None:
         body = json.dumps({"error": error.message}).encode()
@@ -426,6 +422,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Error-Message", error.message.encode("ascii", "backslashreplace").decode())
         for name, value in error.headers.items():
             self.send_header(name, value)
+        self._send_body(body)
+
+    def _send_body(self, body: bytes) -> None:
+        """A JSON body after the headers set so far (not for HEAD, which gets the headers alone)."""
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

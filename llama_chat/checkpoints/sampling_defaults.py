@@ -31,7 +31,7 @@ GENERATION_CONFIG_KEYS = {
 
 
 def from_gguf(metadata: Mapping) -> dict:
-    return _valid({ours: _as_written(metadata[key]) for key, ours in GGUF_KEYS.items() if key in metadata})
+    return valid_settings({ours: _as_written(metadata[key]) for key, ours in GGUF_KEYS.items() if key in metadata})
 
 
 def _as_written(value: object) -> object:
@@ -46,10 +46,11 @@ def from_generation_config(config: Mapping) -> dict:
     values = {ours: config[key] for key, ours in GENERATION_CONFIG_KEYS.items() if key in config}
     if config.get("do_sample") is False:  # greedy, whatever temperature it also names
         values["temperature"] = 0
-    return _valid(values)
+    return valid_settings(values)
 
 
-def _valid(values: dict) -> dict:
+def valid_settings(values: dict) -> dict:
+    """The values that make valid settings, whole numbers written as floats made whole."""
     kept = {}
     for name, value in values.items():
         whole = isinstance(getattr(SamplingSettings(), name), int)

@@ -21,7 +21,7 @@ from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError
-from llama_chat.models.ollama import StoreModel, existing_folders, gguf_size, is_inside, walk_store
+from llama_chat.models.ollama import StoreModel, existing_folders, first_holding, gguf_size, is_inside, walk_store
 from llama_chat.models.source import ModelSource
 
 PREFIX = "lmstudio:"
@@ -77,14 +77,12 @@ def resolve_lmstudio(name: str, roots: Sequence[Path]) -> ModelSource:
     that has it: PUBLISHER/REPO/FILE.gguf, or PUBLISHER/REPO when that folder holds one
     model; LlamaChatError in one line otherwise."""
     pieces = _parse(name.removeprefix(PREFIX))
-    for root in roots:
-        target = root.joinpath(*pieces)
-        if os.path.lexists(target):
-            break
-    else:
+    found_in = first_holding(roots, pieces)
+    if found_in is None:
         looked = ", ".join(str(root) for root in roots) or "no LM Studio models folder found on this machine"
         raise LlamaChatError(f"no LM Studio model {PREFIX}{'/'.join(pieces)} (looked in {looked}); "
                              "`llama-chat models` lists the models found")
+    root, target = found_in
     if not is_inside(target, root):
         raise LlamaChatError(f"{target}: points outside LM Studio's models folder {root}; llama-chat reads only "
                              "what lies inside it")

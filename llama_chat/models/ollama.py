@@ -27,7 +27,7 @@ from typing import Any
 from llama_chat.checkpoints.gguf_file import MAGIC, read_gguf_header
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.checkpoints.regular_file import open_regular_file, read_text_file
-from llama_chat.checkpoints.sampling_defaults import _valid
+from llama_chat.checkpoints.sampling_defaults import valid_settings
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.models.source import ModelSource
@@ -188,14 +188,12 @@ def resolve_ollama(name: str, roots: Sequence[Path]) -> ModelSource:
     has it, with what its params, system and template layers say; LlamaChatError in one
     line for a name not found, a broken manifest, a blob missing or not GGUF."""
     parsed = parse_name(name.removeprefix(PREFIX))
-    for root in roots:
-        manifest = root.joinpath("manifests", *parsed.parts)
-        if os.path.lexists(manifest):
-            break
-    else:
+    found_in = first_holding(roots, ("manifests", *parsed.parts))
+    if found_in is None:
         looked = ", ".join(str(root) for root in roots) or "no ollama store found on this machine"
         raise LlamaChatError(f"no ollama model {parsed.display} (looked in {looked}); "
                              "`llama-chat models` lists the models found")
+    root, manifest = found_in
     found = _inspect(root, manifest, parsed)
     sampling: dict = {}
     stop_strings: tuple[str, ...] = ()
@@ -209,7 +207,7 @@ def resolve_ollama(name: str, roots: Sequence[Path]) -> ModelSource:
         system = system if system.strip() else None
     if any(kind in found.layers for kind in TEMPLATES):
         template_note, note = _template_notes(found.blob)
-        notes.append(note)
+        notes += [note] if note else []
     if MESSAGES in found.layers:
         notes.append("the conversation ollama's Modelfile starts with (its messages layer) is left out")
     return ModelSource(
@@ -246,6 +244,15 @@ def walk_store(top: Path, depth: int, keep: Callable[[int, str], bool]) -> Itera
             yield from kept
         else:
             stack.extend(reversed([(path, parts) for path, parts in kept if os.path.isdir(path)]))
+
+
+def first_holding(roots: Sequence[Path], parts: Sequence[str]) -> tuple[Path, Path] | None:
+    """The first root holding ROOT/PARTS... (a link counts, to be checked by the caller), and that path."""
+    for root in roots:
+        target = root.joinpath(*parts)
+        if os.path.lexists(target):
+            return root, target
+    return None
 
 
 def is_inside(path: Path, folder: Path) -> bool:
@@ -376,17 +383,16 @@ def _params(path: Path) -> tuple[dict, tuple[str, ...]]:
     stop = contents.get("stop")
     stop = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
     kept = (text for text in stop if isinstance(text, str) and 0 < len(text) <= MAX_STOP_CHARS)
-    return _valid(values), tuple(itertools.islice(dict.fromkeys(kept), MAX_STOP_STRINGS))
+    return valid_settings(values), tuple(itertools.islice(dict.fromkeys(kept), MAX_STOP_STRINGS))
 
 
-def _template_notes(blob: Path) -> tuple[str, str]:
-    """Where the chat template comes from, for /info, and the line the loader shows: ollama's
-    Go template is never run, so the GGUF's own template is used, or, without one, a
-    built-in format guessed from the tokenizer."""
+def _template_notes(blob: Path) -> tuple[str, str | None]:
+    """Where the chat template comes from, for /info, and the line the loader shows where it
+    is not the GGUF's own: ollama's Go template is never run, so the GGUF's own template is
+    used, or, without one, a built-in format guessed from the tokenizer."""
     metadata, _ = read_gguf_header(blob)
     if metadata.get("tokenizer.chat_template"):
-        return ("the GGUF's own chat template (ollama's Go template is not used)",
-                "ollama's Go template is not used: the GGUF's own chat template is")
+        return "the GGUF's own chat template (ollama's Go template is not used)", None
     return ("a built-in format guessed from the tokenizer (ollama's Go template is not used)",
             "ollama's Go template is not used, and the GGUF has no chat template: a built-in format is guessed "
             "from its tokenizer (--chat-format names one)")
