@@ -292,3 +292,12 @@ def test_a_hub_that_never_answers_is_out_of_reach_not_a_hang(hub_env, capsys, mo
     finally:
         silent.close()
     assert code == 1 and one_line(err) and "cannot be reached" in err and "not in the Hugging Face cache" in err
+
+
+def test_the_python_api_loads_a_hub_id(hub_server, hub_env, gguf_files):
+    import llama_chat
+
+    hub_server.add(HubRepo(GGUF_REPO, gguf_files))
+    model = llama_chat.load(f"{GGUF_REPO}:Q8_0", device="cpu")
+    assert model.name == f"{GGUF_REPO}:Q8_0" and model.source.origin == "hub"
+    assert model.source.path.read_bytes() == gguf_files["Tiny-Q8_0.gguf"]

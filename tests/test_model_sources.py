@@ -142,12 +142,18 @@ def test_load_completes_the_names_of_the_models_on_this_machine():
 def test_models_in_the_chat_lists_them(machine, monkeypatch):
     from .test_cli import typed_chats
 
-    sessions, shown = typed_chats(monkeypatch, ["/models", "/load ollama:smollm2:135m", "/quit"])
+    sessions, shown = typed_chats(monkeypatch, ["/models", "/top_k 5", "/load ollama:smollm2:135m", "/settings",
+                                                "/load tiny", "/settings", "/quit"])
     assert main(["-m", str(Path(os.environ["LLAMA_CHAT_WEIGHTS"]) / "tiny.gguf"), "--compile", "off"]) == 0
     text = shown.getvalue()
     assert "ollama:smollm2:135m" in text and "tiny.gguf" in text and "chat template" in text
     assert "loaded ollama:smollm2:135m" in text
-    assert sessions[0].model.source.origin == "ollama"
+    first, second = text.split("loaded tiny.gguf")
+    # The loaded model's recommendations take the place of the last one's; the user's own choice stays.
+    assert "temperature = 0 (ollama params)" in first and "top_p = 0.9 (model card)" in first
+    assert "top_k = 5 (set in the chat)" in first and "top_k = 5 (set in the chat)" in second
+    assert "temperature = 0.7\n" in second and "top_p = 0.95\n" in second
+    assert sessions[0].model.name == "tiny.gguf"
 
 
 def test_a_short_name_finds_the_one_model_it_names_or_lists_them_all(machine, tmp_path):

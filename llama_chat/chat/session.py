@@ -71,6 +71,7 @@ class Session:
         self.settings = settings or SamplingSettings()
         # Where each setting that is not llama-chat's default came from, for /settings.
         self.setting_sources: dict[str, str] = {}
+        self.recommended: dict[str, str] = {}  # the settings taken from the model's recommendations, by source
         self.last_stats: GenerationStats | None = None
         self.rebuild_ids()
 
@@ -246,6 +247,21 @@ class Session:
         changed), remembering that they came from `source`."""
         self.settings = dataclasses.replace(self.settings, **values)
         self.setting_sources.update(dict.fromkeys(values, source))
+
+    def take_recommended_settings(self) -> None:
+        """The settings recommended for the model now running (its card, its file, its store),
+        in place of those the model before it recommended; the user's own choices stay."""
+        defaults = SamplingSettings()
+        earlier = {name for name in self.recommended if self.setting_sources.get(name) == self.recommended[name]}
+        self.settings = dataclasses.replace(self.settings, **{name: getattr(defaults, name) for name in earlier})
+        for name in earlier:
+            del self.setting_sources[name]
+        self.recommended = {}
+        for source, values in self.model.recommended:
+            chosen = {name: value for name, value in values.items()
+                      if self.setting_sources.get(name) in (None, self.recommended.get(name))}
+            self.apply_settings(chosen, source)
+            self.recommended.update(dict.fromkeys(chosen, source))
 
     def set_model(self, model: Llama, model_path: str | Path | None) -> str | None:
         """Continue the conversation with other weights (a new cache; ids rebuilt). Returns a

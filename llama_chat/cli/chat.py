@@ -244,8 +244,7 @@ def configure_session(
 ) -> None:
     """The sampling settings, prompt lookup and answer format the session starts with."""
     # Flags first, then what is recommended for the model, then llama-chat's defaults.
-    for source, values in session.model.recommended:
-        session.apply_settings(values, source)
+    session.take_recommended_settings()
     session.apply_settings(given_settings(argv), "command line")
     session.set_lookup(lookup)
     session.set_format(answer_format)

@@ -127,11 +127,11 @@ def _hub_error(error: Exception, name: HubName, settings: HubSettings) -> Except
     if isinstance(error, _network_errors()):
         return _Unreachable(_first_line(error))
     if isinstance(error, errors.GatedRepoError):
-        if settings.token is None:
+        if settings.token is None and _client().get_token() is None:
             return LlamaChatError(f"{name.repo_id} is gated: accept its licence at {page}, then set HF_TOKEN to an "
                                   "access token of that account")
-        return LlamaChatError(f"{name.repo_id} is gated and the token in HF_TOKEN has no access: accept its licence "
-                              f"at {page} with that token's account")
+        return LlamaChatError(f"{name.repo_id} is gated and the access token given (HF_TOKEN, or the one `hf auth "
+                              f"login` kept) has no access: accept its licence at {page} with that token's account")
     if isinstance(error, errors.RevisionNotFoundError):
         return LlamaChatError(f"{name.repo_id} has no revision {name.revision!r} on the hub")
     if isinstance(error, errors.RepositoryNotFoundError):

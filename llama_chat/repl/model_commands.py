@@ -26,6 +26,7 @@ def run_load(state: ChatState, text: str) -> None:
         reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
     draft_note = session.set_model(model, text)
+    session.take_recommended_settings()
     state.renderer.note(
         f"loaded {model.name} on {describe_briefly(model)}, context {session.capacity} tokens; "
         f"the conversation goes on ({exchanges(len(session.exchanges))})"
