@@ -153,6 +153,7 @@ def test_models_in_the_chat_lists_them(machine, monkeypatch):
     assert "temperature = 0 (ollama params)" in first and "top_p = 0.9 (model card)" in first
     assert "top_k = 5 (set in the chat)" in first and "top_k = 5 (set in the chat)" in second
     assert "temperature = 0.7\n" in second and "top_p = 0.95\n" in second
+    assert f"system = {SYSTEM!r}" in first and "system = None" in second  # the store's, then none again
     assert sessions[0].model.name == "tiny.gguf"
 
 

@@ -25,14 +25,22 @@ def run_load(state: ChatState, text: str) -> None:
     except Exception as error:  # noqa: BLE001 (a foreign file can fail in many ways; the chat must go on)
         reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
+    earlier_system = store_system(session.model)
     draft_note = session.set_model(model, text)
     session.take_recommended_settings()
+    if session.system == earlier_system and store_system(model) != earlier_system:
+        session.set_system(store_system(model))  # the store's default system prompt, unless the user set one
     state.renderer.note(
         f"loaded {model.name} on {describe_briefly(model)}, context {session.capacity} tokens; "
         f"the conversation goes on ({exchanges(len(session.exchanges))})"
     )
     if draft_note:
         state.renderer.note(draft_note)
+
+
+def store_system(model: Llama) -> str | None:
+    """The default system prompt the model's store gives it (ollama's system layer), if any."""
+    return model.source.system if model.source is not None else None
 
 
 def run_models(state: ChatState, text: str) -> None:
