@@ -301,3 +301,34 @@ def test_the_python_api_loads_a_hub_id(hub_server, hub_env, gguf_files):
     model = llama_chat.load(f"{GGUF_REPO}:Q8_0", device="cpu")
     assert model.name == f"{GGUF_REPO}:Q8_0" and model.source.origin == "hub"
     assert model.source.path.read_bytes() == gguf_files["Tiny-Q8_0.gguf"]
+
+
+def test_a_listing_longer_than_its_bound_is_refused_before_it_is_read_whole(hub_server, hub_env, gguf_files, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setattr(hub, "LISTING_BYTES", 50_000)
+    entries = [{"type": "file", "path": f"f{n}.gguf", "size": 10, "oid": "0" * 40} for n in range(5_000)]
+    hub_server.add(HubRepo("evil/Long-GGUF", gguf_files, listing_override=entries))
+    code, out, err = reply(capsys, "-m", "evil/Long-GGUF")
+    assert code == 1 and one_line(err) and "listing is larger than" in err
+
+
+@pytest.mark.parametrize("siblings", ['{"sha": "nope"}', '{"sha": "' + "a" * 40 + '", "siblings": [{"rfilename": 7}]}',
+                                      '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['])
+def test_a_listing_no_hub_writes_is_one_line(hub_server, hub_env, capsys, monkeypatch, siblings):
+    from .hub_server import _Handler
+
+    real = _Handler._respond
+
+    def answer(handler):
+        if handler.path.startswith("/api/models/evil/Odd"):
+            body = siblings.encode()
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return
+        real(handler)
+
+    monkeypatch.setattr(_Handler, "_respond", answer)
+    code, out, err = reply(capsys, "-m", "evil/Odd")
+    assert code == 1 and one_line(err) and "not one a hub writes" in err

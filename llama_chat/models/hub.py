@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.errors import LlamaChatError
 from llama_chat.models import hub_download
 from llama_chat.models.hub_files import Choice, RepoFile, checked_listing, choose
@@ -29,6 +30,7 @@ from llama_chat.models.source import ModelSource
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_BRANCH = "main"
 LISTING_SECONDS = 30  # a hub that does not answer the listing in this time is out of reach
+LISTING_BYTES = 64 << 20  # a listing of 20,000 files with their metadata is a few MB
 SPARE_BYTES = 256 << 20  # left free on the disk beyond the files themselves
 _TRUE = ("1", "on", "yes", "true")
 
@@ -100,23 +102,49 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 
 def _listing(name: HubName, settings: HubSettings) -> tuple[list[RepoFile], str]:
-    """The repository's files with their sizes and sha256, and the commit they are at."""
-    hub = _client()
-    api = hub.HfApi(endpoint=settings.endpoint, token=settings.token, library_name="llama-chat")
+    """The repository's files with their sizes and sha256, and the commit they are at: the
+    repository's info as `HfApi.model_info(files_metadata=True)` asks for it, on the client's
+    session, headers and errors, but read to a bound (the client would read any length)."""
+    from urllib.parse import quote
+
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    path = f"/api/models/{name.repo_id}" + (f"/revision/{quote(name.revision, safe='')}" if name.revision else "")
+    headers = build_hf_headers(token=settings.token, library_name="llama-chat")
+    body = bytearray()
     try:
-        info = api.model_info(name.repo_id, revision=name.revision, files_metadata=True, timeout=LISTING_SECONDS)
+        with get_session().stream("GET", settings.endpoint + path, params={"blobs": "true"}, headers=headers,
+                                  timeout=LISTING_SECONDS) as response:
+            hf_raise_for_status(response)
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > LISTING_BYTES:
+                    raise LlamaChatError(f"{name.repo_id}: the hub's listing is larger than {LISTING_BYTES >> 20} MB, "
+                                         "more than a model repository's; refused (is HF_ENDPOINT a hub you trust?)")
+    except LlamaChatError:
+        raise
     except Exception as error:  # noqa: BLE001 (the client's errors, each turned into one line)
         raise _hub_error(error, name, settings) from None
-    commit = info.sha or ""
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
-        raise LlamaChatError(f"{name.repo_id}: the hub gave a malformed commit ({commit[:50]!r}); refused")
-    files = []
-    for sibling in info.siblings or []:
-        lfs = sibling.lfs
-        size = lfs.size if lfs is not None else sibling.size
-        files.append(RepoFile(str(sibling.rfilename), int(size if size is not None else -1),
-                              lfs.sha256 if lfs is not None else None))
-    return files, commit
+    try:
+        info = parse_json(bytes(body))
+        commit = info["sha"]
+        siblings = info.get("siblings") or []
+        if not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit) and isinstance(siblings, list)):
+            raise ValueError("no commit or file list")
+        return [_repo_file(sibling) for sibling in siblings], commit
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise LlamaChatError(f"{name.repo_id}: the hub's listing is not one a hub writes ({_first_line(error)}); "
+                             "refused") from None
+
+
+def _repo_file(sibling: dict) -> RepoFile:
+    """A listing's entry: its path, size and (for a large file) sha256, of the types a hub writes."""
+    lfs = sibling.get("lfs")
+    size = lfs["size"] if isinstance(lfs, dict) else sibling.get("size", -1)
+    sha256 = lfs.get("sha256") if isinstance(lfs, dict) else None
+    if not isinstance(sibling["rfilename"], str) or type(size) is not int or not isinstance(sha256, str | None):
+        raise ValueError(f"an entry of the wrong types: {str(sibling)[:80]}")
+    return RepoFile(sibling["rfilename"], size, sha256)
 
 
 def _hub_error(error: Exception, name: HubName, settings: HubSettings) -> Exception:
