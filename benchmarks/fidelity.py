@@ -17,7 +17,7 @@ float32 file a block of positions at a time (the float32 model is freed before t
 one loads), and every path is compared a block at a time as its logits come.
 
     .venv/bin/python benchmarks/fidelity.py [--model FILE.gguf] [--positions 2048] [--step 64] \
-        [--peer-python PY] [--json FILE]
+        [--peer-python PY] [--json FILE] [--prompt-math fast]
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=64, help="tokens a prompt step (and a llama.cpp batch) holds")
     parser.add_argument("--peer-python", help="an interpreter with llama-cpp-python: llama.cpp's figures too")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--prompt-math", choices=("exact", "fast"), default="exact",
+                        help="fast: prompt steps again with --prompt-math fast (8-bit activation blocks), a row of their own")
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
     environment = options_from_environment()
@@ -123,6 +125,10 @@ def main() -> None:
                            (f"llama-chat, verify steps of {VERIFY_STEP}", VERIFY_STEP),
                            ("llama-chat, single tokens", 1)):
             rows[name] = measure(fast, ids, step, reference)
+        if options.prompt_math == "fast":
+            fast.set_prompt_math("fast")
+            rows[f"llama-chat, prompt steps of {options.step}, --prompt-math fast"] = measure(
+                fast, ids, options.step, reference)
         peak_memory["llama-chat"] = peak_memory_mb()
         if options.peer_python:
             for name, step in (("llama.cpp, single tokens", 1),

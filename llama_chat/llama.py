@@ -16,8 +16,10 @@ from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.runners import model_runner
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import Speculation
+from llama_chat.errors import UsageError
 from llama_chat.kernels.weights_record import DENSE, WeightsRecord
 from llama_chat.models.source import ModelSource
+from llama_chat.options import PROMPT_MATHS
 from llama_chat.text.builtin_formats import PlainFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import ByteTokenizer, Tokenizer
@@ -65,6 +67,7 @@ class Llama:
         # Where the model was found by its name, and what that place says of it.
         self.source = source
         self.stop_strings = source.stop_strings if source is not None else ()
+        self.prompt_math = "exact"  # how prompt chunks multiply (set_prompt_math)
         # How the model runs on a cache (eager or compiled; posted to other ranks in a group).
         self.runner = model_runner(self.transformer, self.cache_dtype, background=_kernels_building)
 
@@ -84,6 +87,19 @@ class Llama:
         init_random_weights(transformer, seed)
         transformer.to(device=resolved_device, dtype=resolve_dtype(dtype, resolved_device))
         return cls(transformer, tokenizer or ByteTokenizer(vocab_size=args.vocab_size), name=f"random-{seed}")
+
+    def set_prompt_math(self, mode: str) -> str | None:
+        """Prompt chunks (steps of more tokens than a verify step) in `mode`: exact (16-bit
+        activations, float32-grade) or fast (8-bit activation blocks, as ik_llama.cpp runs
+        them); decode and verify steps stay exact. A reason where the switch does nothing."""
+        from llama_chat.kernels.block_linear import set_prompt_math  # the kernels load only where asked about
+
+        if mode not in PROMPT_MATHS:
+            raise UsageError(f"unknown prompt math {mode!r}: use exact or fast")
+        self.prompt_math = mode
+        if set_prompt_math(self.transformer, mode == "fast") == 0 and mode == "fast":
+            return "prompts are exact whatever is asked: fast prompt math is llama-chat's kernels' (not running here)"
+        return None
 
     @property
     def args(self) -> ModelArgs:

@@ -103,11 +103,13 @@ def load(
         reporter.close()
     if shard is not None and shard.world > 1:
         add_all_reduces(transformer)
-    return Llama(
+    model = Llama(
         transformer, checkpoint.tokenizer, name=model_source.name, chat_format=chosen_format,
         weights=backend.record(modes, note), cache_dtype=kv_dtype or backend.kv_cache_dtype(),
         recommended=recommended_sampling(checkpoint, model_source), source=model_source,
     )
+    model.set_prompt_math(options.prompt_math)
+    return model
 
 
 def recommended_sampling(checkpoint: Checkpoint, source: ModelSource) -> tuple[tuple[str, dict], ...]:

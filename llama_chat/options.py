@@ -68,6 +68,9 @@ class KernelOptions:
     packed_cache_gb: float | None = None  # LLAMA_CHAT_PACKED_CACHE_GB: the packed cache's bound (20 GB)
 
 
+PROMPT_MATHS = ("exact", "fast")
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """What `llama_chat.load` makes of a checkpoint (see loading.load)."""
@@ -78,6 +81,7 @@ class LoadOptions:
     quantize: str = "auto"
     kv_dtype: str | None = None  # the KV cache's (auto: the loader's choice)
     kernels: KernelOptions = field(default_factory=KernelOptions)
+    prompt_math: str = "exact"  # fast: prompt chunks with 8-bit activation blocks (Llama.set_prompt_math)
 
     def packed_kernels(self) -> KernelOptions:
         """The kernel settings of a packed model: a dtype named for the model is what its

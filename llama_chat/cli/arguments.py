@@ -8,7 +8,7 @@ import math
 import torch
 
 from llama_chat.kernels.quantize import QUANTIZE_MODES
-from llama_chat.options import PACKED_DTYPES, packed_dtype
+from llama_chat.options import PACKED_DTYPES, PROMPT_MATHS, packed_dtype
 
 
 def positive_int(text: str) -> int:
@@ -60,6 +60,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                        help="the KV cache's dtype (default: auto: float16 where llama-chat's kernels attend, "
                             "else the model's)")
+    model.add_argument("--prompt-math", default="exact", choices=PROMPT_MATHS,
+                       help="prompt chunks (steps of more than 32 tokens) on llama-chat's kernels: exact (16-bit "
+                       "activations, float32-grade) or fast (8-bit activation blocks, as ik_llama.cpp runs them; "
+                       "replies and verify steps stay exact) (default: exact)")
     model.add_argument("--tp", type=positive_int, default=1,
                        help="split the model over N processes on this host (tensor parallel, on the cpu; memory "
                        "is then given per rank); under torchrun the group comes from the launcher (default: 1)")

@@ -33,7 +33,7 @@ def load_options(flags: argparse.Namespace, environ: Mapping[str, str] = os.envi
     if flags.kernel_dtype is not None:
         kernels = dataclasses.replace(kernels, kernel_dtype=flags.kernel_dtype)
     return LoadOptions(device=flags.device, dtype=flags.dtype, chat_format=flags.chat_format,
-                       quantize=flags.quantize, kv_dtype=flags.kv_dtype, kernels=kernels)
+                       quantize=flags.quantize, kv_dtype=flags.kv_dtype, kernels=kernels, prompt_math=flags.prompt_math)
 
 
 def draft_options(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LoadOptions:

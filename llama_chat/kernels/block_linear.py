@@ -33,6 +33,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 from llama_chat.checkpoints.stored import GROUP, StackedRows, StoredMatrix, as_float
+from llama_chat.engine.compiled import VERIFY_TOKENS
 from llama_chat.kernels import native
 from llama_chat.kernels.library_layout import TypeLayout, library_layout
 
@@ -170,6 +171,20 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
     return _blocks_from_parts(levels.reshape(rows, -1, 32), halves, factors, block_type).reshape(rows, -1)[:count]
 
 
+# Steps of more tokens than this are prompt chunks; fewer are verify steps and short chat
+# turns (the compiled multi-token step's bound), which --prompt-math fast keeps exact.
+PROMPT_ROWS = VERIFY_TOKENS
+
+
+def set_prompt_math(model: nn.Module, fast: bool) -> int:
+    """Prompt chunks with 8-bit activation blocks (fast) or 16-bit (exact) in every matrix of
+    `model` held as blocks; how many such matrices there are (0: the switch does nothing)."""
+    matrices = [module for module in model.modules() if isinstance(module, BlockLinear)]
+    for matrix in matrices:
+        matrix.fast_prompts = fast
+    return len(matrices)
+
+
 class BlockLinear(nn.Module):
     """y = x W^T with W held once as GGUF blocks of `block_type`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
     Q4_K and Q6_K in tiles of 16 rows, Q5_K in groups of 4 rows."""
@@ -184,6 +199,7 @@ class BlockLinear(nn.Module):
         self.type_number = BLOCK_TYPES[block_type]
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
+        self.fast_prompts = False  # --prompt-math fast: prompt chunks with 8-bit activations (set_prompt_math)
         self.tiled = type_layout(block_type).tiled
         self.unit = rows_arranged_together(block_type)
         width = arranged_bytes(block_type, self.in_features)
@@ -237,7 +253,9 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        if flat.shape[0] > 1:
+        if self.fast_prompts and flat.shape[0] > PROMPT_ROWS:
+            bits = 8  # ik_llama.cpp's activation blocks, for a prompt chunk only
+        elif flat.shape[0] > 1:
             bits = self.activation_bits
         else:  # a single token: 16-bit activations on tiles, float32 on Q5_K's row groups
             bits = 16 if self.tiled else 0

@@ -21,7 +21,7 @@ from llama_chat.repl.conversation_commands import (
     run_undo,
 )
 from llama_chat.repl.file_commands import run_copy, run_open, run_read, run_save
-from llama_chat.repl.model_commands import run_device, run_info, run_load, run_models
+from llama_chat.repl.model_commands import run_device, run_info, run_load, run_models, run_prompt_math
 from llama_chat.repl.reply_commands import run_draft, run_format, run_lookup
 from llama_chat.repl.settings_commands import SETTINGS, run_seed, run_settings, setting_command, switch_command
 from llama_chat.repl.tool_commands import run_mcp, run_tools
@@ -112,6 +112,9 @@ COMMANDS: list[Command] = [
             choices=("on", "off", "choice", "show", "fold", "folder", "all", "auto", "required"), several=True),
     _plain("mcp", "the MCP servers: their state and tools", run_mcp),
     _plain("stats", "statistics of the last reply and the context", run_stats),
+    Command("prompt-math", "[exact|fast]", "prompt chunks exact (16-bit activations) or fast (8-bit activation "
+            "blocks, as ik_llama.cpp runs them; replies stay exact); no argument: show it", run_prompt_math,
+            choices=("exact", "fast")),
     _plain("device", "the device and dtype the model runs on", run_device),
     _plain("info", "what the model file holds: shapes, tensor types, license, template, stop tokens", run_info),
     switch_command("markdown", "render finished replies as Markdown"),

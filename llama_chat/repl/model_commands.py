@@ -25,6 +25,7 @@ def run_load(state: ChatState, text: str) -> None:
     except Exception as error:  # noqa: BLE001 (a foreign file can fail in many ways; the chat must go on)
         reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
+    model.set_prompt_math(session.model.prompt_math)  # the chat's choice holds for the next model too
     earlier_system = store_system(session.model)
     draft_note = session.set_model(model, text)
     session.take_recommended_settings()
@@ -67,6 +68,20 @@ def table_lines(found: Catalog) -> list[str]:
     cells = [tuple(visible(cell) for cell in line) for line in cells]
     widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS) - 1)]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in cells]
+
+
+def run_prompt_math(state: ChatState, text: str) -> None:
+    model = state.session.model
+    if not text:
+        state.renderer.line(f"prompt math = {model.prompt_math}")
+        return
+    try:
+        note = model.set_prompt_math(text.lower())
+    except LlamaChatError as error:
+        raise CommandError(str(error)) from None
+    state.renderer.note(note or f"prompt math = {model.prompt_math}: prompt chunks "
+                        + ("with 8-bit activation blocks; replies stay exact" if model.prompt_math == "fast"
+                           else "at float32-grade fidelity"))
 
 
 def run_device(state: ChatState, text: str) -> None:

@@ -55,6 +55,7 @@ def run_settings(state: ChatState, text: str) -> None:
     drafts_instead = " (the draft model drafts instead)" if draft else ""
     state.renderer.line(f"lookup = {describe_lookup(session.speculation)}{drafts_instead}")
     state.renderer.line(f"format = {describe_format(session)}")
+    state.renderer.line(f"prompt math = {session.model.prompt_math}")
 
 
 # The renderer's switches: command name, the Renderer attribute, and the words for on and off.
