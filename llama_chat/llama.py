@@ -96,9 +96,9 @@ class Llama:
 
         if mode not in PROMPT_MATHS:
             raise UsageError(f"unknown prompt math {mode!r}: use exact or fast")
-        self.prompt_math = mode
         if set_prompt_math(self.transformer, mode == "fast") == 0 and mode == "fast":
-            return "prompts are exact whatever is asked: fast prompt math is llama-chat's kernels' (not running here)"
+            return "prompts stay exact: fast prompt math is llama-chat's kernels', which do not run this model"
+        self.prompt_math = mode
         return None
 
     @property
@@ -107,7 +107,8 @@ class Llama:
 
     def describe_weights(self) -> str:
         """How the weights run, for people: "float32", or "int4 weights, bfloat16 products ..."."""
-        return self.weights.describe(self.dtype)
+        fast = "; prompt chunks with 8-bit activation blocks (--prompt-math fast)" if self.prompt_math == "fast" else ""
+        return self.weights.describe(self.dtype) + fast
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache; by default the smaller of the model's context and 4096."""

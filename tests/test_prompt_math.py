@@ -55,9 +55,11 @@ def test_fast_prompt_chunks_are_the_8_bit_kernels_and_short_steps_stay_exact(q8_
 def test_an_unknown_prompt_math_is_refused(tiny_model):
     with pytest.raises(UsageError, match="use exact or fast"):
         tiny_model.set_prompt_math("sloppy")
-    assert "not running here" in tiny_model.set_prompt_math("fast")  # dense weights: nothing to switch
+    assert "prompts stay exact" in tiny_model.set_prompt_math("fast")  # dense weights: nothing to switch
+    assert tiny_model.prompt_math == "exact" and "8-bit" not in tiny_model.describe_weights()
 
 
+@pytest.mark.needs_kernels
 def test_prompt_math_in_the_chat_is_shown_switched_and_kept_across_load(q8_file, monkeypatch):
     sessions, shown = typed_chats(monkeypatch, ["/prompt-math", "/prompt-math fast", "/prompt-math sloppy",
                                                 f"/load {q8_file}", "/settings", "/quit"])
@@ -68,10 +70,18 @@ def test_prompt_math_in_the_chat_is_shown_switched_and_kept_across_load(q8_file,
     assert sessions[0].model.prompt_math == "fast"
 
 
+@pytest.mark.needs_kernels
 def test_the_flag_sets_it_from_the_start(q8_file, monkeypatch):
-    sessions, shown = typed_chats(monkeypatch, ["/settings", "/quit"])
+    sessions, shown = typed_chats(monkeypatch, ["/settings", "/device", "/quit"])
     assert main(["-m", str(q8_file), "--compile", "off", "--prompt-math", "fast"]) == 0
     assert "prompt math = fast\n" in shown.getvalue()
+    assert "prompt chunks with 8-bit activation blocks (--prompt-math fast)" in shown.getvalue()  # /device
     with pytest.raises(SystemExit) as refused:
         main(["-m", str(q8_file), "--prompt-math", "sloppy", "-p", "hi"])
     assert refused.value.code == 2
+
+
+def test_the_flag_where_nothing_runs_on_our_kernels_says_so_in_one_line(q8_file, capsys):
+    assert main(["-m", str(q8_file), "--quantize", "none", "--prompt-math", "fast", "-p", "hi", "--max-tokens",
+                 "2"]) == 0
+    assert "--prompt-math fast does nothing here: prompts stay exact" in capsys.readouterr().err

@@ -234,6 +234,9 @@ def warn_about_model(model: Llama, model_options: LoadOptions) -> None:
     reason = kernels_wanting(model, model_options.kernels)
     if reason:
         print(f"llama-chat: PyTorch's kernels run: {reason}", file=sys.stderr)
+    if model_options.prompt_math != model.prompt_math:
+        print("llama-chat: --prompt-math fast does nothing here: prompts stay exact (fast prompt math is llama-chat's "
+              "kernels', which do not run this model)", file=sys.stderr)
     if model_options.chat_format is None and model.chat_format.name == "plain":
         print(f"llama-chat: {model.name} has no chat template (a base model?): replies continue the text "
               "as plain completion; --chat-format names a format for turns", file=sys.stderr)
