@@ -88,6 +88,11 @@ class Llama:
         transformer.to(device=resolved_device, dtype=resolve_dtype(dtype, resolved_device))
         return cls(transformer, tokenizer or ByteTokenizer(vocab_size=args.vocab_size), name=f"random-{seed}")
 
+    @property
+    def default_system(self) -> str | None:
+        """The system prompt the model's store gives it (ollama's system layer), if any."""
+        return self.source.system if self.source is not None else None
+
     def set_prompt_math(self, mode: str) -> str | None:
         """Prompt chunks (steps of more tokens than a verify step) in `mode`: exact (16-bit
         activations, float32-grade) or fast (8-bit activation blocks, as ik_llama.cpp runs

@@ -14,6 +14,7 @@ from llama_chat.checkpoints.gguf_file import MAGIC as GGUF_MAGIC
 from llama_chat.checkpoints.gguf_blocks import KERNEL_BLOCK_TYPES
 from llama_chat.checkpoints.gguf_split import read_gguf_model
 from llama_chat.kernels.quantize import held_as
+from llama_chat.models.sizes import human_parameters
 
 _LONGEST_VALUE = 200  # characters of a name or license shown
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -47,7 +48,7 @@ def model_info(path: str | Path) -> list[tuple[str, str]]:
         ("name", _from_file(metadata.get("general.name")) or path.name),
         ("architecture", args.architecture),
         ("file", f"{path} ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB{split})"),
-        ("parameters", f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"),
+        ("parameters", human_parameters(parameters)),
         ("layers", str(args.n_layers)),
         ("heads", f"{args.n_heads} query, {args.n_kv_heads} key/value, {args.head_dim} wide"
                   + (f", {args.rotary_dim} of them turning" if args.rotary_dim != args.head_dim else "")),

@@ -101,7 +101,8 @@ def test_a_repo_of_bin_weights_only_is_refused():
 
 
 @pytest.mark.parametrize("path", ["../evil.gguf", "/etc/evil.gguf", "a/../../evil.gguf", "a\x00b.gguf",
-                                  "evil\n.gguf", "C:/evil.gguf", "a\\..\\evil.gguf", "./x.gguf"])
+                                  "evil\n.gguf", "C:/evil.gguf", "a\\..\\evil.gguf", "./x.gguf",
+                                  "txt.\u202eevil.gguf", "a\x85b.gguf", "zero\u200bwidth.gguf"])
 def test_a_hostile_name_in_a_listing_is_refused(path):
     with pytest.raises(LlamaChatError, match="refused the file name"):
         checked_listing([RepoFile("ok.gguf", 1), RepoFile(path, 1)], "o/r")
@@ -130,3 +131,15 @@ def test_the_default_models_card_recommends_its_sampling_to_chat_models_only():
     assert card_sampling(["SmolLM2-135M-Instruct.Q4_1.gguf"], chats=True) == {"temperature": 0.2, "top_p": 0.9}
     assert card_sampling(["smollm2"], chats=False) == {}
     assert card_sampling(["Llama-3.2-1B"], chats=True) == {}
+
+
+def test_the_models_table_prints_a_strangers_names_literally():
+    from llama_chat.models.catalog import Catalog, Row
+    from llama_chat.repl.model_commands import table_lines
+
+    row = Row("lmstudio:pub/\u202eevil/m.gguf", "lmstudio", "llama", 135_000_000, "Q4_0", 2_000_000,
+              "/models/pub/\x1b]0;title\x07/m.gguf", "built-in (llama)")
+    text = "\n".join(table_lines(Catalog([row], [])))
+    assert "\u202e" not in text and "\x1b" not in text and "\x07" not in text
+    assert "lmstudio:pub/\\u202eevil/m.gguf" in text and "/models/pub/\\x1b]0;title\\x07/m.gguf" in text
+    assert "135 M" in text and "2.0 MB" in text

@@ -194,8 +194,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             system = None if options.system is None else checked_text(options.system, "--system")
             model = load_model(model_path)
             warn_about_model(model, model_options)
-            if system is None and model.source is not None:
-                system = model.source.system  # a store's default (ollama's system layer)
+            system = model.default_system if system is None else system
             session = Session(model, SamplingSettings(), system=system, context_size=options.ctx_size,
                               model_path=model_path)
             configure_session(session, argv, lookup, answer_format)

@@ -8,9 +8,8 @@ import argparse
 import json
 import sys
 
-from llama_chat.chat.display import visible
 from llama_chat.models.catalog import catalog
-from llama_chat.repl.model_commands import table_lines
+from llama_chat.repl.model_commands import literal, table_lines
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llama-chat models", description=__doc__.splitlines()[0])
@@ -21,5 +20,5 @@ def main(argv: list[str]) -> int:
     else:
         print("\n".join(table_lines(found)))
     for problem in found.left_out:
-        print(f"llama-chat: left out {visible(problem)}", file=sys.stderr)
+        print(f"llama-chat: left out {literal(problem)}", file=sys.stderr)
     return 0

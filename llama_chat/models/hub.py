@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llama_chat.checkpoints.json_file import parse_json
-from llama_chat.errors import LlamaChatError
+from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.models import hub_download
 from llama_chat.models.hub_files import Choice, RepoFile, checked_listing, choose
 from llama_chat.models.names import HubName
@@ -57,6 +57,10 @@ class HubSettings:
         """The repository's folder in the cache, as the client lays it out."""
         return self.cache_dir / ("models--" + repo_id.replace("/", "--"))
 
+    def snapshot(self, repo_id: str, commit: str) -> Path:
+        """The folder of the repository's files at `commit` in the cache."""
+        return self.repo_folder(repo_id) / "snapshots" / commit
+
 
 def fetch(name: HubName, settings: HubSettings, notify: Callable[[str], None]) -> ModelSource:
     """The files `name` asks for, downloaded unless the cache has them; the source to load.
@@ -73,8 +77,7 @@ def fetch(name: HubName, settings: HubSettings, notify: Callable[[str], None]) -
     _check_free_space(choice, name, settings, commit)
     for file in choice.files:
         _download(name, file, settings, commit)
-    folder = settings.repo_folder(name.repo_id) / "snapshots" / commit
-    return _source(name, folder / choice.entry, choice)
+    return _source(name, settings.snapshot(name.repo_id, commit) / choice.entry, choice)
 
 
 def _source(name: HubName, entry: Path, choice: Choice) -> ModelSource:
@@ -84,13 +87,6 @@ def _source(name: HubName, entry: Path, choice: Choice) -> ModelSource:
 
 class _Unreachable(Exception):
     """The hub did not answer (no network, a timeout, a server error): the cache may serve."""
-
-
-def _client():
-    """The hub's client, imported where a hub is used (it is heavy, and optional to the chat)."""
-    import huggingface_hub
-
-    return huggingface_hub
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -133,7 +129,7 @@ def _listing(name: HubName, settings: HubSettings) -> tuple[list[RepoFile], str]
             raise ValueError("no commit or file list")
         return [_repo_file(sibling) for sibling in siblings], commit
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise LlamaChatError(f"{name.repo_id}: the hub's listing is not one a hub writes ({_first_line(error)}); "
+        raise LlamaChatError(f"{name.repo_id}: the hub's listing is not one a hub writes ({first_line(error)[:300]}); "
                              "refused") from None
 
 
@@ -149,13 +145,13 @@ def _repo_file(sibling: dict) -> RepoFile:
 
 def _hub_error(error: Exception, name: HubName, settings: HubSettings) -> Exception:
     """A client error as what to do, in one line; _Unreachable where the cache may serve instead."""
-    from huggingface_hub import errors
+    from huggingface_hub import errors, get_token
 
     page = f"{settings.endpoint}/{name.repo_id}"
     if isinstance(error, _network_errors()):
-        return _Unreachable(_first_line(error))
+        return _Unreachable(first_line(error)[:300])
     if isinstance(error, errors.GatedRepoError):
-        if settings.token is None and _client().get_token() is None:
+        if settings.token is None and get_token() is None:
             return LlamaChatError(f"{name.repo_id} is gated: accept its licence at {page}, then set HF_TOKEN to an "
                                   "access token of that account")
         return LlamaChatError(f"{name.repo_id} is gated and the access token given (HF_TOKEN, or the one `hf auth "
@@ -169,19 +165,15 @@ def _hub_error(error: Exception, name: HubName, settings: HubSettings) -> Except
         status = getattr(getattr(error, "response", None), "status_code", None)
         if status is not None and status >= 500 or status == 429:
             return _Unreachable(f"it answered {status}")
-        return LlamaChatError(f"{name.repo_id}: the hub refused the request ({_first_line(error)})")
+        return LlamaChatError(f"{name.repo_id}: the hub refused the request ({first_line(error)[:300]})")
     if isinstance(error, LlamaChatError):
         return error
-    return LlamaChatError(f"{name.repo_id}: {type(error).__name__}: {_first_line(error)}")
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    return LlamaChatError(f"{name.repo_id}: {type(error).__name__}: {first_line(error)[:300]}")
 
 
 def _cached_path(name: HubName, file: RepoFile, settings: HubSettings, commit: str) -> Path | None:
     """The file in the cache at `commit`, when it is there whole (its size as listed)."""
-    path = settings.repo_folder(name.repo_id) / "snapshots" / commit / file.path
+    path = settings.snapshot(name.repo_id, commit) / file.path
     try:
         return path if path.stat().st_size == file.size else None
     except OSError:
@@ -194,7 +186,7 @@ def _check_free_space(choice: Choice, name: HubName, settings: HubSettings, comm
     needed = 0
     for file in choice.files:
         if _cached_path(name, file, settings, commit) is None:
-            partial = blobs / f"{file.sha256}.incomplete" if file.sha256 else None
+            partial = hub_download.partial_of(blobs / file.sha256) if file.sha256 else None
             have = partial.stat().st_size if partial is not None and partial.is_file() else 0
             needed += max(file.size - have, 0)
     if not needed:
@@ -234,14 +226,16 @@ def _download(name: HubName, file: RepoFile, settings: HubSettings, commit: str)
                 raise LlamaChatError(f"{name}: the download of {file.path} broke off ({turned}); the same command "
                                      "resumes it") from None
             raise turned from None
-    return Path(_client().hf_hub_download(name.repo_id, file.path, revision=commit, cache_dir=settings.cache_dir,
+    from huggingface_hub import hf_hub_download  # the client loads only where a hub is used
+
+    return Path(hf_hub_download(name.repo_id, file.path, revision=commit, cache_dir=settings.cache_dir,
                                           local_files_only=True))
 
 
 def _trusted(name: HubName, file: RepoFile, settings: HubSettings, commit: str) -> None:
     """A file found in the cache, held to the listing: its blob named by the sha256 the hub
     states (the cache names large files so), else hashed."""
-    path = settings.repo_folder(name.repo_id) / "snapshots" / commit / file.path
+    path = settings.snapshot(name.repo_id, commit) / file.path
     if file.sha256 is None or path.resolve().name == file.sha256:
         return
     if hub_download.sha256_of(path) != file.sha256:
@@ -264,7 +258,7 @@ def _from_cache(name: HubName, settings: HubSettings, why: str, notify: Callable
     folder = settings.repo_folder(name.repo_id)
     revision = name.revision or DEFAULT_BRANCH
     commit = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else branch_commit(folder, revision)
-    snapshot = folder / "snapshots" / commit if commit else None
+    snapshot = settings.snapshot(name.repo_id, commit) if commit else None
     if snapshot is None or not snapshot.is_dir():
         raise LlamaChatError(f"{why}, and {name.repo_id} is not in the Hugging Face cache ({settings.cache_dir}); "
                              f"with the hub in reach, `llama-chat pull {name}` fetches it")

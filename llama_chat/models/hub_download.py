@@ -60,11 +60,16 @@ def download(repo_id: str, path: str, commit: str, *, size: int, sha256: str | N
     return link
 
 
+def partial_of(blob: Path) -> Path:
+    """Where the bytes of `blob` that arrived so far are kept until it is whole."""
+    return blob.with_name(blob.name + ".incomplete")
+
+
 def _fetch(url: str, blob: Path, size: int, sha256: str | None, path: str, token: str | None) -> None:
     """The blob's bytes, continued from its partial file, with a progress bar."""
     from huggingface_hub.utils import tqdm
 
-    partial = blob.with_name(blob.name + ".incomplete")
+    partial = partial_of(blob)
     with open(partial, "ab") as file:
         if file.tell() > size:
             file.truncate(0)

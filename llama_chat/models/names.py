@@ -96,7 +96,7 @@ def check_repo_path(path: str, where: str, error: type[LlamaChatError] = UsageEr
         or path.startswith("/")
         or "\\" in path
         or any(part in ("", ".", "..") for part in parts)
-        or any(ord(character) < 32 or ord(character) == 127 for character in path)
+        or not path.isprintable()  # control, format and bidirectional characters
         or re.match(r"[A-Za-z]:", path)
     ):
         raise error(f"{where}: refused the file name {path!r} (it could point outside the repository)")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from llama_chat.chat.display import visible
 from llama_chat.engine.runners import ThreadGovernor
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
@@ -26,11 +25,11 @@ def run_load(state: ChatState, text: str) -> None:
         reason = str(error) if isinstance(error, LlamaChatError) else f"{type(error).__name__}: {error}"
         raise CommandError(f"could not load {text}: {reason}; still chatting with {session.model.name}") from None
     model.set_prompt_math(session.model.prompt_math)  # the chat's choice holds for the next model too
-    earlier_system = store_system(session.model)
+    earlier_system = session.model.default_system
     draft_note = session.set_model(model, text)
     session.take_recommended_settings()
-    if session.system == earlier_system and store_system(model) != earlier_system:
-        session.set_system(store_system(model))  # the store's default system prompt, unless the user set one
+    if session.system == earlier_system and model.default_system != earlier_system:
+        session.set_system(model.default_system)  # the store's default system prompt, unless the user set one
     state.renderer.note(
         f"loaded {model.name} on {describe_briefly(model)}, context {session.capacity} tokens; "
         f"the conversation goes on ({exchanges(len(session.exchanges))})"
@@ -39,20 +38,23 @@ def run_load(state: ChatState, text: str) -> None:
         state.renderer.note(draft_note)
 
 
-def store_system(model: Llama) -> str | None:
-    """The default system prompt the model's store gives it (ollama's system layer), if any."""
-    return model.source.system if model.source is not None else None
-
-
 def run_models(state: ChatState, text: str) -> None:
     found = catalog()
     for line in table_lines(found):
         state.renderer.line(line)
     for problem in found.left_out:
-        state.renderer.note(f"left out {visible(problem)}")
+        state.renderer.note(f"left out {literal(problem)}")
 
 
 COLUMNS = ("name", "architecture", "parameters", "quantisation", "size", "chat template", "where")
+
+
+def literal(text: str) -> str:
+    """A name from a stranger (a folder's, a listing's) as it is spelt: every character that
+    does not print (control, format, bidirectional) written as its escape, never obeyed."""
+    return "".join(character if character.isprintable() else
+                   f"\\x{ord(character):02x}" if ord(character) < 256 else f"\\u{ord(character):04x}"
+                   for character in text)
 
 
 def table_lines(found: Catalog) -> list[str]:
@@ -65,7 +67,7 @@ def table_lines(found: Catalog) -> list[str]:
          row.template, row.path)
         for row in found.rows
     ]
-    cells = [tuple(visible(cell) for cell in line) for line in cells]
+    cells = [tuple(literal(cell) for cell in line) for line in cells]
     widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS) - 1)]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in cells]
 
