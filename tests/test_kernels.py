@@ -35,15 +35,7 @@ from llama_chat.kernels.library_layout import library_layout
 from llama_chat.kernels.quantize import block_mode, block_types
 from llama_chat.kernels.weights_record import WeightsRecord
 
-from .block_layout_reference import (
-    BLOCK_SIZES,
-    ROW_GROUP,
-    TILE_HALVES,
-    TILE_ROWS,
-    TILED_TYPES,
-    interleave_rows,
-    tile_rows,
-)
+from .block_layout_reference import BLOCK_SIZES, TILE_HALVES, TILE_ROWS, tile_rows
 from .conftest import tiny_args
 from .test_gguf import tiny_hf_model, write_gguf
 
@@ -86,19 +78,12 @@ def reference(raw: np.ndarray, block_type: str, x: torch.Tensor) -> torch.Tensor
 
 
 def arranged(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
-    """Blocks [rows, bytes a row] in the kernels' layout (tiles of 16 rows or groups of 4),
-    as the library's arrange_blocks writes it."""
-    unit = 16 if block_type in TILED_TYPES else 4
+    """Blocks [rows, bytes a row] in the kernels' layout (tiles of 16 rows), as the
+    library's arrange_blocks writes it."""
     columns = blocks.shape[1] // BLOCK_SIZES[block_type][1] * BLOCK_SIZES[block_type][0]
-    out = torch.full((-(-len(blocks) // unit), arranged_bytes(block_type, columns)), 0xAB, dtype=torch.uint8)
+    out = torch.full((-(-len(blocks) // TILE_ROWS), arranged_bytes(block_type, columns)), 0xAB, dtype=torch.uint8)
     torch.ops.llama_chat.arrange_blocks(blocks, BLOCK_TYPES[block_type], out)
     return out
-
-
-def reference_arranged(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
-    if block_type in TILED_TYPES:
-        return tile_rows(blocks, block_type)
-    return interleave_rows(blocks, BLOCK_SIZES[block_type][1])
 
 
 def run(x, raw, block_type, variant, bits):
@@ -114,15 +99,14 @@ def run(x, raw, block_type, variant, bits):
 @pytest.mark.parametrize("rows", [1, 5, 16, 37, 3205])
 def test_the_library_arranges_blocks_as_the_reference_does_byte_for_byte(block_type, rows):
     """Every byte random (fields too: arranging moves bytes, never reads them as numbers);
-    3205 rows split over threads into several pieces and end in a padded tile or group."""
+    3205 rows split over threads into several pieces and end in a padded tile."""
     columns = 1024 if rows == 3205 else 512
     weights, size = BLOCK_SIZES[block_type]
     generator = torch.Generator().manual_seed(rows)
     blocks = torch.randint(0, 256, (rows, columns // weights * size), dtype=torch.uint8, generator=generator)
     got = arranged(blocks, block_type)
-    assert torch.equal(got, reference_arranged(blocks, block_type))
-    if block_type in TILED_TYPES:
-        assert torch.equal(untile_rows(got, block_type, rows), blocks)
+    assert torch.equal(got, tile_rows(blocks, block_type))
+    assert torch.equal(untile_rows(got, block_type, rows), blocks)
 
 
 def four_q4_0_rows(**changes):
@@ -145,21 +129,6 @@ def four_q4_0_rows(**changes):
 def test_arranging_refuses_what_it_cannot_lay_out(call, message):
     with pytest.raises(RuntimeError, match=message):
         torch.ops.llama_chat.arrange_blocks(**call)
-
-
-@pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", [name for name in TYPES if name not in TILED_TYPES])
-@pytest.mark.parametrize("rows", [1, 3, 8, 13])
-def test_float_activations_match_gguf_dequantisation(block_type, rows):
-    """Single-token kernels: float32 activations, so within float32 rounding of the exact
-    product (37 output rows: two panels and an odd remainder)."""
-    columns = 512
-    raw = random_blocks(block_type, 37, columns)
-    x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(1))
-    exact = reference(raw, block_type, x)
-    for variant in variants():
-        got = run(x, raw, block_type, variant, 0).double()
-        assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5, variant
 
 
 @pytest.mark.needs_kernels
@@ -198,15 +167,14 @@ def one_thread(call):
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", ["Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("block_type", ["Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("tokens", [1, 3, 7, 16])
 @pytest.mark.parametrize("bits", [8, 16])
-def test_five_and_eight_bit_tiles_match_gguf_dequantisation_in_every_variant(block_type, tokens, bits):
-    """Q5_0, Q5_1 and Q8_0 tiles in each variant against x @ W^T, W as gguf dequantises the
-    same blocks: 101 rows (7 tiles, four of them run together for a single token, the last
-    padded), 3 units wide; each output within half an activation level times the row's
-    |weights|."""
-    columns = 96
+def test_tiles_match_gguf_dequantisation_in_every_variant(block_type, tokens, bits):
+    """Tiles in each variant against x @ W^T, W as gguf dequantises the same blocks: 101 rows
+    (7 tiles, four of them run together for a single token, the last padded), 3 units wide;
+    each output within half an activation level times the row's |weights|."""
+    columns = 3 * BLOCK_SIZES[block_type][0]
     raw = random_blocks(block_type, 101, columns, seed=tokens)
     x = torch.randn(tokens, columns, generator=torch.Generator().manual_seed(bits))
     exact = reference(raw, block_type, x)
@@ -221,7 +189,7 @@ def test_five_and_eight_bit_tiles_match_gguf_dequantisation_in_every_variant(blo
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", [name for name in TILED_TYPES if name != "Q8_0"])  # Q8_0's: signed, below
+@pytest.mark.parametrize("block_type", [name for name in TYPES if name != "Q8_0"])  # Q8_0's: signed, below
 @pytest.mark.parametrize("bits", [8, 16])
 def test_tiled_levels_at_their_largest_do_not_overflow_the_products(block_type, bits):
     """Every level at its type's top (all level bits set: 15, Q5's 31, Q6_K's 63) against
@@ -251,7 +219,7 @@ def amx_variant() -> str:
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", TILED_TYPES)
+@pytest.mark.parametrize("block_type", TYPES)
 @pytest.mark.parametrize("tokens", [33, 47, 64])
 @pytest.mark.parametrize("rows", [101, 90])
 def test_a_prompts_tokens_on_the_tile_unit_match_gguf_dequantisation(block_type, tokens, rows):
@@ -317,13 +285,13 @@ def test_q8_0_levels_at_their_extremes_do_not_overflow_the_products(bits):
 
 
 @pytest.mark.needs_kernels
-@pytest.mark.parametrize("block_type", TILED_TYPES)
+@pytest.mark.parametrize("block_type", TYPES)
 def test_tiles_hold_the_file_blocks_at_their_size(block_type):
     """37 rows: two whole tiles and one padded with zero rows. Tiles are the blocks' bytes
-    rearranged, but Q4_K's hold each 6-bit scale in a byte (148 bytes a block against 144)."""
+    rearranged, but Q4_K's and Q5_K's hold each 6-bit scale in a byte (4 bytes a block more)."""
     raw = torch.from_numpy(random_blocks(block_type, 37, 512, seed=5))
     tiles = tile_rows(raw, block_type)
-    growth = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1, "Q8_0": 1, "Q4_K": 148 / 144, "Q6_K": 1}[block_type]
+    growth = {"Q4_K": 148 / 144, "Q5_K": 180 / 176}.get(block_type, 1)
     assert tiles.shape == (3, 16 * raw.shape[1] * growth) == (3, arranged_bytes(block_type, 512))
     assert torch.equal(untile_rows(tiles, block_type, 37), raw)
     assert not untile_rows(tiles, block_type, 48)[37:].any()
@@ -334,38 +302,28 @@ def test_the_library_reports_the_layout_its_header_documents():
     """What Python reads of the library instead of copying it: the layout the reference
     writes out, gguf's block sizes, and the variants' names in their numbering."""
     layout = library_layout()
-    assert (layout.tile_rows, layout.row_group) == (TILE_ROWS, ROW_GROUP)
+    assert layout.tile_rows == TILE_ROWS
     assert native.variant_names() == ("portable", "avx2", "avx512-vnni", "avx512-amx")
     assert sorted(layout.types) == sorted(BLOCK_TYPES.values())
     for name, number in BLOCK_TYPES.items():
         kind = layout.types[number]
         assert (kind.block_weights, kind.block_bytes) == BLOCK_SIZES[name]
-        assert kind.tiled == (name in TILED_TYPES)
-        if kind.tiled:
-            assert (kind.halves, kind.halves_at) == TILE_HALVES[name]
-
-
-@pytest.mark.needs_kernels
-def test_tiled_types_refuse_float_activations():
-    tiles = torch.zeros(1, 16 * 18, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match="8- or 16-bit activations"):
-        torch.ops.llama_chat.block_linear(torch.zeros(1, 32), tiles, BLOCK_TYPES["Q4_0"], 16, 0, 0)
+        assert (kind.halves, kind.halves_at) == TILE_HALVES[name]
 
 
 @pytest.mark.needs_kernels
 def test_the_variants_seen_on_this_cpu_include_the_portable_one():
     assert variants()[0] == "portable"
     with pytest.raises(RuntimeError, match="unknown kernel variant"):
-        torch.ops.llama_chat.block_linear(torch.zeros(1, 256), torch.zeros(1, 4 * 176, dtype=torch.uint8), 13, 1, 7, 0)
+        torch.ops.llama_chat.block_linear(torch.zeros(1, 256), torch.zeros(1, 2880, dtype=torch.uint8), 13, 1, 7, 16)
 
 
 def q5_k_weight(rows: int, columns: int) -> torch.Tensor:
-    """Zero Q5_K blocks of `rows` rows (padded to groups of 4) in the kernels' layout: the
-    one type kept in row groups, and read with float activations as well."""
-    return torch.zeros(-(-rows // 4) * 4 * columns // 256 * 176, dtype=torch.uint8)
+    """Zero Q5_K blocks of `rows` rows (padded to a tile of 16) in the kernels' layout."""
+    return torch.zeros(-(-rows // 16) * columns // 256 * 2880, dtype=torch.uint8)
 
 
-def block_linear(x, weight, block_type=BLOCK_TYPES["Q5_K"], out_features=4, variant=0, bits=0):
+def block_linear(x, weight, block_type=BLOCK_TYPES["Q5_K"], out_features=4, variant=0, bits=16):
     return torch.ops.llama_chat.block_linear(x, weight, block_type, out_features, variant, bits)
 
 
@@ -378,9 +336,9 @@ def one_row(**changes):
 @pytest.mark.parametrize("call, message", [
     # Bytes that do not make the rows said: the kernels would read past the weight's end.
     (lambda: block_linear(torch.zeros(1, 512), q5_k_weight(4, 512)[:-1]),
-     "weight holds 1407 bytes, not the 1408 of 4 rows of 512 in groups of 4"),
-    (lambda: block_linear(torch.zeros(1, 512), q5_k_weight(4, 512), out_features=5),
-     "weight holds 1408 bytes, not the 2816 of 5 rows of 512 in groups of 4"),
+     "weight holds 5759 bytes, not the 5760 of 4 rows of 512 in tiles of 16"),
+    (lambda: block_linear(torch.zeros(1, 512), q5_k_weight(4, 512), out_features=17),
+     "weight holds 5760 bytes, not the 11520 of 17 rows of 512 in tiles of 16"),
     (lambda: block_linear(torch.zeros(2, 32), torch.zeros(287, dtype=torch.uint8), BLOCK_TYPES["Q4_0"], 16, bits=16),
      "weight holds 287 bytes, not the 288 of 16 rows of 32 in tiles of 16"),
     (lambda: block_linear(torch.zeros(1, 48), torch.zeros(544, dtype=torch.uint8), BLOCK_TYPES["Q8_0"], 16, bits=16),
@@ -393,9 +351,9 @@ def one_row(**changes):
     (lambda: one_row(block_type=-1), "unsupported block type -1"),
     # Beyond int, its cast would wrap onto Q5_K, the weight's own type.
     (lambda: one_row(block_type=(1 << 32) + 13), "unsupported block type 4294967309"),
-    (lambda: one_row(bits=4), "activation_bits must be 0, 8 or 16, not 4"),
-    (lambda: one_row(bits=32), "activation_bits must be 0, 8 or 16, not 32"),
-    (lambda: one_row(bits=-8), "activation_bits must be 0, 8 or 16, not -8"),
+    (lambda: one_row(bits=0), "activation_bits must be 8 or 16, not 0"),
+    (lambda: one_row(bits=32), "activation_bits must be 8 or 16, not 32"),
+    (lambda: one_row(bits=-8), "activation_bits must be 8 or 16, not -8"),
     (lambda: block_linear(torch.zeros(1, 256), torch.zeros(0, dtype=torch.uint8), out_features=-4),
      "out_features is negative: -4"),
     (lambda: block_linear(torch.zeros(()), q5_k_weight(4, 256)), "x must have a dimension to multiply along"),
@@ -406,7 +364,7 @@ def one_row(**changes):
     (lambda: one_row(variant=4), "unknown kernel variant 4"),
     (lambda: one_row(variant=-1), "unknown kernel variant -1"),
 ], ids=["a byte short", "more rows than bytes", "a tile a byte short", "width not whole blocks",
-        "width not whole K blocks", "width 0", "Q8_1", "negative type", "type beyond int", "4 bits", "32 bits",
+        "width not whole K blocks", "width 0", "Q8_1", "negative type", "type beyond int", "0 bits", "32 bits",
         "negative bits", "negative rows", "no dimension", "float64", "not contiguous", "int8 weight",
         "variant 4", "variant -1"])
 def test_the_operator_refuses_inputs_it_cannot_multiply(call, message):
@@ -486,11 +444,11 @@ def test_float_weights_quantise_into_blocks_gguf_reads(quantise, qtype, toleranc
 
 @pytest.mark.needs_kernels
 def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
-    stored = stored_blocks("Q5_K", 16, 256, 0)
+    stored = stored_blocks("Q6_K", 16, 256, 0)
     raw = stored.blocks(0, 16)
-    layer = BlockLinear(stored, "Q5_K", native.variant_number("portable"))
+    layer = BlockLinear(stored, "Q6_K", native.variant_number("portable"))
     assert torch.equal(layer.file_blocks(), raw)
-    assert layer.blocks.numel() == raw.numel()  # the file's size: rows regrouped, nothing added
+    assert layer.blocks.numel() == raw.numel()  # the file's size: rows rearranged, nothing added
     weight = torch.randn(15, 256)
     floats = BlockLinear(TensorMatrix.of(weight), "Q8_0", native.variant_number("portable"))
     assert floats.blocks.shape == (1, 16 * 256 // 32 * 34)  # a tile of 15 rows and one of zeros
@@ -554,7 +512,7 @@ def test_a_gguf_model_runs_on_the_kernels_in_each_variant(tmp_path, monkeypatch)
 def test_a_gguf_files_five_and_eight_bit_matrices_are_held_in_their_own_type(tmp_path, monkeypatch, qtype, tied):
     """A tiny model that gguf's quantiser wrote as Q5_0 (Q5_1, Q8_0 with its embedding tied
     to the head): every matrix, the embedding and the head too, is held in tiles of the
-    file's blocks at the file's size (not widened to Q8_0, not kept in row groups; a tied
+    file's blocks at the file's size (not widened to Q8_0; a tied
     table once, both the embedding and the head), and each variant's logits over a prompt
     step and single tokens are the float model's."""
     path = write_gguf(tmp_path / f"{qtype.name}.gguf", tiny_hf_model(seed=7, tie_word_embeddings=tied), qtype=qtype)
@@ -567,7 +525,7 @@ def test_a_gguf_files_five_and_eight_bit_matrices_are_held_in_their_own_type(tmp
     def held_as_stored(layer, name):  # the file's bytes, rows padded to a whole tile (the table's 268 to 272)
         file_rows = torch.from_numpy(np.array(stored[name].data)).view(torch.uint8).view(layer.out_features, -1)
         padded_rows = -(-layer.out_features // TILE_ROWS) * TILE_ROWS
-        return (layer.block_type, layer.tiled) == (qtype.name, True) and torch.equal(layer.file_blocks(), file_rows) \
+        return layer.block_type == qtype.name and torch.equal(layer.file_blocks(), file_rows) \
             and layer.blocks.numel() == padded_rows * file_rows.shape[1]
 
     for variant in variants():

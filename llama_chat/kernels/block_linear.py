@@ -1,24 +1,18 @@
 """Weights held as GGUF blocks and multiplied by llama-chat's own kernels (native.py).
 
 A GGUF file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices keep the file's
-blocks and (but for Q4_K's 6-bit scales, held a byte each: 148 bytes a block against 144)
-its size:
-- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K are rearranged into tiles of 16 rows whose
-  levels (4-bit, or Q5_0's, Q5_1's and Q6_K's low 4 bits with the fifth bit or top 2 in
-  planes of their own; Q8_0's bytes plus 128) feed integer dot products directly
-  (kernels.h has the layout): a single token and several tokens both run integer kernels,
-  with activations quantised per group of 32 to 16 bits carried as two int8 halves
-  (within 1/65000 of each group's largest value; a step's activations can go to int8
-  instead, half the integer work, but measured to change 4% of the default model's
-  teacher-forced choices; see docs/kernels.md).
-- Q5_K keeps its blocks with rows in groups of 4, interleaved block by block, so that a
-  single token reads 4 rows as one sequential stream (1.36x faster from memory than 4
-  rows side by side); a single token multiplies them with float32 activations, several
-  tokens as above.
+blocks and (but for the K types' 6-bit scales, held a byte each: Q4_K's 148 bytes a block
+against 144) its size, rearranged into tiles of 16 rows whose levels (4-bit, or the low 4
+bits of Q5's and Q6_K's with the fifth bit or top 2 beside them; Q8_0's bytes plus 128)
+feed integer dot products directly (kernels.h has the layout): a single token and several
+tokens both run integer kernels, with activations quantised per group of 32 to 16 bits
+carried as two int8 halves (within 1/65000 of each group's largest value; a step's
+activations can go to int8 instead, half the integer work, but measured to change 4% of the
+default model's teacher-forced choices; see docs/kernels.md).
 Float weights are quantised into blocks the same kernels read: Q8_0 (int8 with a scale per
 32 weights), or Q4_1 with `--quantize int4` or where the checkpoint says it came from 4-bit
-blocks. Which types are tiled, and the sizes of tiles, row groups and their units, are the
-library's own, read from it (library_layout.py), never copied here.
+blocks. The sizes of tiles and their units are the library's own, read from it
+(library_layout.py), never copied here.
 """
 
 from __future__ import annotations
@@ -44,14 +38,8 @@ CHUNK_WEIGHTS = 1 << 21  # weights converted at a time: bounds a load's temporar
 
 
 def type_layout(block_type: str) -> TypeLayout:
-    """How the loaded library holds `block_type` (tiled or not, its block's and unit's sizes)."""
+    """How the loaded library holds `block_type` (its block's and unit's sizes)."""
     return library_layout().types[BLOCK_TYPES[block_type]]
-
-
-def rows_arranged_together(block_type: str) -> int:
-    """Rows a tile (tiled types) or a row group (the others) holds."""
-    layout = library_layout()
-    return layout.tile_rows if type_layout(block_type).tiled else layout.row_group
 
 
 def _halves(values: torch.Tensor) -> torch.Tensor:
@@ -97,26 +85,31 @@ def _k_scales_packed(scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tens
 CRUMB_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
 # The places of a byte's 8 bits: Q5's fifth bits, eight to a byte.
 BIT_PLACES = torch.arange(8, dtype=torch.uint8)
-FIFTH_BIT_TYPES = ("Q5_0", "Q5_1")
+FIFTH_BIT_TYPES = ("Q5_0", "Q5_1", "Q5_K")
+SCALE_MIN_TYPES = ("Q4_K", "Q5_K")  # 6-bit scales and minimums, 8 of each a block
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # blocks of 256 whose units start with a byte a row of factors
+FACTOR_BYTES = 16  # each K type's byte factors a row: Q4_K's and Q5_K's 8 scales and 8 minimums, Q6_K's 16 scales
 
 
 def arranged_bytes(block_type: str, columns: int) -> int:
-    """Bytes of one tile (16 rows) or row group (4 rows) in the kernels' layout."""
+    """Bytes of one tile (16 rows) in the kernels' layout."""
     kind = type_layout(block_type)
-    if kind.tiled:
-        return columns // kind.unit_columns * kind.unit_bytes
-    return rows_arranged_together(block_type) * columns // kind.block_weights * kind.block_bytes
+    return columns // kind.unit_columns * kind.unit_bytes
 
 
 def _blocks_from_parts(
     levels: torch.Tensor, halves: torch.Tensor, factors: torch.Tensor | None, block_type: str
 ) -> torch.Tensor:
     rows, units = halves.shape[:2]
-    if block_type == "Q4_K":
-        runs = levels.reshape(rows, units, 4, 2, 32)
-        nibbles = runs[..., 0, :] | (runs[..., 1, :] << 4)
+    if block_type in SCALE_MIN_TYPES:
+        runs = levels.reshape(rows, units, 4, 2, 32)  # 64 columns a run: the low nibbles' 32, the high ones'
+        nibbles = (runs[..., 0, :] & 15) | ((runs[..., 1, :] & 15) << 4)
         scales = _k_scales_packed(factors[..., :8], factors[..., 8:])
-        return torch.cat([halves.flatten(2), scales, nibbles.flatten(2)], dim=-1)
+        parts = [halves.flatten(2), scales]
+        if block_type == "Q5_K":  # qh: bit 2 run (+ 1) of byte l is column 64 run + l's (+ 32's) fifth bit
+            fifth = ((runs >> 4) << torch.tensor([0, 1], dtype=torch.uint8)[:, None]).sum(dim=3, dtype=torch.uint8)
+            parts.append((fifth << (2 * torch.arange(4, dtype=torch.uint8))[:, None]).sum(dim=2, dtype=torch.uint8))
+        return torch.cat([*parts, nibbles.flatten(2)], dim=-1)
     if block_type == "Q6_K":
         quarters = levels.reshape(rows, units, 2, 4, 32)
         low, high = quarters & 15, quarters >> 4
@@ -126,7 +119,7 @@ def _blocks_from_parts(
     if block_type == "Q8_0":
         return torch.cat([halves.flatten(2), levels], dim=-1)
     nibbles = (levels[..., :16] & 15) | (levels[..., 16:] << 4)
-    if block_type in FIFTH_BIT_TYPES:  # qh: bit i of byte b is column 8 b + i's fifth bit
+    if block_type in ("Q5_0", "Q5_1"):  # qh: bit i of byte b is column 8 b + i's fifth bit
         fifth = ((levels >> 4).reshape(rows, units, 4, 8) << BIT_PLACES).sum(dim=-1, dtype=torch.uint8)
         return torch.cat([halves.flatten(2), fifth, nibbles], dim=-1)
     return torch.cat([halves.flatten(2), nibbles], dim=-1)
@@ -138,36 +131,35 @@ def untile_rows(tiles: torch.Tensor, block_type: str, count: int) -> torch.Tenso
     kind, tile_rows = type_layout(block_type), library_layout().tile_rows
     fields = kind.halves
     groups_a_unit = kind.unit_columns // GROUP
-    level_bytes = (512 if block_type == "Q8_0" else 256) * groups_a_unit
-    high_bytes = {"Q6_K": 128, "Q5_0": 64, "Q5_1": 64}.get(block_type, 0) * groups_a_unit
-    field_bytes = 2 * tile_rows * fields
-    # What a unit holds after the levels and fields, a byte a row each: Q4_K's 8 scales and
-    # 8 minimums, Q6_K's 16 scales; none for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
-    factor_bytes = (kind.unit_bytes - level_bytes - high_bytes - field_bytes) // tile_rows
+    level_bytes = 512 if block_type == "Q8_0" else 256  # a group's
+    high_bytes = {"Q6_K": 128, "Q5_0": 64, "Q5_1": 64, "Q5_K": 64}.get(block_type, 0)  # a group's
+    factor_bytes = FACTOR_BYTES * tile_rows if block_type in K_TYPES else 0  # a unit's, ahead of its groups
+    field_bytes = 2 * tile_rows * fields  # a unit's float16 fields, after its groups
     units = tiles.view(len(tiles), -1, kind.unit_bytes)
     count_units, rows = units.shape[1], len(tiles) * tile_rows
+    shape = (len(tiles), count_units, groups_a_unit)
+    groups = units[..., factor_bytes : kind.unit_bytes - field_bytes].reshape(*shape, level_bytes + high_bytes)
     if block_type == "Q8_0":  # level vector v: byte 4 r + j is row r's column 4 v + j, plus 128
-        stored = units[..., :level_bytes].reshape(len(tiles), -1, 8, tile_rows, 4).permute(0, 3, 1, 2, 4)
-        levels = stored ^ 0x80  # [tile, row, group, v, j]: the file's int8 bytes
+        stored = groups[..., :level_bytes].reshape(*shape, 8, tile_rows, 4)
+        levels = stored.permute(0, 4, 1, 2, 3, 5) ^ 0x80  # [tile, row, unit, group, v, j]: the file's int8 bytes
     else:
-        packed = units[..., :level_bytes].reshape(len(tiles), -1, 4, tile_rows, 4).permute(0, 3, 1, 2, 4)
-        levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, group, k, half, j]
+        packed = groups[..., :level_bytes].reshape(*shape, 4, tile_rows, 4).permute(0, 4, 1, 2, 3, 5)
+        levels = torch.stack([packed & 15, packed >> 4], dim=-2)  # [tile, row, unit, group, k, half, j]
     if block_type in FIFTH_BIT_TYPES:  # bit v of byte 4 r + j: level vector v's fifth
-        bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, tile_rows, 1, 4)
-        fifth = (bits.permute(0, 2, 1, 3, 4) >> BIT_PLACES[:, None]) & 1  # [tile, row, group, v, j]
+        bits = groups[..., level_bytes:].reshape(*shape, tile_rows, 1, 4)
+        fifth = (bits.permute(0, 3, 1, 2, 4, 5) >> BIT_PLACES[:, None]) & 1  # [tile, row, unit, group, v, j]
         levels = levels | (fifth.reshape(levels.shape) << 4)
     elif high_bytes:
-        bits = units[..., level_bytes : level_bytes + high_bytes].reshape(len(tiles), -1, 2, tile_rows, 4)
-        bits = bits.permute(0, 3, 1, 2, 4)[..., None, :]  # [tile, row, group, chunk, 1, j]
+        bits = groups[..., level_bytes:].reshape(*shape, 2, tile_rows, 4)
+        bits = bits.permute(0, 4, 1, 2, 3, 5)[..., None, :]  # [tile, row, unit, group, chunk, 1, j]
         crumbs = (bits >> CRUMB_SHIFTS) & 3  # [.., chunk, v % 4, j]
         levels = levels | (crumbs.reshape(levels.shape) << 4)
-    at = level_bytes + high_bytes
-    halves = units[..., at : at + field_bytes].reshape(len(tiles), count_units, fields, tile_rows, 2)
+    halves = units[..., kind.unit_bytes - field_bytes :].reshape(len(tiles), count_units, fields, tile_rows, 2)
     halves = halves.permute(0, 3, 1, 2, 4).reshape(rows, count_units, fields, 2)
     factors = None
     if factor_bytes:
-        factors = units[..., at + field_bytes :].reshape(len(tiles), count_units, factor_bytes, tile_rows)
-        factors = factors.permute(0, 3, 1, 2).reshape(rows, count_units, -1)
+        factors = units[..., :factor_bytes].reshape(len(tiles), count_units, FACTOR_BYTES, tile_rows)
+        factors = factors.permute(0, 3, 1, 2).reshape(rows, count_units, FACTOR_BYTES)
     return _blocks_from_parts(levels.reshape(rows, -1, 32), halves, factors, block_type).reshape(rows, -1)[:count]
 
 
@@ -200,8 +192,7 @@ class BlockLinear(nn.Module):
         self.variant = variant
         self.activation_bits = activation_bits  # of several tokens' activations: 8 or 16
         self.fast_prompts = False  # --prompt-math fast: prompt chunks with 8-bit activations (set_prompt_math)
-        self.tiled = type_layout(block_type).tiled
-        self.unit = rows_arranged_together(block_type)
+        self.unit = library_layout().tile_rows
         width = arranged_bytes(block_type, self.in_features)
         device = None if read else "meta"
         units = -(-self.out_features // self.unit)
@@ -225,23 +216,14 @@ class BlockLinear(nn.Module):
 
     def file_blocks(self) -> torch.Tensor:
         """The blocks in the file's order, [out_features, bytes a row]."""
-        return self._units_in_file_order(self.blocks)[: self.out_features]
-
-    def _units_in_file_order(self, units: torch.Tensor) -> torch.Tensor:
-        """Arranged units (tiles or row groups) [n, bytes a unit] as their rows' blocks in the
-        file's order [n * rows a unit, bytes a row]."""
-        if self.tiled:
-            return untile_rows(units, self.block_type, len(units) * self.unit)
-        groups, width = units.shape
-        size = type_layout(self.block_type).block_bytes
-        rows = units.view(groups, width // (self.unit * size), self.unit, size).transpose(1, 2)
-        return rows.reshape(groups * self.unit, width // self.unit)
+        return untile_rows(self.blocks, self.block_type, self.out_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of the matrix in float32 [n, in_features]: an embedding's lookup,
         dequantised by gguf's own reference code from the file's blocks (a few rows a step,
         so its speed does not matter and its exactness is gguf's)."""
-        blocks = self._units_in_file_order(self.blocks[ids // self.unit]).view(len(ids), self.unit, -1)
+        tiles = self.blocks[ids // self.unit]
+        blocks = untile_rows(tiles, self.block_type, len(tiles) * self.unit).view(len(ids), self.unit, -1)
         picked = blocks[torch.arange(len(ids)), ids % self.unit]
         values = gguf_dequantize(picked.numpy(), GGMLQuantizationType[self.block_type])
         return torch.from_numpy(values).float().view(len(ids), self.in_features)
@@ -257,16 +239,15 @@ class BlockLinear(nn.Module):
             bits = 8  # ik_llama.cpp's activation blocks, for a prompt chunk only
         elif flat.shape[0] > 1:
             bits = self.activation_bits
-        else:  # a single token: 16-bit activations on tiles, float32 on Q5_K's row groups
-            bits = 16 if self.tiled else 0
+        else:  # a single token: 16-bit activations
+            bits = 16
         out = torch.ops.llama_chat.block_linear(
             flat, self.blocks, self.type_number, self.out_features, self.variant, bits
         )
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        layout = f"tiles of {self.unit} rows" if self.tiled else f"groups of {self.unit} rows"
-        return (f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in {layout}, "
+        return (f"{self.in_features} -> {self.out_features}, {self.block_type} blocks in tiles of {self.unit} rows, "
                 f"{self.activation_bits}-bit steps")
 
 

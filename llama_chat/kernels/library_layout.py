@@ -15,23 +15,21 @@ import torch
 
 @dataclass(frozen=True)
 class TypeLayout:
-    """One GGUF block type as the kernels hold it: its block, and for the tiled types a
-    unit (one block of each of a tile's rows) and where its float16 fields lie."""
+    """One GGUF block type as the kernels hold it: its block, a unit (one block of each of a
+    tile's rows) and where its float16 fields lie."""
 
     block_weights: int
     block_bytes: int
-    tiled: bool
-    unit_columns: int = 0
-    unit_bytes: int = 0
-    halves_at: int = 0  # where the float16 fields start in a file block
-    halves: int = 0  # how many there are (d; then m or dmin)
+    unit_columns: int
+    unit_bytes: int
+    halves_at: int  # where the float16 fields start in a file block
+    halves: int  # how many there are (d; then m or dmin)
 
 
 @dataclass(frozen=True)
 class LibraryLayout:
     variants: tuple[str, ...]  # in the library's numbering
-    tile_rows: int  # rows a tile of a tiled type holds
-    row_group: int  # rows the other types interleave block by block
+    tile_rows: int  # rows a tile holds
     types: dict[int, TypeLayout]  # by ggml type number
 
 
@@ -41,6 +39,5 @@ def library_layout() -> LibraryLayout:
     return LibraryLayout(
         variants=tuple(reported["variants"]),
         tile_rows=reported["tile_rows"],
-        row_group=reported["row_group"],
         types={int(number): TypeLayout(**fields) for number, fields in reported["types"].items()},
     )

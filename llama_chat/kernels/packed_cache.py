@@ -1,6 +1,6 @@
 """A model's packed weights kept on disk, mapped read-only on later loads.
 
-The first load of a file on llama-chat's kernels packs its matrices (tiles, row groups,
+The first load of a file on llama-chat's kernels packs its matrices (tiles,
 int8 tables) straight into a new safetensors file of the cache, mapped shared (and made
 whole before it is renamed into place), and later loads map that file instead of packing:
 a start costs what mapping costs, the pages are the system's page cache (shared by every

@@ -1,6 +1,5 @@
 // llama_chat::arrange_blocks: a run of rows of a GGUF file's blocks put into the layout
-// the kernels read (kernels.h): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K as tiles of 16
-// rows, Q5_K as groups of 4 rows interleaved block by block; rows past the last are zeros.
+// the kernels read (kernels.h), tiles of 16 rows; rows past the last are zeros.
 // A model's first load arranges every matrix, so this runs at the pace of memory.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -40,12 +39,16 @@ inline void block_levels(const uint8_t* block, uint8_t* levels) {
             levels[i] = uint8_t((q[i] & 15) | ((fifth[i / 8] >> (i % 8)) & 1) << 4);
             levels[i + 16] = uint8_t((q[i] >> 4) | ((fifth[2 + i / 8] >> (i % 8)) & 1) << 4);
         }
-    } else if constexpr (TYPE == Q4_K) {
-        const uint8_t* q = block + 16;
-        for (int run = 0; run < 4; ++run)  // 32 bytes hold 64 columns: low nibbles first
+    } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+        // 32 bytes hold 64 columns, low nibbles first; Q5_K's bit 2 run (+1) of byte l of its
+        // 32 bytes of fifth bits is column 64 run + l's (+ 32's)
+        const uint8_t* fifth = block + 16;
+        const uint8_t* q = block + (TYPE == Q5_K ? 48 : 16);
+        for (int run = 0; run < 4; ++run)
             for (int l = 0; l < 32; ++l) {
-                levels[64 * run + l] = q[32 * run + l] & 15;
-                levels[64 * run + 32 + l] = q[32 * run + l] >> 4;
+                const int bits = TYPE == Q5_K ? fifth[l] >> (2 * run) : 0;
+                levels[64 * run + l] = uint8_t((q[32 * run + l] & 15) | (bits & 1) << 4);
+                levels[64 * run + 32 + l] = uint8_t((q[32 * run + l] >> 4) | (bits & 2) << 3);
             }
     } else {  // Q6_K: column 128 h + 32 q + l
         const uint8_t *low = block, *high = block + 128;
@@ -59,49 +62,13 @@ inline void block_levels(const uint8_t* block, uint8_t* levels) {
     }
 }
 
-// One unit (a block of each of the tile's 16 rows) of a tiled type, written to `out`.
+// One unit (a block of each of the tile's 16 rows), written to `out` as kernels.h lays it out.
 template <int TYPE>
 void arrange_unit(const uint8_t* const* blocks, uint8_t* out) {
-    constexpr int weights = type_info(TYPE).block_weights, groups = weights / X_GROUP;
+    constexpr int groups = type_info(TYPE).block_weights / X_GROUP;
     uint8_t levels[TILE_ROWS][MAX_BLOCK_WEIGHTS];
     for (int r = 0; r < TILE_ROWS; ++r) block_levels<TYPE>(blocks[r], levels[r]);
-    if constexpr (TYPE == Q8_0) {  // level vector v: byte 4 r + j holds row r's column 4 v + j
-        for (int v = 0; v < 8; ++v)
-            for (int r = 0; r < TILE_ROWS; ++r)
-                for (int j = 0; j < 4; ++j) *out++ = levels[r][4 * v + j];
-    } else {  // group g's chunk k: byte 4 r + j holds row r's columns 8 k + j (low nibble) and 8 k + 4 + j
-        for (int g = 0; g < groups; ++g)
-            for (int k = 0; k < 4; ++k)
-                for (int r = 0; r < TILE_ROWS; ++r)
-                    for (int j = 0; j < 4; ++j) {
-                        const uint8_t* column = levels[r] + X_GROUP * g + 8 * k + j;
-                        *out++ = uint8_t((column[0] & 15) | (column[4] & 15) << 4);
-                    }
-    }
-    if constexpr (TYPE == Q5_0 || TYPE == Q5_1) {  // the fifth bits: byte 4 r + j, bit v, of column 4 v + j
-        for (int g = 0; g < groups; ++g)
-            for (int r = 0; r < TILE_ROWS; ++r)
-                for (int j = 0; j < 4; ++j) {
-                    const uint8_t* column = levels[r] + X_GROUP * g + j;
-                    uint8_t bits = 0;
-                    for (int v = 0; v < 8; ++v) bits |= uint8_t((column[4 * v] >> 4) << v);
-                    *out++ = bits;
-                }
-    }
-    if constexpr (TYPE == Q6_K) {  // the top 2 bits: chunk c's byte 4 r + j, bits 2 i, of column 16 c + 4 i + j
-        for (int g = 0; g < groups; ++g)
-            for (int c = 0; c < 2; ++c)
-                for (int r = 0; r < TILE_ROWS; ++r)
-                    for (int j = 0; j < 4; ++j) {
-                        const uint8_t* column = levels[r] + X_GROUP * g + 16 * c + j;
-                        *out++ = uint8_t((column[0] >> 4) | (column[4] >> 4) << 2 | (column[8] >> 4) << 4 |
-                                         (column[12] >> 4) << 6);
-                    }
-    }
-    constexpr Halves halves = halves_of(TYPE);
-    for (int field = 0; field < halves.count; ++field)  // the 16 rows' d, then (Q4_1, Q5_1, Q4_K) m or dmin
-        for (int r = 0; r < TILE_ROWS; ++r, out += 2) std::memcpy(out, blocks[r] + halves.at + 2 * field, 2);
-    if constexpr (TYPE == Q4_K) {  // 6-bit scales, then minimums, a byte each: group j's for the 16 rows
+    if constexpr (TYPE == Q4_K || TYPE == Q5_K) {  // 6-bit scales, then minimums, a byte each: group j's for the 16 rows
         for (int j = 0; j < 8; ++j)
             for (int r = 0; r < TILE_ROWS; ++r) {
                 int scale, minimum;
@@ -109,10 +76,47 @@ void arrange_unit(const uint8_t* const* blocks, uint8_t* out) {
                 out[16 * j + r] = uint8_t(scale);
                 out[128 + 16 * j + r] = uint8_t(minimum);
             }
+        out += 256;
     } else if constexpr (TYPE == Q6_K) {  // the int8 scales of the 16 sub-blocks, a byte each
         for (int s = 0; s < 16; ++s)
             for (int r = 0; r < TILE_ROWS; ++r) out[16 * s + r] = blocks[r][192 + s];
+        out += 256;
     }
+    for (int g = 0; g < groups; ++g) {
+        if constexpr (TYPE == Q8_0) {  // level vector v: byte 4 r + j holds row r's column 4 v + j
+            for (int v = 0; v < 8; ++v)
+                for (int r = 0; r < TILE_ROWS; ++r)
+                    for (int j = 0; j < 4; ++j) *out++ = levels[r][4 * v + j];
+        } else {  // chunk k: byte 4 r + j holds row r's columns 8 k + j (low nibble) and 8 k + 4 + j
+            for (int k = 0; k < 4; ++k)
+                for (int r = 0; r < TILE_ROWS; ++r)
+                    for (int j = 0; j < 4; ++j) {
+                        const uint8_t* column = levels[r] + X_GROUP * g + 8 * k + j;
+                        *out++ = uint8_t((column[0] & 15) | (column[4] & 15) << 4);
+                    }
+        }
+        if constexpr (TYPE == Q5_0 || TYPE == Q5_1 || TYPE == Q5_K) {  // fifth bits: byte 4 r + j, bit v, of column 4 v + j
+            for (int r = 0; r < TILE_ROWS; ++r)
+                for (int j = 0; j < 4; ++j) {
+                    const uint8_t* column = levels[r] + X_GROUP * g + j;
+                    uint8_t bits = 0;
+                    for (int v = 0; v < 8; ++v) bits |= uint8_t((column[4 * v] >> 4) << v);
+                    *out++ = bits;
+                }
+        }
+        if constexpr (TYPE == Q6_K) {  // the top 2 bits: chunk c's byte 4 r + j, bits 2 i, of column 16 c + 4 i + j
+            for (int c = 0; c < 2; ++c)
+                for (int r = 0; r < TILE_ROWS; ++r)
+                    for (int j = 0; j < 4; ++j) {
+                        const uint8_t* column = levels[r] + X_GROUP * g + 16 * c + j;
+                        *out++ = uint8_t((column[0] >> 4) | (column[4] >> 4) << 2 | (column[8] >> 4) << 4 |
+                                         (column[12] >> 4) << 6);
+                    }
+        }
+    }
+    constexpr Halves halves = halves_of(TYPE);
+    for (int field = 0; field < halves.count; ++field)  // the 16 rows' d, then (Q4_1, Q5_1, Q4_K, Q5_K) m or dmin
+        for (int r = 0; r < TILE_ROWS; ++r, out += 2) std::memcpy(out, blocks[r] + halves.at + 2 * field, 2);
 }
 
 template <int TYPE>
@@ -131,26 +135,8 @@ void arrange_tiles(const uint8_t* rows, int64_t count, int64_t row_bytes, uint8_
         }
 }
 
-// Groups g0..g1 of 4 rows, interleaved block by block (kernels.h's block_at).
-void arrange_row_groups(const uint8_t* rows, int64_t count, int64_t row_bytes, int block_bytes, uint8_t* groups,
-                        int64_t g0, int64_t g1) {
-    const int64_t blocks = row_bytes / block_bytes;
-    for (int64_t g = g0; g < g1; ++g) {
-        uint8_t* out = groups + g * ROW_GROUP * row_bytes;
-        for (int64_t b = 0; b < blocks; ++b)
-            for (int r = 0; r < ROW_GROUP; ++r, out += block_bytes) {
-                const int64_t row = g * ROW_GROUP + r;
-                if (row < count) {
-                    std::memcpy(out, rows + row * row_bytes + b * block_bytes, block_bytes);
-                } else {
-                    std::memset(out, 0, block_bytes);
-                }
-            }
-    }
-}
-
 // blocks: uint8 [rows, bytes a row] as the file holds them; arranged: the kernels' layout
-// of those rows, tile_count(rows) tiles or padded_rows(rows) / 4 row groups, written whole.
+// of those rows, tile_count(rows) tiles, written whole.
 void arrange_blocks(const at::Tensor& blocks, int64_t block_type, const at::Tensor& arranged) {
     TORCH_CHECK(block_type >= 0 && block_type <= 255 && known_type(int(block_type)),
                 "llama_chat: unsupported block type ", block_type);
@@ -164,12 +150,9 @@ void arrange_blocks(const at::Tensor& blocks, int64_t block_type, const at::Tens
     TORCH_CHECK(row_bytes > 0 && row_bytes % info.block_bytes == 0, "llama_chat: a row of ", row_bytes,
                 " bytes is not whole blocks of ", info.block_bytes);
     const int64_t columns = row_bytes / info.block_bytes * info.block_weights;
-    const bool tiled = tiled_type(type);
-    const int64_t units = tiled ? tile_count(count) : padded_rows(count) / ROW_GROUP;
-    const int64_t unit_bytes = tiled ? tile_bytes(type, columns) : ROW_GROUP * row_bytes;
+    const int64_t units = tile_count(count), unit_bytes = tile_bytes(type, columns);
     TORCH_CHECK(arranged.numel() == units * unit_bytes, "llama_chat: arranged holds ", arranged.numel(),
-                " bytes, not the ", units * unit_bytes, " of ", count, " rows of ", columns,
-                (tiled ? " in tiles of 16" : " in groups of 4"));
+                " bytes, not the ", units * unit_bytes, " of ", count, " rows of ", columns, " in tiles of 16");
     const uint8_t* rows = blocks.const_data_ptr<uint8_t>();
     uint8_t* out = arranged.mutable_data_ptr<uint8_t>();
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / unit_bytes);  // pieces of about 256 KB
@@ -181,8 +164,8 @@ void arrange_blocks(const at::Tensor& blocks, int64_t block_type, const at::Tens
             case Q5_1: return arrange_tiles<Q5_1>(rows, count, row_bytes, out, u0, u1);
             case Q8_0: return arrange_tiles<Q8_0>(rows, count, row_bytes, out, u0, u1);
             case Q4_K: return arrange_tiles<Q4_K>(rows, count, row_bytes, out, u0, u1);
-            case Q6_K: return arrange_tiles<Q6_K>(rows, count, row_bytes, out, u0, u1);
-            default: return arrange_row_groups(rows, count, row_bytes, info.block_bytes, out, u0, u1);
+            case Q5_K: return arrange_tiles<Q5_K>(rows, count, row_bytes, out, u0, u1);
+            default: return arrange_tiles<Q6_K>(rows, count, row_bytes, out, u0, u1);
         }
     });
 }

@@ -1,9 +1,6 @@
-// GGUF weight blocks: their sizes, and (for the row-group type, Q5_K) a decoder of one block
-// at a time into small integer levels and float scales: w[j] = scale[j / S] * level[j] +
-// offset[j / 32], where S is the type's scale group (16 for Q6_K, 32 otherwise). Nothing
-// here depends on PyTorch, so every instruction-set variant compiles it under its own
-// target (the loops vectorise to that target); so each function is static, a copy per
-// variant, never one shared by the linker.
+// GGUF weight blocks: their sizes, the K types' packed scales, and half floats. Nothing here
+// depends on PyTorch, so every instruction-set variant compiles it under its own target;
+// so each function is static, a copy per variant, never one shared by the linker.
 //
 // Layouts as ggml defines them (bytes per block / weights per block):
 //   Q4_0  18/32   f16 d, 16 bytes of nibbles                 w = (q - 8) d
@@ -29,8 +26,6 @@ enum BlockType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 
 struct TypeInfo {
     int block_weights;  // weights per block
     int block_bytes;
-    int scale_group;    // weights sharing one scale (S)
-    bool has_offsets;   // whether offset[] is used
 };
 
 // The types the kernels read, in the order the library reports them (ops.cpp's layout).
@@ -44,14 +39,14 @@ static inline bool known_type(int type) {
 
 static constexpr TypeInfo type_info(int type) {
     switch (type) {
-        case Q4_0: return {32, 18, 32, false};
-        case Q4_1: return {32, 20, 32, true};
-        case Q5_0: return {32, 22, 32, false};
-        case Q5_1: return {32, 24, 32, true};
-        case Q8_0: return {32, 34, 32, false};
-        case Q4_K: return {256, 144, 32, true};
-        case Q5_K: return {256, 176, 32, true};
-        default: return {256, 210, 16, false};  // Q6_K
+        case Q4_0: return {32, 18};
+        case Q4_1: return {32, 20};
+        case Q5_0: return {32, 22};
+        case Q5_1: return {32, 24};
+        case Q8_0: return {32, 34};
+        case Q4_K: return {256, 144};
+        case Q5_K: return {256, 176};
+        default: return {256, 210};  // Q6_K
     }
 }
 
@@ -87,45 +82,6 @@ static inline void k_scale_min(int j, const uint8_t* q, int& scale, int& minimum
     } else {
         scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         minimum = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-// Byte vectors (GCC and clang vector extensions): each variant compiles them to its own
-// instructions, and the decoders read and write whole vectors, never byte by byte.
-typedef uint8_t Bytes32 __attribute__((vector_size(32)));
-
-template <class V>
-static inline V load_bytes(const uint8_t* p) {
-    V v;
-    std::memcpy(&v, p, sizeof(V));
-    return v;
-}
-
-template <class V>
-static inline void store_bytes(int8_t* p, V v) {
-    std::memcpy(p, &v, sizeof(V));
-}
-
-// One block of the row-group type (Q5_K; the tiled types are unpacked in registers by
-// tiles_impl.h) into level[256], scale[8], offset[8].
-template <int TYPE>
-static inline void decode_block(const uint8_t* __restrict block, int8_t* __restrict level, float* __restrict scale,
-                                float* __restrict offset) {
-    static_assert(TYPE == Q5_K, "the other types are tiled");
-    const float d = half_to_float(block), dmin = half_to_float(block + 2);
-    Bytes32 fifth = load_bytes<Bytes32>(block + 16);  // bit g of byte l is weight l's of group g
-    for (int group = 0; group < 8; ++group) {
-        int sc, mn;
-        k_scale_min(group, block + 4, sc, mn);
-        scale[group] = d * float(sc);
-        offset[group] = -dmin * float(mn);
-    }
-    for (int chunk = 0; chunk < 4; ++chunk) {  // 64 weights: the low nibbles, then the high
-        const Bytes32 bytes = load_bytes<Bytes32>(block + 48 + 32 * chunk);
-        const Bytes32 low = (bytes & 15) | ((fifth & 1) << 4), high = (bytes >> 4) | ((fifth & 2) << 3);
-        fifth >>= 2;
-        store_bytes(level + 64 * chunk, low);
-        store_bytes(level + 64 * chunk + 32, high);
     }
 }
 

@@ -29,12 +29,6 @@ enum Variant : int64_t { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2, AVX512_AMX = 3
 // Their names for people and for LLAMA_CHAT_KERNEL_VARIANT, in that numbering.
 constexpr const char* VARIANT_NAMES[] = {"portable", "avx2", "avx512-vnni", "avx512-amx"};
 
-int64_t panel_bytes(int type, int64_t columns) {
-    const TypeInfo info = type_info(type);
-    const int64_t groups = columns / info.scale_group;
-    return columns * PANEL + groups * PANEL * 8 + (columns / X_GROUP) * PANEL * 4;
-}
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // Whether the CPU has AMX's tiles and int8 products, the system saves their state (XCR0),
 // and Linux grants this process the tile registers (asked once here: without the grant the
@@ -78,38 +72,24 @@ int64_t supported_variants() {
 }
 
 // The weight layout and the variants, as JSON text, for Python to read rather than keep
-// copies of (native.py): rows a tile and a row group hold, and per block type (by its
-// ggml number) its block's weights and bytes and, tiled, a unit's columns and bytes and
-// where its float16 fields lie.
+// copies of (native.py): rows a tile holds, and per block type (by its ggml number) its
+// block's weights and bytes, a unit's columns and bytes and where its float16 fields lie.
 std::string layout() {
     std::ostringstream out;
     out << "{\"variants\": [";
     for (int v = PORTABLE; v <= AVX512_AMX; ++v) out << (v ? ", " : "") << '"' << VARIANT_NAMES[v] << '"';
-    out << "], \"tile_rows\": " << TILE_ROWS << ", \"row_group\": " << ROW_GROUP << ", \"types\": {";
+    out << "], \"tile_rows\": " << TILE_ROWS << ", \"types\": {";
     bool first = true;
     for (int type : KNOWN_TYPES) {
         const TypeInfo info = type_info(type);
         out << (first ? "" : ", ") << '"' << type << "\": {\"block_weights\": " << info.block_weights
-            << ", \"block_bytes\": " << info.block_bytes << ", \"tiled\": " << (tiled_type(type) ? "true" : "false");
-        if (tiled_type(type))
-            out << ", \"unit_columns\": " << tile_unit_columns(type) << ", \"unit_bytes\": " << tile_unit_bytes(type)
-                << ", \"halves_at\": " << halves_of(type).at << ", \"halves\": " << halves_of(type).count;
-        out << "}";
+            << ", \"block_bytes\": " << info.block_bytes << ", \"unit_columns\": " << tile_unit_columns(type)
+            << ", \"unit_bytes\": " << tile_unit_bytes(type) << ", \"halves_at\": " << halves_of(type).at
+            << ", \"halves\": " << halves_of(type).count << "}";
         first = false;
     }
     out << "}}";
     return out.str();
-}
-
-// x summed over each group of 32 along its rows, [rows][columns / 32].
-static std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t columns) {
-    std::unique_ptr<float[]> sums(new float[rows * (columns / X_GROUP)]);
-    for (int64_t g = 0; g < rows * (columns / X_GROUP); ++g) {
-        float total = 0.0f;
-        for (int j = 0; j < X_GROUP; ++j) total += x[g * X_GROUP + j];
-        sums[g] = total;
-    }
-    return sums;
 }
 
 static const KernelSet& kernel_set(int64_t variant) {
@@ -124,14 +104,13 @@ static const KernelSet& kernel_set(int64_t variant) {
     }
 }
 
-// y = x w^T, w [out_features, columns]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K in tiles
-// of 16 rows, Q5_K as GGUF blocks with rows in groups of 4 (kernels.h). activation_bits 0: x
-// stays float32 (Q5_K's single-token kernel); 8 or 16: x is quantised in groups of 32 for
-// the integer kernels.
+// y = x w^T, w [out_features, columns] in tiles of 16 rows (kernels.h); x is quantised in
+// groups of 32 to activation_bits (8 or 16) for the integer kernels, or (16 bits, more
+// tokens than SPLIT_MIN_ROWS, a variant with AMX) split into bfloat16 for the tile unit.
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t block_type, int64_t out_features,
                         int64_t variant, int64_t activation_bits) {
-    TORCH_CHECK(activation_bits == 0 || activation_bits == 8 || activation_bits == 16,
-                "llama_chat: activation_bits must be 0, 8 or 16, not ", activation_bits);
+    TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "llama_chat: activation_bits must be 8 or 16, not ",
+                activation_bits);
     // Range first: the int cast of a value beyond int would wrap onto a known type.
     TORCH_CHECK(block_type >= 0 && block_type <= 255 && known_type(int(block_type)),
                 "llama_chat: unsupported block type ", block_type);
@@ -144,12 +123,9 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     // Width 0 too: the rows are counted by dividing by it.
     TORCH_CHECK(columns > 0 && columns % info.block_weights == 0, "llama_chat: width ", columns,
                 " is not whole blocks of ", info.block_weights, " weights");
-    const bool tiled = tiled_type(int(block_type));
-    const int64_t expected = tiled ? tile_count(out_features) * tile_bytes(int(block_type), columns)
-                                   : padded_rows(out_features) * (columns / info.block_weights) * info.block_bytes;
+    const int64_t expected = tile_count(out_features) * tile_bytes(int(block_type), columns);
     TORCH_CHECK(weight.numel() == expected, "llama_chat: weight holds ", weight.numel(), " bytes, not the ", expected,
-                " of ", out_features, " rows of ", columns, (tiled ? " in tiles of 16" : " in groups of 4"));
-    TORCH_CHECK(!tiled || activation_bits != 0, "llama_chat: tiled weights take 8- or 16-bit activations");
+                " of ", out_features, " rows of ", columns, " in tiles of 16");
     const KernelSet& kernels = kernel_set(variant);
     const int64_t rows = x.numel() / columns;
     auto out_shape = x.sizes().vec();
@@ -160,15 +136,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     float* yp = y.mutable_data_ptr<float>();
     if (rows == 0 || out_features == 0) return y;
 
-    if (activation_bits == 0) {
-        const std::unique_ptr<float[]> sums = info.has_offsets ? group_sums(xp, rows, columns) : nullptr;
-        at::parallel_for(0, padded_rows(out_features) / ROW_GROUP, 4, [&](int64_t g0, int64_t g1) {
-            kernels.float_rows(int(block_type), wp, columns, xp, sums.get(), rows, yp, out_features, g0 * ROW_GROUP,
-                               std::min(g1 * ROW_GROUP, out_features));
-        });
-        return y;
-    }
-    if (tiled && kernels.split_tile_rows != nullptr && rows > SPLIT_MIN_ROWS && activation_bits == 16) {
+    if (kernels.split_tile_rows != nullptr && rows > SPLIT_MIN_ROWS && activation_bits == 16) {
         const int64_t blocks = (rows + SPLIT_BLOCK - 1) / SPLIT_BLOCK;
         std::unique_ptr<uint16_t, decltype(&std::free)> packed(
             static_cast<uint16_t*>(std::aligned_alloc(64, split_bytes(rows, columns))), &std::free);
@@ -187,23 +155,11 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, int64_t b
     std::unique_ptr<float[]> xscale(new float[rows * groups]), xsum(new float[rows * groups]),
         xsum_half(new float[rows * groups]);
     at::parallel_for(0, rows, 1, [&](int64_t m0, int64_t m1) {
-        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), xsum_half.get(), m0, m1,
-                              tiled ? 0 : 128);
+        kernels.quantize_rows(xp, columns, high.get(), low.get(), xscale.get(), xsum.get(), xsum_half.get(), m0, m1);
     });
     const QuantizedRows xq{high.get(), low.get(), xscale.get(), xsum.get(), xsum_half.get(), rows, columns};
-    if (tiled) {
-        at::parallel_for(0, tile_count(out_features), 1, [&](int64_t t0, int64_t t1) {
-            kernels.tile_rows(int(block_type), wp, xq, yp, out_features, t0, t1);
-        });
-        return y;
-    }
-    const int64_t panels = (out_features + PANEL - 1) / PANEL;
-    const int64_t scratch_bytes = panel_bytes(int(block_type), columns);
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-        void* scratch = std::aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
-        TORCH_CHECK(scratch != nullptr, "llama_chat: out of memory for a weight tile");
-        kernels.int8_panels(int(block_type), wp, columns, xq, yp, out_features, p0, p1, static_cast<uint8_t*>(scratch));
-        std::free(scratch);
+    at::parallel_for(0, tile_count(out_features), 1, [&](int64_t t0, int64_t t1) {
+        kernels.tile_rows(int(block_type), wp, xq, yp, out_features, t0, t1);
     });
     return y;
 }

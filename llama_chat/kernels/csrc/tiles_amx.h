@@ -255,6 +255,7 @@ void split_tile_rows(int type, const uint8_t* tiles, const uint16_t* packed, int
         case Q5_1: return split_tile_rows_typed<Q5_1>(tiles, packed, rows, columns, y, out_features, t0, t1);
         case Q8_0: return split_tile_rows_typed<Q8_0>(tiles, packed, rows, columns, y, out_features, t0, t1);
         case Q4_K: return split_tile_rows_typed<Q4_K>(tiles, packed, rows, columns, y, out_features, t0, t1);
+        case Q5_K: return split_tile_rows_typed<Q5_K>(tiles, packed, rows, columns, y, out_features, t0, t1);
         default: return split_tile_rows_typed<Q6_K>(tiles, packed, rows, columns, y, out_features, t0, t1);
     }
 }

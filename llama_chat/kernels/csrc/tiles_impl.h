@@ -1,4 +1,4 @@
-// Tiled Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices (layout in kernels.h) times
+// Tiled matrices of every type (layout in kernels.h) times
 // int8 or 16-bit activations, for single tokens and several alike; included by
 // kernels_impl.h, once per variant.
 //
@@ -32,7 +32,8 @@ struct TileGroup {
     static constexpr int64_t GROUPS = tile_unit_columns(TYPE) / X_GROUP;  // groups a unit
     static constexpr int64_t UNIT = tile_unit_bytes(TYPE);
     static constexpr int HALVES = TYPE == Q6_K ? 2 : 1;  // scales a group
-    static constexpr bool FIFTH_BIT = TYPE == Q5_0 || TYPE == Q5_1;  // levels of 5 bits
+    static constexpr bool SCALE_MIN = TYPE == Q4_K || TYPE == Q5_K;  // 6-bit scales and minimums
+    static constexpr bool FIFTH_BIT = TYPE == Q5_0 || TYPE == Q5_1 || TYPE == Q5_K;  // levels of 5 bits
     static constexpr bool EIGHT_BIT = TYPE == Q8_0;                  // a byte a level, no nibbles
     // the largest level AVX2 multiplies (Q8_0's as the file's signed levels: |-128|)
     static constexpr int TOP_LEVEL = EIGHT_BIT ? 128 : TYPE == Q6_K ? 63 : FIFTH_BIT ? 31 : 15;
@@ -42,18 +43,22 @@ struct TileGroup {
                                     : TYPE == Q6_K ? 32.0f
                                     : EIGHT_BIT    ? 128.0f
                                                    : 0.0f;
+    static constexpr int64_t FACTORS = k_type(TYPE) ? 256 : 0;  // bytes of byte factors ahead of the groups
     static constexpr int64_t GROUP_LEVELS = EIGHT_BIT ? 512 : 256;  // bytes of levels (4-bit: low 4 bits) a group
-    static constexpr int64_t LEVELS = GROUP_LEVELS * GROUPS;
     // bytes a group of the bits above the 4: Q6_K's two, Q5's one
     static constexpr int64_t HIGH = TYPE == Q6_K ? 128 : FIFTH_BIT ? 64 : 0;
-    static constexpr int64_t HEAD = LEVELS + HIGH * GROUPS;  // where d starts
+    static constexpr int64_t GROUP_BYTES = GROUP_LEVELS + HIGH;
+    static constexpr int64_t HEAD = FACTORS + GROUP_BYTES * GROUPS;  // where d starts
 
     static const uint8_t* unit(const uint8_t* tile, int64_t g) { return tile + g / GROUPS * UNIT; }
-    static const uint8_t* levels(const uint8_t* tile, int64_t g) { return unit(tile, g) + g % GROUPS * GROUP_LEVELS; }
-    static const uint8_t* high_bits(const uint8_t* tile, int64_t g) { return unit(tile, g) + LEVELS + g % GROUPS * HIGH; }
-    // where the byte factors of (half) group g start, scales and (Q4_K) minimums
+    static const uint8_t* levels(const uint8_t* tile, int64_t g) {
+        return unit(tile, g) + FACTORS + g % GROUPS * GROUP_BYTES;
+    }
+    static const uint8_t* high_bits(const uint8_t* tile, int64_t g) { return levels(tile, g) + GROUP_LEVELS; }
+    // where the byte factors of (half) group g start in its unit, scales (Q4_K, Q5_K: then
+    // minimums 128 bytes on)
     static int64_t factors(int64_t g, int half) {
-        return TYPE == Q6_K ? HEAD + 32 + 16 * (2 * (g % GROUPS) + half) : HEAD + 64 + 16 * (g % GROUPS);
+        return TYPE == Q6_K ? 16 * (2 * (g % GROUPS) + half) : 16 * (g % GROUPS);
     }
 
     // Row n's scale and minimum in (half) group g; the vector forms below: 16 rows, or the
@@ -62,13 +67,13 @@ struct TileGroup {
         const uint8_t* u = unit(tile, g);
         const float d = half_to_float(u + HEAD + 2 * n);
         if (TYPE == Q6_K) return d * float(int8_t(u[factors(g, half) + n]));
-        return TYPE == Q4_K ? d * float(u[factors(g, half) + n]) : d;
+        return SCALE_MIN ? d * float(u[factors(g, half) + n]) : d;
     }
     static float minimum(const uint8_t* tile, int64_t g, int half, int n) {
         if (OFFSET != 0.0f) return -OFFSET * scale(tile, g, half, n);
         const uint8_t* u = unit(tile, g);
         const float m = half_to_float(u + HEAD + 32 + 2 * n);
-        return TYPE == Q4_K ? -m * float(u[factors(g, half) + 128 + n]) : m;
+        return SCALE_MIN ? -m * float(u[factors(g, half) + 128 + n]) : m;
     }
 #if VARIANT == 2
     static __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
@@ -79,12 +84,12 @@ struct TileGroup {
     static __m512 scales(const uint8_t* tile, int64_t g, int half) {
         const uint8_t* u = unit(tile, g);
         const __m512 d = halves(u + HEAD);
-        return TYPE == Q4_K || TYPE == Q6_K ? _mm512_mul_ps(d, bytes(u + factors(g, half))) : d;
+        return k_type(TYPE) ? _mm512_mul_ps(d, bytes(u + factors(g, half))) : d;
     }
     static __m512 minimums(const uint8_t* tile, int64_t g) {  // stored minimums only (OFFSET 0)
         const uint8_t* u = unit(tile, g);
         const __m512 m = halves(u + HEAD + 32);
-        return TYPE == Q4_K ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, bytes(u + factors(g, 0) + 128))) : m;
+        return SCALE_MIN ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(m, bytes(u + factors(g, 0) + 128))) : m;
     }
 #elif VARIANT == 1
     static __m256 halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -95,12 +100,12 @@ struct TileGroup {
     static __m256 scales(const uint8_t* tile, int64_t g, int half, int h) {
         const uint8_t* u = unit(tile, g);
         const __m256 d = halves(u + HEAD + 16 * h);
-        return TYPE == Q4_K || TYPE == Q6_K ? _mm256_mul_ps(d, bytes(u + factors(g, half) + 8 * h)) : d;
+        return k_type(TYPE) ? _mm256_mul_ps(d, bytes(u + factors(g, half) + 8 * h)) : d;
     }
     static __m256 minimums(const uint8_t* tile, int64_t g, int h) {
         const uint8_t* u = unit(tile, g);
         const __m256 m = halves(u + HEAD + 32 + 16 * h);
-        return TYPE == Q4_K ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(m, bytes(u + factors(g, 0) + 128 + 8 * h)))
+        return SCALE_MIN ? _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(m, bytes(u + factors(g, 0) + 128 + 8 * h)))
                             : m;
     }
 #endif
@@ -434,6 +439,71 @@ void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& 
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * TILE_ROWS, acc[t]);
 }
 
+// One token against T tiles of a K type, a unit at a time: its groups' sums are weighted by
+// their byte factors (read ahead of the levels) and the unit's float16 fields (read after
+// them) scale the whole unit once, so a group's float work is a convert and one or two
+// multiply-adds, and each tile is read as one forward stream. The token's bytes come as
+// broadcast operands of vpdpbusd, which leaves the registers to the accumulators.
+template <int T, int TYPE, bool TWO>
+void k_tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& xq, float* out) {
+    using Group = TileGroup<TYPE>;
+    constexpr int PLANES = TWO ? 2 : 1;
+    const int64_t groups = xq.columns / X_GROUP;
+    const uint8_t* x[PLANES] = {xq.high};
+    if (TWO) x[PLANES - 1] = xq.low;
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t first = 0; first < groups; first += Group::GROUPS) {
+        __m512 scaled[T], minimums[T];  // a unit's sums: weighted by the scales; (Q4_K, Q5_K) minimums times xsum
+        for (int t = 0; t < T; ++t) scaled[t] = minimums[t] = _mm512_setzero_ps();
+        for (int64_t g = first; g < first + Group::GROUPS; ++g) {
+            const __m512 step = _mm512_set1_ps(xq.xscale[g]);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; ++t) {
+                const uint8_t* tile = tiles + t * stride;
+                const uint8_t* unit = Group::unit(tile, g);
+                // two chains: the even and odd level vectors, or Q6_K's half groups
+                __m512i dot[PLANES][2];
+                for (int plane = 0; plane < PLANES; ++plane) dot[plane][0] = dot[plane][1] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < GROUP_CHUNKS; ++k) {
+                    __m512i low, high;
+                    unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, low, high);
+                    const int even = Group::HALVES == 2 ? k / 2 : 0, odd = Group::HALVES == 2 ? k / 2 : 1;
+                    for (int plane = 0; plane < PLANES; ++plane) {
+                        const uint8_t* xg = x[plane] + 32 * g + 8 * k;
+                        dot[plane][even] = _mm512_dpbusd_epi32(dot[plane][even], low, _mm512_set1_epi32(dword(xg)));
+                        dot[plane][odd] = _mm512_dpbusd_epi32(dot[plane][odd], high, _mm512_set1_epi32(dword(xg + 4)));
+                    }
+                }
+                if constexpr (Group::HALVES == 2) {  // Q6_K: w = d sc (q - 32), sc per half group
+                    const float summed[2] = {xq.xsum_half[g], xq.xsum[g] - xq.xsum_half[g]};
+                    for (int half = 0; half < 2; ++half) {
+                        const __m512i total = TWO ? combine(dot[0][half], dot[PLANES - 1][half]) : dot[0][half];
+                        const __m512 part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), step,
+                                                            _mm512_set1_ps(-Group::OFFSET * summed[half]));
+                        scaled[t] = _mm512_fmadd_ps(part, Group::bytes(unit + Group::factors(g, half)), scaled[t]);
+                    }
+                } else {  // Q4_K, Q5_K: w = d sc q - dmin mn
+                    const __m512i sums = _mm512_add_epi32(dot[0][0], dot[0][1]);
+                    const __m512i total = TWO ? combine(sums, _mm512_add_epi32(dot[PLANES - 1][0], dot[PLANES - 1][1])) : sums;
+                    const int64_t at = Group::factors(g, 0);
+                    scaled[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), step), Group::bytes(unit + at),
+                                                scaled[t]);
+                    minimums[t] = _mm512_fmadd_ps(Group::bytes(unit + at + 128), _mm512_set1_ps(xq.xsum[g]), minimums[t]);
+                }
+            }
+        }
+        for (int t = 0; t < T; ++t) {
+            const uint8_t* unit = Group::unit(tiles + t * stride, first);
+            acc[t] = _mm512_fmadd_ps(Group::halves(unit + Group::HEAD), scaled[t], acc[t]);
+            if constexpr (Group::SCALE_MIN)
+                acc[t] = _mm512_fnmadd_ps(Group::halves(unit + Group::HEAD + 32), minimums[t], acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + t * TILE_ROWS, acc[t]);
+}
+
 constexpr int TILES_AT_ONCE = 4;  // tiles sharing a single token's broadcasts
 #endif
 
@@ -453,7 +523,10 @@ void tile_rows_typed(const uint8_t* tiles, const QuantizedRows& xq, float* y, in
     static_assert(TILES_AT_ONCE <= 4 && TILE_TOKENS <= 4, "out[] holds 4 tiles' rows");
     if (xq.rows == 1) {
         for (; t + TILES_AT_ONCE <= t1; t += TILES_AT_ONCE) {
-            tiles_one_token<TILES_AT_ONCE, TYPE, TWO>(tiles + t * stride, stride, xq, out);
+            if constexpr (k_type(TYPE))
+                k_tiles_one_token<TILES_AT_ONCE, TYPE, TWO>(tiles + t * stride, stride, xq, out);
+            else
+                tiles_one_token<TILES_AT_ONCE, TYPE, TWO>(tiles + t * stride, stride, xq, out);
             const int64_t first = t * TILE_ROWS;
             std::memcpy(y + first, out, std::min<int64_t>(TILES_AT_ONCE * TILE_ROWS, out_features - first) * 4);
         }
@@ -485,6 +558,7 @@ void tile_rows(int type, const uint8_t* tiles, const QuantizedRows& xq, float* y
         case Q5_1: return tile_rows_of<Q5_1>(tiles, xq, y, out_features, t0, t1);
         case Q8_0: return tile_rows_of<Q8_0>(tiles, xq, y, out_features, t0, t1);
         case Q4_K: return tile_rows_of<Q4_K>(tiles, xq, y, out_features, t0, t1);
+        case Q5_K: return tile_rows_of<Q5_K>(tiles, xq, y, out_features, t0, t1);
         default: return tile_rows_of<Q6_K>(tiles, xq, y, out_features, t0, t1);
     }
 }
