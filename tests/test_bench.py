@@ -69,3 +69,10 @@ def test_bench_and_the_chat_declare_the_same_model_flags(capsys):
         sections.append(text[text.index("the model and how it is loaded:"):].split("\n\n")[0].rstrip())
     assert sections[0] == sections[1]
     assert all(flag in sections[0] for flag in ("--model", "--device", "--dtype", "--quantize", "--kv-dtype", "--tp"))
+
+
+def test_bench_on_pytorchs_kernels_names_no_variant_and_no_exact_peak(tiny_model):
+    result = {"prefill_tokens_per_second": 1000.0, "decode_tokens_per_second": 10.0}
+    add_machine_limits(result, tiny_model)
+    assert (result["kernel_variant"], result["exact_prompt_peak_gops"], result["prefill_share_of_exact_peak"]) == (
+        None, None, None)

@@ -21,9 +21,12 @@ from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vo
 from llama_chat.environment import group_timeout
 from llama_chat.errors import UsageError
 from llama_chat.kernels import native
+from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.machine_limits import (
+    PROMPT_INSTRUCTIONS,
     STEP_TOKENS,
     bfloat16_matrix_gflops,
+    exact_prompt_peak_gops,
     int8_matrix_gops,
     matrix_step_gflops,
     read_bandwidth_gb_per_second,
@@ -222,6 +225,8 @@ def add_machine_limits(result: dict, model: Llama) -> None:
     model's largest matrix on a prompt chunk), measured now, and the share of each that
     decode and prefill reach."""
     bandwidth, gops, bfloat16_gflops = read_bandwidth_gb_per_second(), int8_matrix_gops(), bfloat16_matrix_gflops()
+    variant = kernel_variant(model)
+    exact_peak = exact_prompt_peak_gops(variant) if variant else None
     bytes_a_token = weight_bytes_a_token(model)
     matrices = layer_matrices(model)
     largest = max(matrices, key=lambda m: m.in_features * m.out_features)
@@ -237,7 +242,16 @@ def add_machine_limits(result: dict, model: Llama) -> None:
         prefill_share_of_int8_rate=prefill_gflops / gops,
         prefill_share_of_bfloat16_rate=prefill_gflops / bfloat16_gflops,
         prefill_share_of_matrix_rate=prefill_gflops / matrix_gflops,
+        kernel_variant=variant,
+        exact_prompt_peak_gops=exact_peak,
+        prefill_share_of_exact_peak=prefill_gflops / exact_peak if exact_peak else None,
     )
+
+
+def kernel_variant(model: Llama) -> str | None:
+    """The variant of llama-chat's kernels the model's matrices run; None on PyTorch's."""
+    layer = next((m for m in model.transformer.modules() if isinstance(m, BlockLinear)), None)
+    return None if layer is None else native.variant_names()[layer.variant]
 
 
 def load_and_compile(flags: argparse.Namespace, loader: Callable[[str], Llama]) -> tuple[Llama, dict]:
@@ -337,6 +351,10 @@ def print_report(result: dict) -> None:
           f"{result['bfloat16_gflops']:.0f} GFLOPS, this model's largest matrix {result['matrix_step_gflops']:.0f}; "
           f"prefill at {result['prefill_share_of_int8_rate']:.0%}, {result['prefill_share_of_bfloat16_rate']:.0%} and "
           f"{result['prefill_share_of_matrix_rate']:.0%} of them")
+    if result["exact_prompt_peak_gops"]:
+        instruction = PROMPT_INSTRUCTIONS[result["kernel_variant"]][0]
+        print(f"the exact prompt kernels' peak now ({instruction} alone, two byte products a weight): "
+              f"{result['exact_prompt_peak_gops']:.0f} GOPS; prefill at {result['prefill_share_of_exact_peak']:.0%} of it")
     print(f"memory: model {result['model_memory_mb']:.0f} MB; peak {result['peak_memory_mb']:.0f} MB, "
           f"{result['memory_before_load_mb']:.0f} MB before loading, "
           f"{result['peak_memory_after_load_mb']:.0f} MB right after; now {result['resident_memory_mb']:.0f} MB "

@@ -1,7 +1,8 @@
 """What this machine can do, measured on the threads PyTorch uses: the rate a streaming
 read of memory runs at (decode reads every weight once a token, so tokens a second are at
-most this over the bytes of the weights), and the rates of PyTorch's int8 and bfloat16 matrix
-products (on the CPU's tile unit where it has one: what prompt steps' products could reach)."""
+most this over the bytes of the weights), the rates of PyTorch's int8 and bfloat16 matrix
+products (on the CPU's tile unit where it has one: what prompt steps' products could reach),
+and the peak of the dot-product instruction llama-chat's exact prompt kernels issue."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ import torch
 READ_BYTES = 512 * 2**20  # larger than any CPU cache, so the read comes from memory
 INT8_SHAPE = (256, 2048, 8192)  # rows, inner, outer: a 256-token step through a 1 B layer
 STEP_TOKENS = INT8_SHAPE[0]
+# The instruction each variant's integer prompt kernels multiply with, and its byte
+# products (vpdpbusd: 64 in a 512-bit register; vpmaddubsw: 32 in 256). The avx512-amx
+# variant's prompt chunks run on the tile unit instead, and the portable one has no such
+# instruction.
+PROMPT_INSTRUCTIONS = {"avx512-vnni": ("vpdpbusd", 64), "avx2": ("vpmaddubsw", 32)}
+DOT_ROUNDS = 10_000_000  # 120 million instructions a thread: some 40 ms at one a cycle
 
 
 def _fastest(call, repeats: int = 3) -> float:
@@ -63,3 +70,15 @@ def matrix_step_gflops(matrix: torch.nn.Module, dtype: torch.dtype) -> float:
     with torch.no_grad():
         seconds = _fastest(lambda: matrix(x))
     return 2 * STEP_TOKENS * matrix.in_features * matrix.out_features / seconds / 1e9
+
+
+def exact_prompt_peak_gops(variant: str) -> float | None:
+    """The most multiply-adds x 2 a second the exact prompt kernels of `variant` could reach
+    here: their dot-product instruction alone, issued back to back on PyTorch's threads
+    (llama-chat's kernels' `dot_product_rate`), each weight taking two byte products (the
+    16-bit activation's two int8 halves). None for variants without one."""
+    if variant not in PROMPT_INSTRUCTIONS:
+        return None
+    instruction, products = PROMPT_INSTRUCTIONS[variant]
+    rate = max(torch.ops.llama_chat.dot_product_rate(instruction, DOT_ROUNDS) for _ in range(3))
+    return 2 * rate * products / 2 / 1e9
