@@ -1,5 +1,6 @@
 """Quantise a GGUF file with llama.cpp's own quantizer (through llama-cpp-python), to get
-the K-quant mixes people download: Q4_K_M (Q4_K with Q6_K for some tensors), Q5_K_M, Q6_K.
+the K-quant mixes people download: Q4_K_M (Q4_K with Q6_K for some tensors), Q5_K_M, Q6_K,
+and the _S mixes that hold (almost) one type alone.
 Run it with a Python that has llama-cpp-python; the input is an F16 file, for example
 `make_synthetic_gguf.py --type f16`.
 
@@ -16,7 +17,9 @@ import llama_cpp
 FILE_TYPES = {  # llama.cpp's llama_ftype numbers
     "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
     "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q4_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S,
     "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "Q5_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_S,
     "Q5_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
     "Q6_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K,
 }
