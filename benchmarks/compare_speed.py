@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-math", choices=("exact", "fast"), default="exact",
+                        help="llama-chat's prompt chunks: 16-bit activations, or 8-bit blocks as ik_llama.cpp's")
     parser.add_argument("--bench-args", default="", help="extra arguments for llama-chat bench, e.g. '--quantize int8'")
     parser.add_argument("--llama-cpp-args", default="", help="extra arguments for the llama.cpp script, e.g. '--no-mmap'")
     parser.add_argument("--ik-bench", help="ik_llama.cpp's llama-bench binary: measured in the same run too")
@@ -169,7 +171,7 @@ def compare(options: argparse.Namespace, ids_path: Path) -> int:
     results: dict[str, dict | None] = {}
     if options.only != "llama.cpp":
         command = [sys.executable, "-m", "llama_chat", "bench", "--model", str(model), *common,
-                   *shlex.split(options.bench_args)]
+                   "--prompt-math", options.prompt_math, *shlex.split(options.bench_args)]
         results["llama-chat"] = run_json("llama-chat", command)
     if options.only != "llama-chat":
         # torch's generator made the ids (in the child above), so llama.cpp reads them from the file.
@@ -186,7 +188,7 @@ def compare(options: argparse.Namespace, ids_path: Path) -> int:
     else:
         print(f"CPU: {cpu} (torch capability {capability}); model {model.name}")
         print(f"{options.threads} threads, {options.prompt_tokens}-token prompt, {options.new_tokens} new tokens, "
-              f"median of {options.repeats}")
+              f"median of {options.repeats}, llama-chat's prompt math {options.prompt_math}")
         print(table(results))
         ours = results.get("llama-chat")
         if ours and "read_bandwidth_gb_per_second" in ours:
@@ -196,6 +198,10 @@ def compare(options: argparse.Namespace, ids_path: Path) -> int:
                   f"llama-chat decode at {ours['decode_share_of_bandwidth']:.0%} of that bandwidth, prefill at "
                   f"{ours['prefill_share_of_int8_rate']:.0%}, {ours['prefill_share_of_bfloat16_rate']:.0%} and "
                   f"{ours['prefill_share_of_matrix_rate']:.0%} of those rates")
+            if ours.get("exact_prompt_peak_gops"):
+                print(f"the exact prompt kernels' peak ({ours['kernel_variant']}: its dot product alone, two byte "
+                      f"products a weight) {ours['exact_prompt_peak_gops']:.0f} GOPS; prefill at "
+                      f"{ours['prefill_share_of_exact_peak']:.0%} of it")
     return 0 if all(results.values()) else 1
 
 
