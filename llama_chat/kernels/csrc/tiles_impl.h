@@ -388,6 +388,26 @@ void tile_tokens(const uint8_t* tile, const QuantizedRows& xq, int64_t m, float*
 }
 
 #if VARIANT == 2
+// One token's integer sums over group g of a tile, xv its bytes broadcast (vector v of the
+// group's columns 4 v .. 4 v + 4): two chains a plane, the even and odd level vectors or
+// Q6_K's half groups.
+template <int TYPE, int PLANES>
+inline void group_dots(const uint8_t* tile, int64_t g, const __m512i (&xv)[PLANES][2 * GROUP_CHUNKS],
+                       __m512i (&dot)[PLANES][2]) {
+    using Group = TileGroup<TYPE>;
+    for (int plane = 0; plane < PLANES; ++plane) dot[plane][0] = dot[plane][1] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int k = 0; k < GROUP_CHUNKS; ++k) {
+        __m512i low, high;
+        unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, low, high);
+        const int first = Group::HALVES == 2 ? k / 2 : 0, second = Group::HALVES == 2 ? k / 2 : 1;
+        for (int plane = 0; plane < PLANES; ++plane) {
+            dot[plane][first] = _mm512_dpbusd_epi32(dot[plane][first], low, xv[plane][2 * k]);
+            dot[plane][second] = _mm512_dpbusd_epi32(dot[plane][second], high, xv[plane][2 * k + 1]);
+        }
+    }
+}
+
 // One token against T tiles: the token's bytes are broadcast once a group for all T (for
 // a single token the broadcasts would otherwise cost as much as the products).
 template <int T, int TYPE, bool TWO>
@@ -407,19 +427,8 @@ void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& 
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
             const uint8_t* tile = tiles + t * stride;
-            // two chains: the even and odd level vectors, or Q6_K's half groups
             __m512i dot[PLANES][2];
-            for (int plane = 0; plane < PLANES; ++plane) dot[plane][0] = dot[plane][1] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int k = 0; k < GROUP_CHUNKS; ++k) {
-                __m512i low, high;
-                unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, low, high);
-                const int first = HALVES == 2 ? k / 2 : 0, second = HALVES == 2 ? k / 2 : 1;
-                for (int plane = 0; plane < PLANES; ++plane) {
-                    dot[plane][first] = _mm512_dpbusd_epi32(dot[plane][first], low, xv[plane][2 * k]);
-                    dot[plane][second] = _mm512_dpbusd_epi32(dot[plane][second], high, xv[plane][2 * k + 1]);
-                }
-            }
+            group_dots<TYPE, PLANES>(tile, g, xv, dot);
             if constexpr (HALVES == 2) {
                 for (int half = 0; half < 2; ++half) {
                     const __m512i total = TWO ? combine(dot[0][half], dot[PLANES - 1][half]) : dot[0][half];
@@ -442,8 +451,7 @@ void tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& 
 // One token against T tiles of a K type, a unit at a time: its groups' sums are weighted by
 // their byte factors (read ahead of the levels) and the unit's float16 fields (read after
 // them) scale the whole unit once, so a group's float work is a convert and one or two
-// multiply-adds, and each tile is read as one forward stream. The token's bytes come as
-// broadcast operands of vpdpbusd, which leaves the registers to the accumulators.
+// multiply-adds, and each tile is read as one forward stream.
 template <int T, int TYPE, bool TWO>
 void k_tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows& xq, float* out) {
     using Group = TileGroup<TYPE>;
@@ -458,24 +466,15 @@ void k_tiles_one_token(const uint8_t* tiles, int64_t stride, const QuantizedRows
         for (int t = 0; t < T; ++t) scaled[t] = minimums[t] = _mm512_setzero_ps();
         for (int64_t g = first; g < first + Group::GROUPS; ++g) {
             const __m512 step = _mm512_set1_ps(xq.xscale[g]);
+            __m512i xv[PLANES][2 * GROUP_CHUNKS];
+            for (int plane = 0; plane < PLANES; ++plane)
+                for (int v = 0; v < 2 * GROUP_CHUNKS; ++v) xv[plane][v] = _mm512_set1_epi32(dword(x[plane] + 32 * g + 4 * v));
 #pragma GCC unroll 4
             for (int t = 0; t < T; ++t) {
                 const uint8_t* tile = tiles + t * stride;
                 const uint8_t* unit = Group::unit(tile, g);
-                // two chains: the even and odd level vectors, or Q6_K's half groups
                 __m512i dot[PLANES][2];
-                for (int plane = 0; plane < PLANES; ++plane) dot[plane][0] = dot[plane][1] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int k = 0; k < GROUP_CHUNKS; ++k) {
-                    __m512i low, high;
-                    unpack_chunk<TYPE>(Group::levels(tile, g), Group::high_bits(tile, g), k, low, high);
-                    const int even = Group::HALVES == 2 ? k / 2 : 0, odd = Group::HALVES == 2 ? k / 2 : 1;
-                    for (int plane = 0; plane < PLANES; ++plane) {
-                        const uint8_t* xg = x[plane] + 32 * g + 8 * k;
-                        dot[plane][even] = _mm512_dpbusd_epi32(dot[plane][even], low, _mm512_set1_epi32(dword(xg)));
-                        dot[plane][odd] = _mm512_dpbusd_epi32(dot[plane][odd], high, _mm512_set1_epi32(dword(xg + 4)));
-                    }
-                }
+                group_dots<TYPE, PLANES>(tile, g, xv, dot);
                 if constexpr (Group::HALVES == 2) {  // Q6_K: w = d sc (q - 32), sc per half group
                     const float summed[2] = {xq.xsum_half[g], xq.xsum[g] - xq.xsum_half[g]};
                     for (int half = 0; half < 2; ++half) {
