@@ -116,10 +116,12 @@ class Llama:
         return self.weights.describe(self.dtype) + fast
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        """An empty KV cache; by default the smaller of the model's context and 4096."""
+        """An empty KV cache; by default the smaller of the model's context and 4096. The
+        model's rotary tables grow to hold its positions."""
         capacity = capacity or min(self.args.max_seq_len, DEFAULT_CONTEXT)
+        cache = KVCache(self.args, capacity, device=self.device, dtype=self.cache_dtype)
         self.transformer.fit_rope(capacity)
-        return KVCache(self.args, capacity, device=self.device, dtype=self.cache_dtype)
+        return cache
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Float32 logits [len(ids), vocab] from one full forward pass, no cache involved."""

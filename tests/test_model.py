@@ -7,6 +7,7 @@ import torch
 from llama_chat import Llama
 from llama_chat.checkpoints.contents import dense_state_dict
 from llama_chat.checkpoints.hf import convert_hf_state_dict
+from llama_chat.engine.cache import KVCache
 from llama_chat.engine.model import RMSNorm, Transformer
 from llama_chat.engine.rope import apply_rotary, rope_tables
 from llama_chat.text.tokenizer import ByteTokenizer
@@ -118,3 +119,60 @@ def test_rope_scaling_changes_the_model():
 def test_tied_output_head_shares_the_embedding():
     transformer = Llama.random(tiny_args(tie_embeddings=True)).transformer
     assert transformer.output.weight is transformer.tok_embeddings.weight
+
+
+# --- rotary tables sized by the caches made ------------------------------------------------
+
+
+def gemma_like_args(**overrides):
+    """A long context, windowed layers with a rotation of their own: four rotary tables."""
+    return tiny_args(max_seq_len=32768, sliding_window=8, windowed_layers=(True, False), local_rope_theta=10000.0,
+                     rope_theta=1e6, **overrides)
+
+
+def test_rotary_tables_hold_the_positions_of_the_caches_made_not_the_whole_context():
+    model = Llama.random(gemma_like_args(), seed=0)
+    tables = model.transformer.rotary_table_names
+    assert len(tables) == 4 and {getattr(model.transformer, name).shape[0] for name in tables} == {0}
+    model.new_cache(64)
+    assert {getattr(model.transformer, name).shape[0] for name in tables} == {64}
+    model.new_cache(16)  # a smaller cache later: the first may still be in use
+    assert model.transformer.rope_cos.shape[0] == 64
+    model.new_cache(100)
+    assert {getattr(model.transformer, name).shape[0] for name in tables} == {100}
+
+
+def test_grown_rotary_tables_turn_exactly_as_tables_of_the_whole_context():
+    args = gemma_like_args()
+    for whole, grown in zip(rope_tables(args, args.max_seq_len), rope_tables(args, 70)):
+        assert torch.equal(whole[:70], grown)
+    ids = [(29 * i) % 250 + 3 for i in range(60)]
+    small, whole = Llama.random(args, seed=2), Llama.random(args, seed=2)
+    whole.transformer.fit_rope(args.max_seq_len)
+    results = []
+    for model in (small, whole):
+        cache = model.new_cache(60)
+        with torch.inference_mode():
+            prompt = model.transformer(torch.tensor([ids[:50]]), cache)
+            steps = [model.transformer(torch.tensor([[token]]), cache) for token in ids[50:]]
+        results.append(torch.cat([prompt, *steps], dim=1))
+    assert small.transformer.rope_cos.shape[0] == 60
+    assert torch.equal(results[0], results[1])
+    # No cache: a sequence longer than the tables turns by tables of its own, as exactly.
+    assert torch.equal(small.logits(ids), whole.logits(ids))
+
+
+def test_a_cache_made_directly_grows_the_tables_when_the_model_is_called():
+    model = Llama.random(gemma_like_args(), seed=1)
+    cache = KVCache(model.args, 40)
+    with torch.inference_mode():
+        model.transformer(torch.tensor([[5, 6, 7]]), cache)
+    assert model.transformer.rope_local_cos.shape[0] == 40
+
+
+def test_a_position_past_the_rotary_tables_is_refused_in_one_line():
+    model = Llama.random(gemma_like_args(), seed=1)
+    model.new_cache(8)
+    call = KVCache(model.args, 32).call(12)  # a call of a cache the tables were never grown for
+    with pytest.raises(ValueError, match=r"^position 12 is past the rotary tables' 8 positions \(they grow"):
+        model.transformer.forward_embeddings(torch.zeros(1, 12, model.args.dim), call)

@@ -160,6 +160,36 @@ def test_the_compiled_verify_step_agrees_with_the_eager_one(packed_model, compil
 
 
 @pytest.mark.needs_compiler
+def test_the_compiled_step_reads_rotary_tables_grown_after_it_was_built(packed_model, compiled_package):
+    """The package takes the tables as long as they come: a cache longer than any made before
+    grows them in place, and a step past their old length turns as the eager one does."""
+    destination, _ = compiled_package
+    packages = compiled.CompiledPackages(destination, packed_model.transformer)
+    old_length = packed_model.transformer.rope_cos.shape[0]
+    capacity = packed_model.args.max_seq_len
+    assert old_length < capacity - 4
+    ids = (IDS * 8)[: capacity - 2]
+    eager_cache, compiled_cache = packed_model.new_cache(capacity), packed_model.new_cache(capacity)
+    assert packed_model.transformer.rope_cos.shape[0] == capacity
+    with torch.inference_mode():
+        for cache in (eager_cache, compiled_cache):
+            packed_model.transformer(torch.tensor([ids[:-1]]), cache)
+        eager = packed_model.transformer(torch.tensor([ids[-1:]]), eager_cache)[0, 0]
+        from_package = packages(compiled_cache, ids[-1:])[0]
+    assert len(compiled_cache) == capacity - 2 > old_length
+    assert torch.allclose(from_package, eager, atol=5e-3 * eager.abs().max().item())
+
+
+def test_a_package_is_keyed_by_the_rotary_tables_width_not_their_length():
+    """The tables grow with the caches made: one package serves every context."""
+    model = Llama.random(tiny_args(), seed=1)
+    model.new_cache(8)
+    before = compiled.package_key(model.transformer, torch.float32)
+    model.new_cache(model.args.max_seq_len)
+    assert compiled.package_key(model.transformer, torch.float32) == before
+
+
+@pytest.mark.needs_compiler
 def test_a_dense_model_with_a_tied_head_compiles_too(tmp_path):
     """Float32 weights as parameters, the output head the embedding's own (named once)."""
     model = Llama.random(tiny_args(tie_embeddings=True), seed=4)

@@ -12,8 +12,8 @@ LARGEST_WHOLE_NUMBER = 1 << 31  # far above any model's sizes, and small enough 
 # Llama 3.1 405B has 126 layers; the names of every layer's tensors are listed before any is
 # read, so a count in the billions would take minutes and gigabytes.
 MAX_LAYERS = 1024
-# The rotary tables cover the whole context when the model is built (4 bytes a position and
-# head dimension): a context of two billion claimed by a file would take hundreds of GB.
+# A cache of the whole context grows the rotary tables to it (4 bytes a position and head
+# dimension): a context of two billion claimed by a file would take hundreds of GB.
 MAX_CONTEXT = 1 << 18  # 262,144: twice Llama 3.1's context
 
 

@@ -39,6 +39,7 @@ from torch import nn
 from llama_chat.disk_cache import cache_key, entry_path, read_checked, remove, staged
 from llama_chat.engine.cache import TRIM_MARGIN, CacheCall, layer_sources
 from llama_chat.engine.device import cpu_model_name
+from llama_chat.engine.model import ROTARY_TABLES
 from llama_chat.environment import child_environment
 from llama_chat.errors import first_line
 from llama_chat.parent_watch import end_with_parent
@@ -74,6 +75,7 @@ class _FunctionalCall(nn.Module):
         # Kept outside the module tree: export would otherwise bake its tensors in.
         object.__setattr__(self, "model", _FromEmbeddings(structure))
         self.names = list(traced_weights(self.model))
+        self.rotary = list(traced_weights(structure)).index(ROTARY_TABLES[0])  # in the same order
         self.sources = layer_sources(structure.args)
 
     def forward(self, x, cache_inputs, weights):
@@ -84,6 +86,7 @@ class _FunctionalCall(nn.Module):
         torch._check(position >= 0)
         torch._check(position + time <= capacity)
         torch._check(position + time <= self.context)
+        torch._check(position + time <= weights[self.rotary].shape[0])  # the tables grow with the caches made
         call = CacheCall(self.sources, position, held)
         # tie_weights: a tied head is one tensor, named once among the inputs.
         logits = torch.func.functional_call(self.model, dict(zip(self.names, weights)), (x, call), tie_weights=True)
@@ -105,10 +108,12 @@ def traced_sources(transformer: nn.Module) -> list[Path]:
 
 
 def package_key(transformer: nn.Module, cache_dtype: torch.dtype) -> str:
-    """What a package depends on: the weights' names, shapes and dtypes, the cache's dtype,
-    this CPU, PyTorch and the traced code (not the threads: see build_package)."""
+    """What a package depends on: the weights' names, shapes and dtypes (the rotary tables'
+    but for their length, which the package takes as it comes), the cache's dtype, this CPU,
+    PyTorch and the traced code (not the threads: see build_package)."""
     spec = {
-        "weights": [[name, list(t.shape), str(t.dtype)] for name, t in traced_weights(transformer).items()],
+        "weights": [[name, list(t.shape[1:] if name in ROTARY_TABLES else t.shape), str(t.dtype)]
+                    for name, t in traced_weights(transformer).items()],
         "cache": str(cache_dtype),
         "cpu": [cpu_model_name(), torch.backends.cpu.get_cpu_capability()],
         "torch": torch.__version__,
@@ -165,9 +170,13 @@ def build_package(
     """Export and compile the call of `structure` (a model, or a copy without data) for one
     token (most_tokens 1) or for 2 to most_tokens tokens, into a package at destination,
     written whole or not at all."""
-    # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched.
+    # Uninitialised stand-ins: tracing reads only their shapes, so no memory is touched. The
+    # rotary tables' length varies (as long as the caches made need): 16 stands for any.
+    traced = traced_weights(structure)
     weights = [
-        torch.empty(t.shape, dtype=t.dtype) if t.device.type == "meta" else t for t in traced_weights(structure).values()
+        torch.empty((16, *t.shape[1:]) if name in ROTARY_TABLES else t.shape, dtype=t.dtype)
+        if t.device.type == "meta" or name in ROTARY_TABLES else t
+        for name, t in traced.items()
     ]
     args = structure.args
     sources = layer_sources(args)
@@ -190,7 +199,8 @@ def build_package(
         ring = torch.export.Dim("ring", min=2, max=most_slots)
         cache_dynamic += [{**({0: token_axis["tokens"]} if token_axis else {}), 1: ring}, {2: ring}, {2: ring}]
     example = (torch.zeros(1, time, args.dim), cache_inputs, weights)  # the tokens' embeddings first
-    dynamic = (tokens, cache_dynamic, [{}] * len(weights))
+    positions = torch.export.Dim("positions", min=2, max=args.max_seq_len)
+    dynamic = (tokens, cache_dynamic, [{0: positions} if name in ROTARY_TABLES else {} for name in traced])
     with torch.no_grad():
         program = torch.export.export(_FunctionalCall(structure), example, dynamic_shapes=dynamic, strict=False)
     settings = {

@@ -19,6 +19,10 @@ from torch import nn
 from llama_chat.engine.config import ModelArgs
 from llama_chat.engine.rope import apply_rotary, rope_tables, windowed_rotation
 
+# The rotary tables' buffers: each as long as the positions the caches made need (see
+# Transformer.fit_rope), not the model's whole context (32,768 for Gemma 3: 134 MB of tables).
+ROTARY_TABLES = ("rope_cos", "rope_sin", "rope_local_cos", "rope_local_sin")
+
 
 class UninitializedLinear(nn.Linear):
     """A bias-free linear layer whose weight starts as uninitialised memory.
@@ -212,26 +216,41 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.long_rope = False  # longrope's long factors in the tables (see fit_rope)
-        cos, sin = rope_tables(args, args.max_seq_len)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        local = windowed_rotation(args)
-        self.local_rotation = local is not None
-        if self.local_rotation:  # the windowed layers' own rotation (Gemma 3)
-            local_cos, local_sin = rope_tables(local, args.max_seq_len)
-            self.register_buffer("rope_local_cos", local_cos, persistent=False)
-            self.register_buffer("rope_local_sin", local_sin, persistent=False)
+        # The windowed layers' own rotation (Gemma 3), else None: every layer turns alike.
+        self.local_rotation = windowed_rotation(args)
+        # On the cpu even while a model is laid out on the meta device (loading does that);
+        # empty until a cache needs positions (fit_rope).
+        for name in self.rotary_table_names:
+            self.register_buffer(name, torch.empty(0, 1, args.head_dim, device="cpu"), persistent=False)
+
+    @property
+    def rotary_table_names(self) -> tuple[str, ...]:
+        """The rotary tables this model holds (of ROTARY_TABLES), in the order _rope makes them."""
+        return ROTARY_TABLES[: 2 if self.local_rotation is None else 4]
 
     def fit_rope(self, context: int) -> None:
-        """Turn with the rotary factors for a context of `context` tokens: longrope's long
-        ones beyond its original context, as llama.cpp chooses. The tables are refilled in
-        place (a compiled call reads these tensors); the latest cache made decides."""
+        """Rotary tables for a cache of `context` positions: grown to hold them (never shrunk:
+        an earlier, longer cache may still be in use), turning with longrope's long factors
+        beyond its original context, as llama.cpp chooses (the latest cache made decides).
+        The tables change in place: a compiled call holds these tensors."""
         long_rope = self.args.rope_scaling.uses_long_factors(context)
-        if long_rope != self.long_rope:
-            cos, sin = rope_tables(self.args, self.args.max_seq_len, long_context=long_rope)
-            self.rope_cos.copy_(cos)
-            self.rope_sin.copy_(sin)
-            self.long_rope = long_rope
+        positions = max(context, self.rope_cos.shape[0])
+        if long_rope != self.long_rope or positions > self.rope_cos.shape[0]:
+            self._fill_rope(positions, long_rope)
+
+    def _fill_rope(self, positions: int, long_rope: bool) -> None:
+        with torch.no_grad():
+            for name, table in zip(self.rotary_table_names, self._rope(positions, long_rope)):
+                held = getattr(self, name)
+                held.set_(table.to(held.device, held.dtype))
+        self.long_rope = long_rope
+
+    def _rope(self, positions: int, long_rope: bool) -> tuple[torch.Tensor, ...]:
+        """cos and sin for `positions` positions, then the windowed layers' own, if any."""
+        tables = rope_tables(self.args, positions, long_context=long_rope)
+        if self.local_rotation is not None:
+            tables += rope_tables(self.local_rotation, positions)
+        return tables
 
     def forward(self, tokens: torch.Tensor, cache=None, *, last_only: bool = False,
                 head: bool = True) -> torch.Tensor | None:
@@ -243,6 +262,8 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens)
         if cache is None:
             return self.forward_embeddings(x, last_only=last_only, head=head)
+        if cache.capacity > self.rope_cos.shape[0]:  # a cache made otherwise than by Llama.new_cache
+            self._fill_rope(cache.capacity, self.long_rope)
         call = cache.call(tokens.shape[1])
         logits = self.forward_embeddings(x, call, last_only=last_only, head=head)
         cache.write(tokens[0].tolist(), *call.new_entries())
@@ -257,18 +278,20 @@ class Transformer(nn.Module):
         position = 0 if cache is None else cache.position
         if self.args.embedding_scale != 1.0:
             x = x * self.args.embedding_scale
-        if position + time > self.rope_cos.shape[0]:
-            raise ValueError(f"position {position + time} is past the model's context of {self.rope_cos.shape[0]}")
-        cos, sin = self.rope_cos, self.rope_sin
-        if cache is None and self.args.rope_scaling.uses_long_factors(time) != self.long_rope:
+        tables = [getattr(self, name) for name in self.rotary_table_names]
+        long_rope = self.args.rope_scaling.uses_long_factors(time)
+        if cache is None and (time > tables[0].shape[0] or long_rope != self.long_rope):
             # A whole sequence turns as its length asks (as transformers does), the held tables untouched.
-            cos, sin = rope_tables(self.args, time, long_context=not self.long_rope)
+            tables = self._rope(time, long_rope)
+        elif position + time > tables[0].shape[0]:
+            raise ValueError(f"position {position + time} is past the rotary tables' {tables[0].shape[0]} positions "
+                             "(they grow with each cache Llama.new_cache makes)")
+        cos, sin, *local = tables
         window = self.args.sliding_window
         # What a layer turns and masks by: by whether it is windowed.
         kinds = {False: self._positions(cos, sin, position, time, x, None)}
         if self.args.windowed_layers:
-            local = (self.rope_local_cos, self.rope_local_sin) if self.local_rotation else (cos, sin)
-            kinds[True] = self._positions(*local, position, time, x, window)
+            kinds[True] = self._positions(*(local or (cos, sin)), position, time, x, window)
         for layer in self.layers:
             x = layer(x, *kinds[layer.attention.window is not None], cache)
         if not head:
@@ -282,7 +305,10 @@ class Transformer(nn.Module):
 
     def _positions(self, cos, sin, position, time, x, window):
         """cos and sin of the tokens' positions, and the mask among them."""
-        turning = [table.narrow(0, position, time).to(x.device, x.dtype) for table in (cos, sin)]
+        # Rows picked by index, not narrowed: a compiled call's tables are as long as they come,
+        # and a narrow at a position read in the call has a length export cannot settle.
+        rows = torch.arange(position, position + time, device=cos.device)
+        turning = [table.index_select(0, rows).to(x.device, x.dtype) for table in (cos, sin)]
         return (*turning, causal_mask(time, self.args.n_rep, x.device, x.dtype, window))
 
 
