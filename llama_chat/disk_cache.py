@@ -5,8 +5,9 @@ all (under a temporary name, renamed into place), and checked when read: one tha
 not read back (truncated, edited by hand, left by older code) is removed and the reason
 given in one line, and its cache makes it again. The caches: the built kernels
 (kernels/native.py), the packed weights (kernels/packed_cache.py), the probe's
-measurements (kernels/cpu_paths.py), the compiled packages (engine/compiled.py), and
-saved KV caches, which live beside their conversation files (chat/cache_file.py).
+measurements (kernels/cpu_paths.py), the compiled packages (engine/compiled.py), the
+tokenizers built from model files (text/tokenizer_cache.py), and saved KV caches, which
+live beside their conversation files (chat/cache_file.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from llama_chat.errors import first_line
 from llama_chat.paths import cache_root
 
 STAGING_SUFFIX = ".partial"  # of the temporary names `staged` writes under
+IDENTITY_SAMPLES = 16  # pieces of a file hashed for its identity, spread over it
+IDENTITY_SAMPLE_BYTES = 1 << 16
 T = TypeVar("T")
 
 
@@ -32,6 +35,19 @@ def cache_key(description: object, length: int = 24) -> str:
     """A hash of a JSON-able description of what an entry depends on: a change to any of
     it gives another key, so an entry is never used for something it was not made from."""
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:length]
+
+
+def file_identity(path: Path) -> list:
+    """What tells a file from a changed one at a glance: its name, size, modification time
+    and a hash of its first MiB and of pieces spread over it (a few MB read, not the file)."""
+    info = path.stat()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        for index in range(IDENTITY_SAMPLES):
+            handle.seek(info.st_size * index // IDENTITY_SAMPLES)
+            digest.update(handle.read(IDENTITY_SAMPLE_BYTES))
+    return [path.name, info.st_size, info.st_mtime_ns, digest.hexdigest()]
 
 
 def entry_path(*parts: str) -> Path | None:

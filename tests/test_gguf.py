@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as QType
 import llama_chat
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf import load_gguf
+from llama_chat.checkpoints.gguf_file import read_gguf_header
 from llama_chat.engine.model import Transformer
 from llama_chat.errors import LlamaChatError
 from llama_chat.model_info import model_info
@@ -472,6 +473,41 @@ def test_a_hostile_header_is_one_line_naming_the_file(tmp_path, case):
     path = raw_gguf(tmp_path / "hostile.gguf", entries, tensors)
     with pytest.raises(LlamaChatError) as refused:
         load_gguf(path)
+    assert str(refused.value) == f"{path}: the GGUF file is truncated or corrupt ({reason}); download it again"
+
+
+STEPPED = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.scores"})
+
+
+def test_arrays_stepped_over_are_left_out_and_the_rest_read_alike(tmp_path):
+    """What a kept tokenizer makes unneeded is not made into Python values."""
+    path = write_gguf(tmp_path / "m.gguf", tiny_hf_model(), vocabulary=byte_level_metadata(
+        pre="smollm", **{"tokenizer.ggml.scores": [0.5] * len(VOCAB)}))
+    metadata, tensors = read_gguf_header(path)
+    stepped_metadata, stepped_tensors = read_gguf_header(path, STEPPED)
+    assert STEPPED <= set(metadata) and not STEPPED & set(stepped_metadata)
+    assert stepped_metadata == {key: value for key, value in metadata.items() if key not in STEPPED}
+    assert stepped_tensors == tensors
+
+
+@pytest.mark.parametrize("entries, reason", [
+    ([gguf_entry("tokenizer.ggml.tokens", ARRAY_VALUE, struct.pack("<IQQ", STRING_VALUE, 1, 2**40))],
+     "a string of 1099511627776 bytes"),
+    ([gguf_entry("tokenizer.ggml.tokens", ARRAY_VALUE,
+                 struct.pack("<IQ", STRING_VALUE, 2) + gguf_text("a") + struct.pack("<Q", 1000))],
+     "a string runs past the end of the file"),
+    ([gguf_entry("tokenizer.ggml.scores", ARRAY_VALUE, struct.pack("<IQ", F32_VALUE, 1000))],
+     "an array runs past the end of the file"),
+    ([gguf_entry("tokenizer.ggml.scores", ARRAY_VALUE, struct.pack("<IQ", U8, 2**40))],
+     "its metadata arrays hold more than 8388608 values"),
+    ([gguf_entry("tokenizer.ggml.tokens", ARRAY_VALUE, struct.pack("<IQ", STRING_VALUE, 0)),
+      gguf_entry("tokenizer.ggml.tokens", U32, struct.pack("<I", 1))],
+     "metadata key 'tokenizer.ggml.tokens' is listed twice"),
+])
+def test_arrays_stepped_over_are_checked_as_those_read(tmp_path, entries, reason):
+    path = raw_gguf(tmp_path / "hostile.gguf", entries)
+    with pytest.raises(LlamaChatError) as refused:
+        read_gguf_header(path, STEPPED)
     assert str(refused.value) == f"{path}: the GGUF file is truncated or corrupt ({reason}); download it again"
 
 

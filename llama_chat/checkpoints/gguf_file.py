@@ -86,9 +86,10 @@ class _Cursor:
             raise ValueError("a string runs past the end of the file")
         return length
 
-    def strings(self, count: int) -> list[str]:
+    def strings(self, count: int, keep: bool = True) -> list[str]:
         """`count` strings in a row (a vocabulary, its merges): one tight loop, as a load
-        spends a tenth of a second here for 50,000 tokens."""
+        spends a tenth of a second here for 50,000 tokens. With keep false, checked and
+        stepped over, none made."""
         buffer, position, unpack_length = self.buffer, self.position, _LENGTH.unpack_from
         size = len(buffer)
         texts = []
@@ -98,10 +99,30 @@ class _Cursor:
             if position + length > size or length > MAX_STRING_BYTES:  # before a copy that size
                 self.position = position
                 self._checked_length(length)
-            texts.append(str(buffer[position : position + length], "utf-8"))
+            if keep:
+                texts.append(str(buffer[position : position + length], "utf-8"))
             position += length
         self.position = position
         return texts
+
+    def step_over_array(self) -> None:
+        """Move past an array, checked as `value` checks it, without making its values: a
+        vocabulary the caller has no use for (its tokenizer kept in the cache) is 262,144
+        strings."""
+        start = self.position
+        element_type, count = self.take("<I"), self.take("<Q")
+        if element_type == STRING:
+            self._spend(count)
+            self.strings(count, keep=False)
+        elif element_type in _NUMPY:
+            self._spend(count)
+            end = self.position + count * np.dtype(_NUMPY[element_type]).itemsize
+            if end > len(self.buffer):
+                raise ValueError("an array runs past the end of the file")
+            self.position = end
+        else:  # arrays of arrays: read, as no key stepped over holds them
+            self.position = start
+            self.value(ARRAY)
 
     def value(self, value_type: int, nesting: int = 0) -> Any:
         """A metadata value; an array's arrays are read by at most MAX_ARRAY_NESTING nested
@@ -135,15 +156,18 @@ class _Cursor:
         self.values_left -= count
 
 
-def read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+def read_gguf_header(
+    path: Path, step_over: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     """The metadata (name to value) and the tensors (name to TensorInfo) of a GGUF file;
-    LlamaChatError naming the file for anything that is not a readable GGUF header."""
+    LlamaChatError naming the file for anything that is not a readable GGUF header. Arrays
+    under the keys `step_over` names are checked but left out of the metadata."""
     try:
         with open_regular_file(path) as file:
             if os.fstat(file.fileno()).st_size < len(MAGIC):
                 raise ValueError("it is shorter than a header")
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return _parse(mapped, path)
+                return _parse(mapped, path, step_over)
     except OSError as error:
         raise LlamaChatError(f"{path}: cannot read it ({error.strerror or error})") from None
     # A truncated or damaged file fails wherever the reader runs out of bytes or meets nonsense.
@@ -161,7 +185,7 @@ def _reason(error: Exception) -> str:
     return first_line(error)
 
 
-def _parse(buffer, path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+def _parse(buffer, path: Path, step_over: frozenset[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     size = len(buffer)
     cursor = _Cursor(buffer)
     if bytes(buffer[:4]) != MAGIC:
@@ -173,12 +197,17 @@ def _parse(buffer, path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     tensor_count, entry_count = cursor.take("<Q"), cursor.take("<Q")
     if tensor_count > MAX_TENSORS or entry_count > MAX_METADATA_ENTRIES:
         raise ValueError(f"it lists {tensor_count} tensors and {entry_count} metadata entries")
-    metadata = {}
+    metadata, stepped = {}, set()
     for _ in range(entry_count):
         key = cursor.string()
-        if key in metadata:  # which value would hold is anyone's guess (llama.cpp refuses it too)
+        if key in metadata or key in stepped:  # which value would hold is anyone's guess (llama.cpp refuses it too)
             raise ValueError(f"metadata key {shown(key)} is listed twice")
-        metadata[key] = cursor.value(cursor.take("<I"))
+        value_type = cursor.take("<I")
+        if value_type == ARRAY and key in step_over:
+            cursor.step_over_array()
+            stepped.add(key)
+        else:
+            metadata[key] = cursor.value(value_type)
     layout = []
     for _ in range(tensor_count):
         name = _tensor_name(cursor.string())

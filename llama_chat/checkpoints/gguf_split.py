@@ -56,12 +56,15 @@ def named_parts(path: Path) -> list[Path]:
     return parts
 
 
-def read_gguf_model(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo], list[Path]]:
-    """The metadata of the GGUF model `path` names (a split model's is its first part's), the
-    tensors of all its parts, and the files they lie in (`path` alone for one not split).
+def read_gguf_model(
+    path: Path, step_over: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, TensorInfo], list[Path]]:
+    """The metadata of the GGUF model `path` names (a split model's is its first part's; its
+    arrays under the keys `step_over` names left out), the tensors of all its parts, and the
+    files they lie in (`path` alone for one not split).
     LlamaChatError, in one line naming the file, for a part missing, not a GGUF, or not the
     part its name says, and for a later part named instead of the first."""
-    metadata, tensors = _read_part(path)
+    metadata, tensors = _read_part(path, step_over)
     count = _split_number(metadata, SPLIT_COUNT, path, 1, MAX_PARTS, default=1)
     number = _split_number(metadata, SPLIT_NO, path, 0, count - 1, default=0 if count == 1 else None)
     if number != 0:
@@ -107,8 +110,10 @@ def read_gguf_model(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo], 
     return metadata, tensors, parts
 
 
-def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    """One GGUF file's header; a file that is not a GGUF is refused by name."""
+def _read_part(
+    path: Path, step_over: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """One GGUF file's header (see read_gguf_header); a file that is not a GGUF is refused by name."""
     try:
         with open_regular_file(path) as file:
             magic = file.read(len(MAGIC))
@@ -116,7 +121,7 @@ def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
         raise LlamaChatError(f"{path}: cannot read it ({error.strerror or error})") from None
     if magic != MAGIC:
         raise LlamaChatError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
-    return read_gguf_header(path)
+    return read_gguf_header(path, step_over)
 
 
 def _file_id(path: Path) -> tuple[int, int]:
