@@ -1,11 +1,13 @@
 """A model file's first load and a later one, whole processes timed from outside: llama-chat
 (`-p hi --max-tokens 1`, as plain text with --raw and through the chat template) and
-llama.cpp (llama-cpp-python: load, `eval` of "hi", one sample), the file in the page cache.
+llama.cpp (llama-cpp-python: load, `eval` of "hi", one sample, its id printed), the file in
+the page cache. Each is timed to its first token (the first byte on its stdout) and to its
+end: a first load of llama-chat's writes its packed cache after the reply, before it exits.
 
-The first load packs the file into llama-chat's packed cache (emptied before it) and
-measures its kernels on the model's shapes; later ones map the cache. llama.cpp keeps no
-cache: every load repacks where its CPU back-end does (Q4_0 into interleaved rows here);
-it is also timed with that repacking off, its weights used as mapped from the file.
+The first load packs the file (its packed cache emptied before it) and measures its kernels
+on the model's shapes; later ones map the cache. llama.cpp keeps no cache: every load
+repacks where its CPU back-end does (Q4_0 into interleaved rows here); it is also timed
+with that repacking off, its weights used as mapped from the file.
 
     python benchmarks/first_load.py --model FILE.gguf --peer-python PYTHON --repeats 3
 """
@@ -39,15 +41,24 @@ def model_params():
 bindings.llama_model_default_params = model_params
 llm = Llama(model_path=sys.argv[1], n_ctx=512, n_threads=int(sys.argv[2]), verbose=False)
 llm.eval(llm.tokenize(b"hi"))
-llm.sample()
+print(llm.sample(), flush=True)
 """
 
 
-def timed(command: list[str], environment: dict[str, str]) -> float:
+def timed(command: list[str], environment: dict[str, str]) -> tuple[float, float]:
+    """Seconds to the process's first byte on stdout (its first token), and to its end."""
     os.sync()  # the last process's written files (a packed cache) are not this one's to flush
     started = time.perf_counter()
-    subprocess.run(command, env=environment, check=True, capture_output=True)
-    return time.perf_counter() - started
+    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: stderr never blocks the process
+        with subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=errors) as process:
+            process.stdout.read(1)
+            first = time.perf_counter() - started
+            process.communicate()
+        ended = time.perf_counter() - started
+        if process.returncode:
+            errors.seek(0)
+            raise SystemExit(f"{command[0]} failed: {errors.read().decode(errors='replace')[-2000:]}")
+    return first, ended
 
 
 def read_whole(path: Path) -> float:
@@ -73,7 +84,7 @@ def main() -> int:
         environment["LLAMA_CHAT_KERNELS_DIR"] = str(Path.home() / ".cache" / "llama-chat" / "kernels")
     chat = [sys.executable, "-m", "llama_chat", "--model", str(options.model), "-p", "hi", "--max-tokens", "1",
             "--compile", "off"]
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[tuple[float, float]]] = {}
     try:
         read_whole(options.model)  # into the page cache
         reading = min(read_whole(options.model) for _ in range(2))
@@ -96,11 +107,13 @@ def main() -> int:
     size = options.model.stat().st_size
     print(f"reading the file once from the page cache: {reading:.2f} s ({size / reading / 1e9:.1f} GB/s)")
     print(f"{options.model.name}, {options.threads} threads, whole processes, median of {options.repeats} (s):")
-    peer = statistics.median(rows["llama.cpp (every load)"]) if options.peer_python else None
-    for name, seconds in rows.items():
-        median = statistics.median(seconds)
-        ratio = f"  {median / peer:.2f}x llama.cpp" if peer else ""
-        print(f"  {name:40} {median:6.2f}  ({', '.join(f'{s:.2f}' for s in seconds)}){ratio}")
+    print(f"  {'':40} {'first token':>11}  {'end':>6}  (each run's first token)")
+    peer = statistics.median(first for first, _ in rows["llama.cpp (every load)"]) if options.peer_python else None
+    for name, times in rows.items():
+        first, end = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+        ratio = f"  {first / peer:.2f}x llama.cpp" if peer else ""
+        runs = ", ".join(f"{t[0]:.2f}" for t in times)
+        print(f"  {name:40} {first:11.2f}  {end:6.2f}  ({runs}){ratio}")
     return 0
 
 

@@ -5,6 +5,7 @@ import pytest
 from llama_chat import Llama, ModelArgs, paths
 from llama_chat.cli.options import configure_folders
 from llama_chat.kernels import native
+from llama_chat.kernels.packed_cache_writer import finish_writes
 from llama_chat.options import Folders
 
 # Set by CI (.ci/run): a machine meant to have a compiler fails the run when it has none.
@@ -103,3 +104,11 @@ def _kernels_when_marked(request, monkeypatch, _private_cache):
     if request.node.get_closest_marker("needs_kernels"):
         monkeypatch.setenv("LLAMA_CHAT_KERNELS", "ours")
         assert native.load_built(), "llama-chat's kernels were built for this run but do not load"
+
+
+@pytest.fixture(autouse=True)
+def _packed_cache_writes_finished():
+    """A first load's packed-cache entries are written behind it: each test's are finished
+    within the test, never in the next one's time or folders."""
+    yield
+    finish_writes()

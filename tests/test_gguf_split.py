@@ -18,6 +18,7 @@ from llama_chat.checkpoints.gguf_tensors import GGUFMatrix
 from llama_chat.cli.options import options_from_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import packed_cache
+from llama_chat.kernels.packed_cache_writer import finish_writes
 from llama_chat.model_info import model_info
 
 from .test_gguf import IDS, tiny_hf_model, write_gguf
@@ -117,6 +118,7 @@ def test_replacing_a_later_part_packs_the_model_again(tmp_path):
     os.replace(other[2], parts[2])
     after = llama_chat.load(parts[0], options_from_environment(), device="cpu").logits(IDS)
     assert not torch.equal(before, after)
+    assert finish_writes() == []  # the entries are written behind the loads
     assert len(list((Path(os.environ["LLAMA_CHAT_CACHE"]) / "packed").glob("*.safetensors"))) == 2
 
 

@@ -1,11 +1,20 @@
-"""The packed cache (kernels/packed_cache.py): written once by a first load, mapped by later
-ones, never trusted across a changed source, rebuilt when it does not read back."""
+"""The packed cache (kernels/packed_cache.py): written once by a first load, behind the
+chat (kernels/packed_cache_writer.py), mapped by later ones, never trusted across a changed
+source, rebuilt when it does not read back."""
 
+import errno
 import gc
 import json
 import mmap
 import os
+import select
+import signal
 import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -14,23 +23,34 @@ import torch
 from gguf import GGMLQuantizationType as QType
 
 import llama_chat
+from llama_chat.cli import main
 from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BlockLinear
+from llama_chat.kernels.packed_cache_writer import EntryWrite, finish_writes, writes_under_way
 
 from .test_gguf import tiny_hf_model, write_gguf
 
 
 def write_entry(path, state: dict, source: str = "") -> None:
     """`state` as an entry of the packed cache, written as a first load writes one."""
-    with packed_cache.writing(path, state, source) as views:
-        for name, tensor in state.items():
-            views[name].copy_(tensor)
+    image = packed_cache.EntryImage(state, source)
+    for name, tensor in state.items():
+        image.views[name].copy_(tensor)
+    write = EntryWrite.reserve({path: image}, source, None)
+    write.start()
+    write.join()
+    assert write.failure == ""
 
 
 def entries(tmp_cache) -> list:
     return sorted((tmp_cache / "packed").glob("*.safetensors"))
+
+
+def written() -> None:
+    """Wait for the entries this process's first loads are writing behind them."""
+    assert finish_writes() == []
 
 
 @pytest.fixture
@@ -127,10 +147,12 @@ def test_an_entry_whose_aliases_were_edited_is_refused(tmp_path, aliases):
 def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "q4_0.gguf", tiny_hf_model(seed=11), qtype=QType.Q4_0)
     first = llama_chat.load(path, options_from_environment(), device="cpu")
+    written()
     [entry] = entries(tmp_cache)
-    written = entry.stat().st_ino  # a new entry is a new file, renamed into place
+    inode = entry.stat().st_ino  # a new entry is a new file, renamed into place
     second = llama_chat.load(path, options_from_environment(), device="cpu")
-    assert entries(tmp_cache) == [entry] and entry.stat().st_ino == written  # read, not written again
+    assert writes_under_way() == []
+    assert entries(tmp_cache) == [entry] and entry.stat().st_ino == inode  # read, not written again
     w2 = second.transformer.layers[1].feed_forward.w2
     assert isinstance(w2, BlockLinear) and w2.blocks.untyped_storage().nbytes() == entry.stat().st_size
     # The weights used are the file's bytes, in the kernels' order.
@@ -147,6 +169,7 @@ def test_a_changed_source_is_packed_again(tmp_path, tmp_cache):
     before = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
     write_gguf(path, tiny_hf_model(seed=13), qtype=QType.Q4_0)  # same size, other weights
     after = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
+    written()
     assert len(entries(tmp_cache)) == 2 and not torch.equal(before, after)
     fresh = llama_chat.load(path, options_from_environment(), device="cpu", quantize="auto").logits([3, 4, 5])
     assert torch.equal(after, fresh)
@@ -156,12 +179,14 @@ def test_a_changed_source_is_packed_again(tmp_path, tmp_cache):
 def test_a_damaged_entry_is_rebuilt_with_one_line(tmp_path, tmp_cache):
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
     expected = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
+    written()
     [entry] = entries(tmp_cache)
     size = entry.stat().st_size
     with entry.open("r+b") as handle:
         handle.truncate(size // 2)
     model = llama_chat.load(path, options_from_environment(), device="cpu")
     assert "packed cache rebuilt (" in model.weights.note and "\n" not in model.weights.note
+    written()
     assert entry.stat().st_size == size and torch.equal(model.logits([3, 4, 5]), expected)
 
 
@@ -171,6 +196,7 @@ def test_an_entry_whose_header_was_edited_consistently_is_rebuilt_not_used(tmp_p
     and the model would take the tensors as they are (with wrong weights)."""
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=14), qtype=QType.Q4_1)
     expected = llama_chat.load(path, options_from_environment(), device="cpu").logits([3, 4, 5])
+    written()
     [entry] = entries(tmp_cache)
 
     def relabelled(header):
@@ -191,6 +217,158 @@ def test_without_a_cache_the_weights_are_packed_in_memory(tmp_path, monkeypatch)
     model = llama_chat.load(path, options_from_environment(), device="cpu")
     w2 = model.transformer.layers[0].feed_forward.w2
     assert w2.blocks.untyped_storage().nbytes() == w2.blocks.numel()  # its own memory, no mapping
+    assert writes_under_way() == [] and finish_writes() == []  # nothing written, nor to write
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["model.gguf"]
+
+
+def mapped_file(address: int) -> str:
+    """The file mapped at `address` in this process ("" for anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        if start <= address < end:
+            return fields[5] if len(fields) == 6 else ""
+    raise AssertionError(f"{address:#x} is not mapped")
+
+
+@pytest.mark.needs_kernels
+def test_a_first_load_answers_before_its_entry_is_written_and_the_next_maps_it(tmp_path, tmp_cache, monkeypatch):
+    """The entry's write held back: the model answers from private memory, nothing is under
+    the entry's name (its space reserved under a temporary one). Let go, the entry holds
+    exactly the bytes the model ran on, the model runs on the entry's pages from then on,
+    and the next load maps the entry without packing or writing."""
+    let_go = threading.Event()
+    write = packed_cache.EntryImage.write
+
+    def held_back(image, *arguments):
+        assert let_go.wait(60)
+        return write(image, *arguments)
+
+    monkeypatch.setattr(packed_cache.EntryImage, "write", held_back)
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=20), qtype=QType.Q4_0)
+    first = llama_chat.load(path, options_from_environment(), device="cpu")
+    ids = list(range(3, 15))
+    answer = first.logits(ids)
+    assert entries(tmp_cache) == [] and len(writes_under_way()) == 1
+    [staging] = (tmp_cache / "packed").glob("*.partial")
+    blocks = first.transformer.layers[1].feed_forward.w2.blocks
+    assert staging.stat().st_size == blocks.untyped_storage().nbytes()  # reserved whole, at load
+    assert mapped_file(blocks.data_ptr()) == ""  # private memory
+    ran_on = {name: tensor.clone() for name, tensor in first.transformer.state_dict().items()}
+    let_go.set()
+    written()
+    [entry] = entries(tmp_cache)
+    assert not list((tmp_cache / "packed").glob("*.partial"))
+    back = packed_cache.load(entry)
+    assert set(back) == set(ran_on) and all(torch.equal(back[name], ran_on[name]) for name in ran_on)
+    assert mapped_file(blocks.data_ptr()) == str(entry)  # the entry's pages, where the private ones were
+    assert torch.equal(first.logits(ids), answer)
+    inode = entry.stat().st_ino
+    second = llama_chat.load(path, options_from_environment(), device="cpu")
+    assert writes_under_way() == [] and entries(tmp_cache) == [entry] and entry.stat().st_ino == inode
+    assert mapped_file(second.transformer.layers[1].feed_forward.w2.blocks.data_ptr()) == str(entry)
+    assert torch.equal(second.logits(ids), answer)
+
+
+@pytest.mark.needs_kernels
+def test_a_second_load_while_the_first_is_written_shares_its_memory(tmp_path, tmp_cache, monkeypatch):
+    let_go = threading.Event()
+    write = packed_cache.EntryImage.write
+    monkeypatch.setattr(packed_cache.EntryImage, "write", lambda image, *a: let_go.wait(60) and write(image, *a))
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=21), qtype=QType.Q4_0)
+    first = llama_chat.load(path, options_from_environment(), device="cpu")
+    second = llama_chat.load(path, options_from_environment(), device="cpu")
+    assert len(writes_under_way()) == 1 and len(list((tmp_cache / "packed").glob("*.partial"))) == 1
+    blocks = [model.transformer.layers[0].attention.wo.blocks for model in (first, second)]
+    assert blocks[0].data_ptr() == blocks[1].data_ptr()  # packed once, held once
+    let_go.set()
+    written()
+    assert len(entries(tmp_cache)) == 1 and torch.equal(first.logits([3, 4, 5]), second.logits([3, 4, 5]))
+
+
+# The first load of a file, its entry's write stopped for good after its first piece.
+WRITES_A_PIECE_THEN_HANGS = (
+    "import os, sys, time\n"
+    "import llama_chat\n"
+    "from llama_chat.cli.options import configure_folders, options_from_environment\n"
+    "from llama_chat.kernels import packed_cache\n"
+    "configure_folders()  # the test's cache and kernels, as the command line takes them\n"
+    "packed_cache.WRITE_PIECE = 4096\n"
+    "write = os.pwrite\n"
+    "def hangs_after_a_piece(descriptor, data, offset):\n"
+    "    if offset:\n"
+    "        print('mid-write', flush=True)\n"
+    "        time.sleep(600)\n"
+    "    return write(descriptor, data, offset)\n"
+    "os.pwrite = hangs_after_a_piece\n"
+    "model = llama_chat.load(sys.argv[1], options_from_environment(), device='cpu')\n"
+    "model.logits([3, 4, 5])\n"
+    "print('answered', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def lines_until(descriptor: int, wanted: set[str], seconds: float, errors: Path) -> None:
+    """Read lines from the pipe `descriptor` until each of `wanted` has come, within `seconds`
+    (`errors`: the process's stderr, shown where they do not come)."""
+    deadline, received = time.monotonic() + seconds, b""
+    while not wanted <= set(received.decode().splitlines()):
+        ready, _, _ = select.select([descriptor], [], [], max(0.0, deadline - time.monotonic()))
+        data = os.read(descriptor, 4096) if ready else b""
+        assert data, f"waited for {wanted}, got {received!r}; stderr: {errors.read_text()[-3000:]}"
+        received += data
+
+
+@pytest.mark.needs_kernels
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGHUP"])
+def test_a_chat_killed_mid_write_leaves_no_entry_and_the_next_load_packs_again(tmp_path, tmp_cache, signal_name):
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=22), qtype=QType.Q4_0)
+    with (tmp_path / "stderr").open("w") as errors:
+        chat = subprocess.Popen([sys.executable, "-c", WRITES_A_PIECE_THEN_HANGS, str(path)], stdout=subprocess.PIPE,
+                                stderr=errors)
+    try:
+        lines_until(chat.stdout.fileno(), {"mid-write", "answered"}, 120, tmp_path / "stderr")
+        chat.send_signal(getattr(signal, signal_name))
+        chat.wait(timeout=60)
+    finally:
+        chat.kill()
+    assert entries(tmp_cache) == []  # nothing under the entry's name
+    [left] = (tmp_cache / "packed").glob("*.partial")
+    assert f".{chat.pid}." in left.name  # named by the process that died writing it
+    model = llama_chat.load(path, options_from_environment(), device="cpu")
+    written()  # packed again, and written behind the load
+    [entry] = entries(tmp_cache)
+    assert not left.exists() and not list((tmp_cache / "packed").glob("*.partial"))
+    assert torch.isfinite(model.logits([3, 4, 5])).all()
+
+
+@pytest.mark.needs_kernels
+def test_a_write_that_fails_behind_a_reply_is_one_line(tmp_path, tmp_cache, monkeypatch, capsys):
+    """The disk fills after the space was reserved: the reply is given, one line says the
+    cache was not written, and nothing is left in the cache."""
+    def full(descriptor, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=23), qtype=QType.Q4_0)
+    assert main(["--model", str(path), "-p", "hi", "--max-tokens", "3", "--temperature", "0", "--compile", "off"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip()
+    said = [line for line in err.splitlines() if "packed cache" in line]
+    assert said == ["llama-chat: packed cache not written ([Errno 28] No space left on device)"]
+    assert not list((tmp_cache / "packed").iterdir())
+
+
+@pytest.mark.needs_kernels
+def test_a_one_shot_reply_finishes_its_write_before_it_exits(tmp_path, tmp_cache, monkeypatch, capsys):
+    write = packed_cache.EntryImage.write
+    monkeypatch.setattr(packed_cache.EntryImage, "write", lambda image, *a: time.sleep(1.5) or write(image, *a))
+    path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=24), qtype=QType.Q4_0)
+    assert main(["--model", str(path), "-p", "hi", "--max-tokens", "3", "--temperature", "0", "--compile", "off"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and writes_under_way() == [] and len(entries(tmp_cache)) == 1
+    assert ("llama-chat: writing the packed cache of model.gguf for later starts, once (Ctrl-C leaves it for the "
+            "next run)") in err.splitlines()
 
 
 def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
@@ -247,6 +425,7 @@ def test_tensor_parallel_ranks_map_one_entry_of_the_replicated_tensors(tmp_path,
 
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=19, intermediate_size=128), qtype=QType.Q4_0)
     ranks = [llama_chat.load(path, options_from_environment(), device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
+    written()
     assert len(entries(tmp_cache)) == 3
     again = [llama_chat.load(path, options_from_environment(), device="cpu", shard=Shard(rank, 2)) for rank in range(2)]
     assert len(entries(tmp_cache)) == 3

@@ -19,7 +19,7 @@ from llama_chat.kernels import packed_cache
 from llama_chat.kernels.packed_cache_entries import bound_bytes, entries, make_room
 
 from .test_gguf import tiny_hf_model, write_gguf
-from .test_packed_cache import write_entry
+from .test_packed_cache import write_entry, written
 
 MB = 1_000_000
 DiskUsage = namedtuple("DiskUsage", "total used free")
@@ -107,7 +107,8 @@ def test_a_first_load_makes_room_by_last_use_and_names_its_model_file(tmp_path, 
     stale = entry_used(folder, "stale", 2, hours_ago=3)
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=30), qtype=QType.Q4_0)
     llama_chat.load(path, options_from_environment(), device="cpu")
-    assert not stale.exists()
+    assert not stale.exists()  # room made at load, before the write behind it
+    written()
     assert main(["cache"]) == 0
     listing = capsys.readouterr().out
     assert "model.gguf" in listing and "stale" not in listing
@@ -116,9 +117,7 @@ def test_a_first_load_makes_room_by_last_use_and_names_its_model_file(tmp_path, 
 def test_the_cache_command_lists_every_entry_and_survives_bad_ones(folder, monkeypatch, capsys):
     monkeypatch.setenv(PACKED_CACHE_GB, "20")
     entry_used(folder, "unnamed", 1, hours_ago=1)  # written without the model file's name
-    with packed_cache.writing(folder / "named.safetensors", {"w": torch.zeros(2 * MB, dtype=torch.uint8)},
-                              "llama\x1b[31m.gguf"):
-        pass
+    write_entry(folder / "named.safetensors", {"w": torch.zeros(2 * MB, dtype=torch.uint8)}, "llama\x1b[31m.gguf")
     (folder / "garbage.safetensors").write_bytes(b"\xff" * 100)
     (folder / ".named.safetensors.x.partial").write_bytes(b"half")
     (folder / "notes.txt").write_text("not an entry")

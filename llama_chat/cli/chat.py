@@ -18,7 +18,12 @@ from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
 from llama_chat.chat.tool_runner import Answer
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import add_model_arguments, finite_float
-from llama_chat.cli.kernel_switch import finish_kernel_build, move_onto_built_kernels
+from llama_chat.cli.kernel_switch import (
+    finish_kernel_build,
+    finish_packed_cache_writes,
+    move_onto_built_kernels,
+    note_packed_cache_failures,
+)
 from llama_chat.cli.loaders import CompilingLoader, OptionsLoader
 from llama_chat.cli.options import draft_options, load_options
 from llama_chat.cli.subcommands import SUBCOMMANDS
@@ -39,6 +44,7 @@ from llama_chat.tools.tool import Tool
 
 if TYPE_CHECKING:
     from llama_chat.engine.constraint import Format
+    from llama_chat.repl.chat_state import ChatState
 
 COMPILE_CHOICES = ("auto", "wait", "off")
 
@@ -257,15 +263,25 @@ def converse(session: Session, prompt: str | None, files: PendingFiles, options:
     """Answer the one prompt, or, without one, run the chat in the terminal; the exit code."""
     if prompt is not None:
         code = answer_once(session, files.message(prompt), options.stats, options.think == "show", tools)
+        finish_packed_cache_writes()
         finish_kernel_build()
         return code
     from llama_chat.repl.app import ConversationKeeper, run_repl
     from llama_chat.repl.render import Renderer
 
     renderer = Renderer(show_thinking=options.think == "show")
-    return run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
+    code = run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
                     keeper=ConversationKeeper(kept_conversation_path()), files=files, tools=tools,
-                    before_input=lambda state: move_onto_built_kernels(state, load_model))
+                    before_input=lambda state: between_inputs(state, load_model))
+    finish_packed_cache_writes()
+    return code
+
+
+def between_inputs(state: ChatState, load_model: CompilingLoader) -> None:
+    """What the chat does before each input: moves onto kernels built since, says what
+    became of a packed-cache write behind it."""
+    move_onto_built_kernels(state, load_model)
+    note_packed_cache_failures(state)
 
 
 def read_files(session: Session, patterns: list[str]) -> PendingFiles:

@@ -1,6 +1,8 @@
 """A chat that started before llama-chat's kernels were built (a new install, a cleared cache,
 a new PyTorch) moves onto them once its background build is done, and a one-shot reply that
-started a build sees it through before it exits: nothing of the build outlives the chat."""
+started a build sees it through before it exits: nothing of the build outlives the chat. So
+too the packed-cache entries a first load of a model file writes behind the chat: a chat
+finishes them before it exits."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from llama_chat.kernels import native
+from llama_chat.kernels.packed_cache_writer import finish_writes, write_failures
 
 if TYPE_CHECKING:  # the chat's modules load only for a chat, not for a one-shot reply
     from llama_chat.cli.loaders import CompilingLoader
@@ -37,6 +40,13 @@ def move_onto_built_kernels(state: ChatState, loader: CompilingLoader) -> None:
                         "(the conversation goes on)" + (f"; {note}" if note else ""))
 
 
+def note_packed_cache_failures(state: ChatState) -> None:
+    """A packed-cache write behind the chat that failed (a disk that filled, an I/O error):
+    one line, before the next input."""
+    for failure in write_failures():
+        state.renderer.note(failure)
+
+
 def finish_kernel_build() -> None:
     """After a one-shot reply: the build it started, waited for (once; the next run loads it)."""
     if native.build_under_way() is None:
@@ -47,3 +57,16 @@ def finish_kernel_build() -> None:
         native.wait_for_build()
     except KeyboardInterrupt:
         pass
+
+
+def finish_packed_cache_writes() -> None:
+    """After a one-shot reply or at the chat's end: the packed-cache entries a first load is
+    writing, finished (a line where that takes a while; Ctrl-C leaves them for the next
+    run), a failure in one line."""
+    sys.stdout.flush()  # the reply is out before any wait
+
+    def say(line: str) -> None:
+        print(f"llama-chat: {line}", file=sys.stderr)
+
+    for failure in finish_writes(say):
+        say(failure)

@@ -1,10 +1,12 @@
 """A model's packed weights kept on disk, mapped read-only on later loads.
 
 The first load of a file on llama-chat's kernels packs its matrices (tiles,
-int8 tables) straight into a new safetensors file of the cache, mapped shared (and made
-whole before it is renamed into place), and later loads map that file instead of packing:
-a start costs what mapping costs, the pages are the system's page cache (shared by every
-process using the model, kept between runs), and no process holds a private copy.
+int8 tables) into private memory laid out as a new safetensors file of the cache
+(EntryImage); the model answers from it while the file is written behind the chat (made
+whole before it is renamed into place, packed_cache_writer.py) and then mapped over it.
+Later loads map that file instead of packing: a start costs what mapping costs, the pages
+are the system's page cache (shared by every process using the model, kept between
+runs), and no process holds a private copy.
 
 An entry is found by what it was packed from and how: the source files' identity (size,
 modification time, a hash of the first MiB and of 16 pieces spread over the file), the
@@ -19,8 +21,7 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_sa
 from llama_chat.checkpoints.values import shown
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.packed_cache_entries import record_use
-from llama_chat.process_memory import populate
+from llama_chat.process_memory import map_file_over, populate, private_pages
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
 # packs anew.
@@ -41,30 +42,16 @@ PACKING_SOURCES = ("kernels/block_linear.py", "kernels/block_backend.py", "kerne
                    "kernels/csrc/blocks.h", "kernels/csrc/kernels.h", "kernels/packed.py", "kernels/quantize.py",
                    "kernels/packed_build.py", "checkpoints/stored.py", "checkpoints/gguf_blocks.py",
                    "kernels/packed_cache.py")
-SAMPLES = 16
-SAMPLE_BYTES = 1 << 16
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
           "I8": torch.int8, "U8": torch.uint8, "I64": torch.int64}
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-def file_identity(path: Path) -> list:
-    """Size, modification time and a hash of a file's head and of pieces across it."""
-    info = path.stat()
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        digest.update(handle.read(1 << 20))
-        for index in range(SAMPLES):
-            handle.seek(info.st_size * index // SAMPLES)
-            digest.update(handle.read(SAMPLE_BYTES))
-    return [path.name, info.st_size, info.st_mtime_ns, digest.hexdigest()]
 
 
 def source_identity(source: Path) -> list:
     """The identity of a model file (with every later part of a split GGUF model, so that
     replacing any part packs anew), or of every file in a model folder."""
     files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else named_parts(source)
-    return [file_identity(p) for p in files]
+    return [disk_cache.file_identity(p) for p in files]
 
 
 def entry_path(source: Path, settings: dict) -> Path | None:
@@ -88,49 +75,96 @@ def entry_path(source: Path, settings: dict) -> Path | None:
 DATA_ALIGNMENT = 64
 
 
-@contextmanager
-def writing(path: Path, layout: dict[str, torch.Tensor], source: str) -> Iterator[dict[str, torch.Tensor]]:
-    """A new entry at `path`, of the weights of `source` (a model file's name, which
-    `llama-chat cache` shows), holding tensors named, shaped and typed as `layout`'s (meta
-    tensors will do; one tensor object under several names, a tied table, is held once,
-    the other names aliases in the metadata): the block gets writable views of the file,
-    mapped shared, and packs into them in place, so the weights are neither held in
-    private memory nor copied to disk afterwards. The file's space is reserved first (a
-    full disk is then an OSError here rather than a crash writing through the mapping); it
-    is written under another name and renamed into place when the block ends."""
-    first_name: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, tensor in layout.items():
-        if id(tensor) in first_name:
-            aliases[name] = first_name[id(tensor)]
-        else:
-            first_name[id(tensor)] = name
-    held = sorted(first_name.values(), key=lambda name: -layout[name].element_size())
-    entries, offset = {}, 0
-    for name in held:
-        tensor = layout[name]
-        size = tensor.numel() * tensor.element_size()
-        entries[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
-                         "data_offsets": [offset, offset + size]}
-        offset += size
-    digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()}, aliases)
-    metadata = {"aliases": json.dumps(aliases), "layout": digest, "source": source}
-    header = json.dumps({"__metadata__": metadata, **entries}).encode()
-    header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
-    data_start, size = 8 + len(header), 8 + len(header) + offset
-    with disk_cache.staged(path) as staging:
-        with open(staging, "r+b") as handle:
-            handle.write(struct.pack("<Q", len(header)) + header)
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(handle.fileno(), 0, size)
-            else:  # no way to reserve the blocks here (macOS): a sparse file
-                handle.truncate(size)
-        mapped = torch.from_file(str(staging), shared=True, size=size, dtype=torch.uint8)
+class EntryImage:
+    """A new entry's bytes in this process's private memory, laid out exactly as its file
+    (header, then every tensor at its offset): packing fills `views` in place, the model
+    runs on them at once, and `write` copies the image to the cache in one sequential pass
+    (in the background, packed_cache_writer.py) and then maps the written file over the
+    image, so the process ends up holding what a later load maps.
+
+    `layout` names, shapes and types the tensors (meta tensors will do); one tensor object
+    under several names, a tied table, is held once, the other names aliases in the
+    metadata. `source` is the model file's name, which `llama-chat cache` shows."""
+
+    def __init__(self, layout: dict[str, torch.Tensor], source: str) -> None:
+        first_name: dict[int, str] = {}
+        aliases: dict[str, str] = {}
+        for name, tensor in layout.items():
+            if id(tensor) in first_name:
+                aliases[name] = first_name[id(tensor)]
+            else:
+                first_name[id(tensor)] = name
+        held = sorted(first_name.values(), key=lambda name: -layout[name].element_size())
+        entries, offset = {}, 0
+        for name in held:
+            tensor = layout[name]
+            size = tensor.numel() * tensor.element_size()
+            entries[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                             "data_offsets": [offset, offset + size]}
+            offset += size
+        digest = _digest({name: (entry["dtype"], entry["shape"]) for name, entry in entries.items()}, aliases)
+        metadata = {"aliases": json.dumps(aliases), "layout": digest, "source": source}
+        header = json.dumps({"__metadata__": metadata, **entries}).encode()
+        header += b" " * (-(8 + len(header)) % DATA_ALIGNMENT)
+        data_start = 8 + len(header)
+        self.size = data_start + offset
+        # Anonymous and private: the process's own pages, never a file's, until `write`.
+        self._memory = private_pages(self.size)
+        self.bytes = torch.frombuffer(self._memory, dtype=torch.uint8)
+        self.bytes[:data_start].copy_(torch.frombuffer(bytearray(struct.pack("<Q", len(header)) + header),
+                                                       dtype=torch.uint8))
         views = {}
         for name, entry in entries.items():
             begin, end = entry["data_offsets"]
-            views[name] = mapped[data_start + begin : data_start + end].view(layout[name].dtype).view(entry["shape"])
-        yield views | {name: views[target] for name, target in aliases.items()}
+            views[name] = self.bytes[data_start + begin : data_start + end].view(layout[name].dtype).view(entry["shape"])
+        self.views = views | {name: views[target] for name, target in aliases.items()}
+        self.mapped = False  # the written file's pages in place of the private ones
+
+    def reserve(self, staging: Path) -> None:
+        """Reserve the entry's space in `staging` (a full disk is then an OSError here, at
+        load, rather than half-way through the write)."""
+        with open(staging, "r+b") as handle:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(handle.fileno(), 0, self.size)
+            else:  # no way to reserve the blocks here (macOS): a sparse file
+                handle.truncate(self.size)
+
+    def write(self, descriptor: int, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Copy the image into the open file `descriptor` (its space reserved), a piece at a
+        time, in order; raises WriteStopped as soon as `stopping()` says so between pieces."""
+        memory = memoryview(self._memory)
+        try:
+            offset = 0
+            while offset < self.size:
+                if stopping():
+                    raise WriteStopped
+                written = os.pwrite(descriptor, memory[offset : min(offset + WRITE_PIECE, self.size)], offset)
+                if written <= 0:
+                    raise OSError(f"the cache's file took no bytes at {offset} of {self.size}")
+                offset += written
+        finally:
+            memory.release()
+
+    def map_written(self, descriptor: int) -> None:
+        """Put the pages of the entry written through `descriptor` in place of the image's
+        private pages, at the same addresses (the bytes are the same, so the model, its
+        compiled step and any thread reading the weights meanwhile see no change): the
+        process's own memory falls by the entry's size, and the weights are the page
+        cache's, shared with every process that maps the entry. Where the system cannot,
+        the private pages stay."""
+        if os.fstat(descriptor).st_size != self.size:
+            return
+        self.mapped = map_file_over(self.bytes.data_ptr(), self.size, descriptor)
+        if self.mapped:
+            populate(self.bytes.data_ptr(), self.size)
+
+
+class WriteStopped(Exception):
+    """A write stopped before its end (the process is ending, or was asked to)."""
+
+
+# Written a piece at a time: a stop is seen within one piece's write, even at a slow disk's pace.
+WRITE_PIECE = 64 << 20
 
 
 def _digest(layout: dict[str, tuple[str, list[int]]], aliases: dict[str, str]) -> str:

@@ -1,14 +1,14 @@
 """Loading a packed model through the packed cache (packed_cache.py holds the entries'
 format): mapped from entries for this source and packing where they are there, else packed
-from the source straight into new entries and then mapped, so the process keeps no private
-copy either way. Under tensor parallelism each rank's share of the split matrices is an
-entry of its own, and the replicated tensors (embedding, head, norms) one entry that every
-rank maps, so the ranks on a host hold them once."""
+into private memory laid out as new entries, the model ready at once, and the entries
+written from that memory behind the chat (packed_cache_writer.py), which then maps them in
+place of the private pages. Under tensor parallelism each rank's share of the split
+matrices is an entry of its own, and the replicated tensors (embedding, head, norms) one
+entry that every rank maps, so the ranks on a host hold them once."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -20,7 +20,8 @@ from llama_chat.errors import first_line
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.backend import PackedBackend, Progress, Source
 from llama_chat.kernels.packed_build import build_packed_transformer, fill_packed_transformer
-from llama_chat.kernels.packed_cache_entries import make_room
+from llama_chat.kernels.packed_cache import EntryImage
+from llama_chat.kernels.packed_cache_writer import EntryWrite, images_being_written
 from llama_chat.kernels.quantize import Mode
 from llama_chat.parallel.sharding import is_sharded
 from llama_chat.process_memory import return_freed_memory
@@ -29,14 +30,20 @@ from llama_chat.process_memory import return_freed_memory
 def packed_from_cache(
     checkpoint: Checkpoint, backend: PackedBackend, modes: dict[str, Mode], source: Source, progress: Progress
 ) -> tuple[Transformer, str]:
-    """The Transformer packed by `backend`, mapped from the packed cache (pruned to
-    source.cache_bound_gb first), or packed in memory where the cache is off or cannot be
-    used; and a note when the cache could not be used."""
+    """The Transformer packed by `backend`: mapped from the packed cache's entries where they
+    are there, else packed into private memory and its entries written behind the chat (the
+    cache pruned to source.cache_bound_gb first), or packed in memory where the cache is off
+    or cannot be used; and a note when the cache could not be used."""
     entries = entry_paths(source, modes)
     if entries is None:
         return build_packed_transformer(checkpoint, backend, modes, progress), ""
     note = ""
     transformer = build_packed_transformer(checkpoint, backend, modes, progress, read=False)
+    images = images_being_written(set(entries.values()))
+    if images is not None:  # this process loaded the model a moment ago: its packing, shared
+        views = {name: view for image in images.values() for name, view in image.views.items()}
+        transformer.load_state_dict(views, assign=True, strict=True)
+        return transformer, note
     if all(entry.exists() for entry in entries.values()):
         _, damage = read_checked(
             entries.values(), lambda: transformer.load_state_dict(mapped_entries(entries.values()), assign=True),
@@ -46,11 +53,13 @@ def packed_from_cache(
             return transformer, note
         note = f"packed cache rebuilt ({damage})"
         transformer = build_packed_transformer(checkpoint, backend, modes, progress, read=False)
+    images = pack_into_images(transformer, checkpoint, source, progress)
     try:
-        pack_into_new_entries(transformer, checkpoint, entries, source, progress)
+        write = _cache_step(EntryWrite.reserve, {entries[kind]: image for kind, image in images.items()},
+                            source.path.name, source.cache_bound_gb)
     except _CacheUnusable as error:
-        transformer = build_packed_transformer(checkpoint, backend, modes, progress)
-        note = f"packed cache not written ({first_line(error.__cause__)})"
+        return transformer, f"packed cache not written ({first_line(error.__cause__)})"
+    write.start()  # the model answers meanwhile
     return transformer, note
 
 
@@ -82,33 +91,27 @@ def entry_parts(
     return parts, names
 
 
-def pack_into_new_entries(
-    transformer: Transformer, checkpoint: Checkpoint, entries: dict[str, Path], source: Source, progress: Progress
-) -> None:
-    """Pack the checkpoint into new entries laid out as `transformer` (on the meta device but
-    for what was packed at layout), then map them into it. Raises _CacheUnusable where the
-    cache cannot take or give back an entry; errors reading the weights end the load (the
-    new entries are removed)."""
+def pack_into_images(
+    transformer: Transformer, checkpoint: Checkpoint, source: Source, progress: Progress
+) -> dict[str, EntryImage]:
+    """Pack the checkpoint into private memory laid out as the new entries (EntryImage, by
+    kind) and as `transformer` (on the meta device but for what was packed at layout),
+    whose tensors become views of it. Errors reading the weights end the load."""
     layout = transformer.state_dict(keep_vars=True)  # keep_vars: a tied table is one tensor under two names
     parts, names = entry_parts(layout, source)
-    new_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in layout.values()}.values())
-    _cache_step(make_room, entries["own"].parent, new_bytes, set(entries.values()), source.cache_bound_gb)
-    with ExitStack() as stack:
-        views = {}
-        for kind, part in parts.items():
-            writing = packed_cache.writing(entries[kind], part, names[kind])
-            views.update(_cache_step(stack.enter_context, writing))
-        for name, tensor in layout.items():
-            if not tensor.is_meta:  # packed at layout (PyTorch's int8 rows)
-                views[name].copy_(tensor)
-        transformer.load_state_dict(views, assign=True, strict=True)
-        fill_packed_transformer(transformer, checkpoint, progress)
-    transformer.load_state_dict(_cache_step(mapped_entries, entries.values()), assign=True, strict=True)
+    images = {kind: EntryImage(part, names[kind]) for kind, part in parts.items()}
+    views = {name: view for image in images.values() for name, view in image.views.items()}
+    for name, tensor in layout.items():
+        if not tensor.is_meta:  # packed at layout (PyTorch's int8 rows)
+            views[name].copy_(tensor)
+    transformer.load_state_dict(views, assign=True, strict=True)
+    fill_packed_transformer(transformer, checkpoint, progress)
     return_freed_memory()  # packing's temporaries
+    return images
 
 
 class _CacheUnusable(Exception):
-    """The packed cache could not take or give back an entry: the model is packed in memory."""
+    """The packed cache could not take an entry: the model stays packed in memory."""
 
 
 def _cache_step(step: Callable, *arguments):
