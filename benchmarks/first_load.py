@@ -4,8 +4,9 @@ llama.cpp (llama-cpp-python: load, `eval` of "hi", one sample, its id printed), 
 the page cache. Each is timed to its first token (the first byte on its stdout) and to its
 end: a first load of llama-chat's writes its packed cache after the reply, before it exits.
 
-The first load packs the file (its packed cache emptied before it) and measures its kernels
-on the model's shapes; later ones map the cache. llama.cpp keeps no cache: every load
+The first load packs the file and builds its tokenizer (the packed cache and the kept
+tokenizers emptied before it) and measures its kernels on the model's shapes; later ones
+map the cache and read the kept tokenizer. llama.cpp keeps no cache: every load
 repacks where its CPU back-end does (Q4_0 into interleaved rows here); it is also timed
 with that repacking off, its weights used as mapped from the file.
 
@@ -97,7 +98,8 @@ def main() -> int:
                     peer = [options.peer_python, "-c", LLAMA_CPP, str(options.model), str(options.threads), repack]
                     rows.setdefault(name, []).append(timed(peer, dict(os.environ)))
             for name, extra in (("llama-chat --raw", ["--raw"]), ("llama-chat, chat template", [])):
-                shutil.rmtree(cache / "packed", ignore_errors=True)
+                for kept in ("packed", "tokenizers"):
+                    shutil.rmtree(cache / kept, ignore_errors=True)
                 (cache / "cpu-paths.json").unlink(missing_ok=True)
                 rows.setdefault(f"{name}: first load", []).append(timed(chat + extra, environment))
                 rows.setdefault(f"{name}: later load", []).append(timed(chat + extra, environment))
