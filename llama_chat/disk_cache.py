@@ -37,6 +37,13 @@ def cache_key(description: object, length: int = 24) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:length]
 
 
+def code_digests(names: Iterable[str]) -> list[str]:
+    """The sha256 of each named file inside llama_chat/: an entry keyed by them is made anew
+    when the code that made it changes."""
+    package = Path(__file__).resolve().parent
+    return [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in names]
+
+
 def file_identity(path: Path) -> list:
     """What tells a file from a changed one at a glance: its name, size, modification time
     and a hash of its first MiB and of pieces spread over it (a few MB read, not the file)."""

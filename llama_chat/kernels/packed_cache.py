@@ -60,10 +60,9 @@ def entry_path(source: Path, settings: dict) -> Path | None:
     folder = disk_cache.entry_path("packed")
     if folder is None:
         return None
-    package = Path(__file__).resolve().parent.parent
     spec = {
         "source": source_identity(source),
-        "code": [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in PACKING_SOURCES],
+        "code": disk_cache.code_digests(PACKING_SOURCES),
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "settings": settings,
     }

@@ -14,7 +14,6 @@ runs; an entry that does not read back is removed, with one line, and built agai
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -48,14 +47,13 @@ def entry_path(source: Path) -> Path | None:
     folder = disk_cache.entry_path("tokenizers")
     if folder is None:
         return None
-    package = Path(__file__).resolve().parent.parent
     try:
         identity = disk_cache.file_identity(source)
     except OSError:
         return None
     spec = {
         "source": identity,
-        "code": [hashlib.sha256((package / name).read_bytes()).hexdigest() for name in BUILDER_SOURCES],
+        "code": disk_cache.code_digests(BUILDER_SOURCES),
         "tokenizers": tokenizers.__version__,
     }
     # Named by the file's path, then by everything it depends on: writing a new entry for
