@@ -667,3 +667,26 @@ def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
     alone = subprocess.run([sys.executable, "-c", f"{imports}; print(native.load_built())"], env=child,
                            capture_output=True, text=True, check=True)
     assert alone.stdout.split() == ["False"]
+
+
+def test_the_probe_times_one_matrix_of_random_blocks_on_both_families():
+    """The probe's layer is random Q4_1 blocks read as a file's: our kernels and PyTorch's
+    packed ones multiply the same weights as gguf's own dequantisation gives them."""
+    from llama_chat.kernels.cpu_paths import RandomBlocks
+    from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
+
+    source = RandomBlocks(64, 128)
+    weights = torch.from_numpy(quants.dequantize(source.blocks(0, 64).numpy(), QType.Q4_1)).view(64, 128)
+    assert torch.isfinite(weights).all() and weights.std() > 0
+    x = torch.randn(5, 128, dtype=torch.float64)
+    expected = (x @ weights.double().t()).float()
+    largest = float(expected.abs().max())
+    native.load_built()
+    for variant in variants():
+        ours = BlockLinear(source, "Q4_1", native.variant_number(variant))(x.float())
+        assert torch.allclose(ours, expected, atol=1e-3 * largest), variant
+    # int4 keeps the levels; int8 rows (where PyTorch has no int4 kernel) round them again
+    mode, within = ("int4", 1e-3) if int4_layout() is not None else ("int8", 2e-2)
+    theirs = PackedLinear(source, mode, Scratch(), torch.float32, kernel_rows=1)
+    assert torch.allclose(theirs(x[:1].float()), expected[:1], atol=within * largest)  # the packed kernel
+    assert torch.allclose(theirs(x.float()), expected, atol=within * largest)  # dequantised and multiplied
