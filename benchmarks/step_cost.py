@@ -1,5 +1,8 @@
 """What a step of several tokens costs against a single token, on a model after 200
-cached tokens: the price of a chat turn's step or a speculative verify step.
+cached tokens: the price of a chat turn's step or a speculative verify step. Beside it, the
+floor the exact kernels' integer products set on such a step: every weight of the layers and
+the head times every token, two byte products each (16-bit activations), at the rate their
+dot-product instruction alone reaches here now.
 
     .venv/bin/python benchmarks/step_cost.py [--model FILE.gguf] [--tokens 8] [--repeats 9]
 """
@@ -13,9 +16,11 @@ import time
 import torch
 
 import llama_chat
+from llama_chat.cli.bench import kernel_variant, layer_matrices
 from llama_chat.cli.options import configure_folders, options_from_environment
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.device import flush_denormals
+from llama_chat.kernels.machine_limits import exact_prompt_peak_gops
 
 
 def step_seconds(model: llama_chat.Llama, tokens: int, repeats: int) -> float:
@@ -50,6 +55,15 @@ def main() -> None:
     print(f"{model.name}: {model.describe_weights()}")
     print(f"1 token {single * 1000:.1f} ms; {options.tokens} tokens {several * 1000:.1f} ms: "
           f"{several / single:.2f}x a single token")
+    variant = kernel_variant(model)
+    torch.set_num_threads(options.threads)  # the steps' governor may have left fewer
+    peak = exact_prompt_peak_gops(variant) if variant else None
+    if peak:
+        head = model.transformer.output
+        weights = sum(m.in_features * m.out_features for m in [*layer_matrices(model), head])
+        floor = 2 * options.tokens * weights / (peak * 1e9)
+        print(f"{options.tokens} tokens' products alone at the exact kernels' peak now ({variant}, {peak:.0f} GOPS): "
+              f"{floor * 1000:.1f} ms, {floor / single:.2f}x the single token measured")
 
 
 if __name__ == "__main__":
