@@ -2,6 +2,7 @@
 server where npm is), servers that misbehave in every way a stranger's can, and no server
 process left once the servers are closed or the chat is killed."""
 
+import argparse
 import base64
 import gc
 import json
@@ -19,6 +20,7 @@ import mcp_types as types
 import pytest
 
 from llama_chat import paths
+from llama_chat.cli.tool_options import add_tool_arguments, tool_use_from
 from llama_chat.errors import LlamaChatError
 from llama_chat.tools.mcp_config import HttpServerConfig, StdioServerConfig, is_loopback, read_config
 from llama_chat.tools.mcp_servers import McpServers, ServerState
@@ -371,6 +373,24 @@ def test_the_default_config_file_follows_xdg_config_home(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert paths.mcp_config_path() == tmp_path / "home" / ".config" / "llama-chat" / "mcp.json"
 
+
+
+def test_a_relative_xdg_config_home_is_ignored(monkeypatch, tmp_path):
+    # A cloned repository holding llama-chat/mcp.json, the chat started in it with
+    # XDG_CONFIG_HOME set to a relative path that names it there.
+    repository = tmp_path / "repository"
+    (repository / "llama-chat").mkdir(parents=True)
+    _write(repository / "llama-chat", {"mcpServers": {"planted": {"command": sys.executable, "args": ["-c", ""]}}})
+    monkeypatch.chdir(repository)
+    monkeypatch.setenv("XDG_CONFIG_HOME", ".")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    parser = argparse.ArgumentParser()
+    add_tool_arguments(parser)
+    servers = tool_use_from(parser.parse_args([])).toolbox.servers
+    if servers is not None:
+        servers.close()
+    assert servers is None  # the planted file was not read
+    assert paths.mcp_config_path() == tmp_path / "home" / ".config" / "llama-chat" / "mcp.json"
 
 # Results and schemas, without a server
 
