@@ -29,6 +29,7 @@ from llama_chat.tools.mcp_tools import MAX_TOOLS, cut, result_text, schema_probl
 from llama_chat.tools.tool import ToolResult
 
 from .npm_server import HAS_NPM, install_filesystem_server
+from .signals import ctrl_c_raises
 from .waiting import wait_until
 
 # An asyncio transport left open to the garbage collector can print an error on the terminal:
@@ -38,6 +39,7 @@ pytestmark = [pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptio
 
 READY_SECONDS = 60  # generous: a server written in Python takes a second or two to start on a busy machine
 GONE_SECONDS = 30  # generous too: a server left behind would run on for good, so ending at all is what counts
+CALL_SECONDS = 300  # a call's limit where the test waits for what the call brings about
 
 # A server written with the SDK: each tool is one way of behaving. "exit" as its argument: it
 # exits at once, saying why on stderr.
@@ -555,18 +557,25 @@ def test_a_call_that_hangs_is_cancelled_at_the_time_limit(sdk, raw, tmp_path):
 
 
 def test_ctrl_c_while_a_call_waits_cancels_the_request(sdk, tmp_path):
-    with McpServers([sdk("slow")]) as servers:
+    # The call's limit is the test's: Ctrl-C comes once the server has the call, however
+    # long a busy machine takes to get it there.
+    with McpServers([sdk("slow")], timeout_seconds=CALL_SECONDS) as servers, ctrl_c_raises():
         assert servers.wait_ready(READY_SECONDS)
-        started = tmp_path / "started"
+        started, returned = tmp_path / "started", threading.Event()
 
         def interrupt_once_the_call_is_in():
-            if wait_until(started.exists, READY_SECONDS):
+            if wait_until(lambda: started.exists() or returned.is_set(), CALL_SECONDS) and not returned.is_set():
                 os.kill(os.getpid(), signal.SIGINT)
 
-        threading.Thread(target=interrupt_once_the_call_is_in, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            _tool(servers, "wait").run({"seconds": 60})
-        assert wait_until((tmp_path / "cancelled").exists, 10)
+        interrupter = threading.Thread(target=interrupt_once_the_call_is_in, daemon=True)
+        interrupter.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                _tool(servers, "wait").run({"seconds": CALL_SECONDS})
+        finally:
+            returned.set()
+            interrupter.join()
+        assert wait_until((tmp_path / "cancelled").exists, GONE_SECONDS)
         assert servers.take_notices() == []
         assert _tool(servers, "say").run({"text": "after"}) == ToolResult("after")
         _closed_leaving_nothing(servers)
