@@ -129,9 +129,13 @@ def leader(environ: Mapping[str, str] = os.environ) -> int | None:
     return int(value)
 
 
-def user_base(variable: str) -> str | None:
-    """The platform's base folder for a kind of user file ($XDG_CACHE_HOME...), if set."""
-    return os.environ.get(variable) or None
+def user_base(variable: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The platform's base folder for a kind of user file ($XDG_CACHE_HOME...), if set to an
+    absolute path. The XDG base directory specification has a relative one ignored: it would
+    name a folder in whatever folder the program started in (a cloned repository's
+    llama-chat/mcp.json read as the user's own)."""
+    value = environ.get(variable)
+    return value if value and os.path.isabs(value) else None
 
 
 def compiler() -> str:

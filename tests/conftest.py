@@ -81,14 +81,19 @@ def kernels_dir(tmp_path_factory):
 def _private_cache(tmp_path_factory, monkeypatch, kernels_dir):
     """Measurements made by tests go to a temporary cache, kept conversations and history to
     a temporary state folder, and the home folder (where other tools keep their models) is
-    an empty one, never the user's; the kernels come from the run's one build. The folders are set as the command line sets them, from the variables,
-    which the programs tests start read too."""
+    an empty one, never the user's; the kernels come from the run's one build. The folders
+    are set as the command line sets them, from the variables, which the programs tests
+    start read too. The XDG folders are the test's own as well: a program that does not read
+    the LLAMA_CHAT_* variables (a library caller) keeps its cache, config and data there."""
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(kernels_dir))
     # Other tools' stores and the Hugging Face cache: empty and private, never the user's.
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
+    for variable, folder in (("XDG_CACHE_HOME", ".cache"), ("XDG_CONFIG_HOME", ".config"),
+                             ("XDG_DATA_HOME", ".local/share")):
+        monkeypatch.setenv(variable, str(home / folder))
     monkeypatch.setenv("HF_HOME", str(home / ".cache" / "huggingface"))
     monkeypatch.setenv("OLLAMA_MODELS", str(home / ".ollama" / "models"))
     for name in ("HF_HUB_CACHE", "HF_ENDPOINT", "HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .signals import as_a_foreground_job
+
 
 class Terminal:
     """A command on a pseudo-terminal, read as a person would see it."""
@@ -17,10 +19,7 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             os.environ.update(environment)
-            # As a shell starts a job in the foreground: Ctrl-C and Ctrl-\ act. (A run of the
-            # tests started in the background inherits them ignored, and so would the command.)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+            as_a_foreground_job()  # Ctrl-C, Ctrl-\ and a closed terminal act (see signals.py)
             os.execv(command[0], command)
         self.output = b""
 

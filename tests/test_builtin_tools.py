@@ -21,6 +21,8 @@ from llama_chat.tools.folders import Folders
 from llama_chat.tools.shell_tool import RunCommand
 from llama_chat.tools.tool import BUILT_IN, Tool, ToolResult
 
+from .signals import ctrl_c_raises
+
 NAMES = ["read_file", "list_directory", "search_files", "write_file", "edit_file", "run_command"]
 FIND = "list_directory or search_files finds the right name"
 
@@ -542,7 +544,7 @@ def test_ctrl_c_ends_the_command_with_all_it_started(work):
     thread.start()
     run = RunCommand(Folders(work), seconds=120)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
             run.run({"command": "sleep 300 & echo $$ $! > pids; exec sleep 301"})
     finally:
         if thread.is_alive():  # the command never wrote: let the thread go

@@ -249,6 +249,8 @@ def test_sandbox_escapes_fail_safely(source):
         ("{{ nothing.at_all }}", "failed: UndefinedError: 'nothing' is undefined"),
         ("{{ 1 + 'a' }}", "failed: TypeError"),
         ("{{ messages[0].content[:2] }}", "changes message text"),
+        # A marker no content stands for, written by the template itself.
+        ("\ue000\ue019\ue019\ue001{{ messages[0].content }}", "changes message text"),
     ],
 )
 def test_template_errors_become_llama_chat_errors(source, message):

@@ -15,10 +15,15 @@ import pytest
 
 from llama_chat import environment
 
+from .signals import as_a_foreground_job
 from .terminal import Terminal
 from .test_gguf import QType, tiny_hf_model, write_gguf
 
 BUILD_SECONDS = 600  # a build with one compiler at a time, at the lowest priority, on a busy machine
+# For the work of a chat that was killed to end. Its processes notice within a quarter of a
+# second (parent_watch.py), but run at the lowest priority: on a busy machine they may wait
+# for a core for seconds. What counts is that they end.
+ENDING_SECONDS = 120
 
 
 def fresh_kernels(tmp_path: Path) -> dict[str, str]:
@@ -71,6 +76,9 @@ STARTS_A_BUILD = (
 STARTS_A_COMPILE = (
     "import sys, time\n"
     "import llama_chat\n"
+    "from llama_chat import environment\n"
+    "from llama_chat.paths import configure\n"
+    "configure(environment.folders())\n"  # the test's cache, and the run's kernels
     "model = llama_chat.load(sys.argv[1], device='cpu')\n"
     "from llama_chat.engine.runners import CompiledRunner\n"
     "runner = model.runner\n"
@@ -88,21 +96,26 @@ STARTS_A_COMPILE = (
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGHUP"])
 def test_work_in_the_background_ends_with_the_chat(tmp_path, work, signal_name):
     """The chat killed while its kernels build or its decode step compiles: the child and
-    everything it started (compilers) are gone within 2 s."""
+    everything it started (compilers) are gone."""
     if work == "build":
         arguments, variables = ["-c", STARTS_A_BUILD], fresh_kernels(tmp_path)
     else:
+        # A cache of the test's own, where no compiled step is kept yet: the compile starts.
         model = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(), qtype=QType.Q8_0)
-        arguments, variables = ["-c", STARTS_A_COMPILE, str(model)], {**os.environ}
-    chat = subprocess.Popen([sys.executable, *arguments], env=variables, stdout=subprocess.PIPE, text=True)
+        arguments = ["-c", STARTS_A_COMPILE, str(model)]
+        variables = {**os.environ, "LLAMA_CHAT_CACHE": str(tmp_path / "cache")}
+    chat = subprocess.Popen([sys.executable, *arguments], env=variables, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_foreground_job)
     try:
         child = int(chat.stdout.readline())
         assert group_members(child)  # at work, in a process group of its own
         chat.send_signal(getattr(signal, signal_name))
         chat.wait(timeout=60)
-        assert ends_within(child, 2.0), f"left running: {group_members(child)}"
+        assert ends_within(child, ENDING_SECONDS), f"left running: {group_members(child)}"
     finally:
         chat.kill()
+        chat.wait()
+        chat.stdout.close()
 
 
 def test_a_one_shot_reply_sees_its_build_through(tmp_path):

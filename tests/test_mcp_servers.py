@@ -2,6 +2,7 @@
 server where npm is), servers that misbehave in every way a stranger's can, and no server
 process left once the servers are closed or the chat is killed."""
 
+import argparse
 import base64
 import gc
 import json
@@ -11,12 +12,15 @@ import socket
 import subprocess
 import sys
 import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import mcp_types as types
 import pytest
 
 from llama_chat import paths
+from llama_chat.cli.tool_options import add_tool_arguments, tool_use_from
 from llama_chat.errors import LlamaChatError
 from llama_chat.tools.mcp_config import HttpServerConfig, StdioServerConfig, is_loopback, read_config
 from llama_chat.tools.mcp_servers import McpServers, ServerState
@@ -25,6 +29,7 @@ from llama_chat.tools.mcp_tools import MAX_TOOLS, cut, result_text, schema_probl
 from llama_chat.tools.tool import ToolResult
 
 from .npm_server import HAS_NPM, install_filesystem_server
+from .signals import ctrl_c_raises
 from .waiting import wait_until
 
 # An asyncio transport left open to the garbage collector can print an error on the terminal:
@@ -34,6 +39,7 @@ pytestmark = [pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptio
 
 READY_SECONDS = 60  # generous: a server written in Python takes a second or two to start on a busy machine
 GONE_SECONDS = 30  # generous too: a server left behind would run on for good, so ending at all is what counts
+CALL_SECONDS = 300  # a call's limit where the test waits for what the call brings about
 
 # A server written with the SDK: each tool is one way of behaving. "exit" as its argument: it
 # exits at once, saying why on stderr.
@@ -370,6 +376,24 @@ def test_the_default_config_file_follows_xdg_config_home(monkeypatch, tmp_path):
     assert paths.mcp_config_path() == tmp_path / "home" / ".config" / "llama-chat" / "mcp.json"
 
 
+
+def test_a_relative_xdg_config_home_is_ignored(monkeypatch, tmp_path):
+    # A cloned repository holding llama-chat/mcp.json, the chat started in it with
+    # XDG_CONFIG_HOME set to a relative path that names it there.
+    repository = tmp_path / "repository"
+    (repository / "llama-chat").mkdir(parents=True)
+    _write(repository / "llama-chat", {"mcpServers": {"planted": {"command": sys.executable, "args": ["-c", ""]}}})
+    monkeypatch.chdir(repository)
+    monkeypatch.setenv("XDG_CONFIG_HOME", ".")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    parser = argparse.ArgumentParser()
+    add_tool_arguments(parser)
+    servers = tool_use_from(parser.parse_args([])).toolbox.servers
+    if servers is not None:
+        servers.close()
+    assert servers is None  # the planted file was not read
+    assert paths.mcp_config_path() == tmp_path / "home" / ".config" / "llama-chat" / "mcp.json"
+
 # Results and schemas, without a server
 
 
@@ -533,18 +557,25 @@ def test_a_call_that_hangs_is_cancelled_at_the_time_limit(sdk, raw, tmp_path):
 
 
 def test_ctrl_c_while_a_call_waits_cancels_the_request(sdk, tmp_path):
-    with McpServers([sdk("slow")]) as servers:
+    # The call's limit is the test's: Ctrl-C comes once the server has the call, however
+    # long a busy machine takes to get it there.
+    with McpServers([sdk("slow")], timeout_seconds=CALL_SECONDS) as servers, ctrl_c_raises():
         assert servers.wait_ready(READY_SECONDS)
-        started = tmp_path / "started"
+        started, returned = tmp_path / "started", threading.Event()
 
         def interrupt_once_the_call_is_in():
-            if wait_until(started.exists, READY_SECONDS):
+            if wait_until(lambda: started.exists() or returned.is_set(), CALL_SECONDS) and not returned.is_set():
                 os.kill(os.getpid(), signal.SIGINT)
 
-        threading.Thread(target=interrupt_once_the_call_is_in, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            _tool(servers, "wait").run({"seconds": 60})
-        assert wait_until((tmp_path / "cancelled").exists, 10)
+        interrupter = threading.Thread(target=interrupt_once_the_call_is_in, daemon=True)
+        interrupter.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                _tool(servers, "wait").run({"seconds": CALL_SECONDS})
+        finally:
+            returned.set()
+            interrupter.join()
+        assert wait_until((tmp_path / "cancelled").exists, GONE_SECONDS)
         assert servers.take_notices() == []
         assert _tool(servers, "say").run({"text": "after"}) == ToolResult("after")
         _closed_leaving_nothing(servers)
@@ -742,6 +773,120 @@ def test_a_server_on_this_machine_reached_by_streamable_http(scripts, raw):
         if drain.is_alive():
             drain.join()
         web.stderr.close()
+
+
+FLOOD_MIB = 600  # one answer's size, far past the bound
+
+# The chat, alone in a process of its own so that its memory is its own: one call to the
+# flooding server's tool, and how far its peak resident memory rose above where it was
+# (the peak is reset before the call: Linux's clear_refs).
+FLOODED_CHAT = """
+import json, re, sys
+from pathlib import Path
+from llama_chat.tools.mcp_config import HttpServerConfig
+from llama_chat.tools.mcp_servers import McpServers
+
+def kib(field):
+    return int(re.search(field + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
+
+with McpServers([HttpServerConfig("flood", sys.argv[1])], timeout_seconds=600) as servers:
+    assert servers.wait_ready(60), servers.status()
+    flood = servers.tools()[0]
+    Path("/proc/self/clear_refs").write_text("5")
+    before = kib("VmRSS")
+    result = flood.run({})
+    grown = kib("VmHWM") - before
+    print(json.dumps({"grown_mib": grown / 1024, "result": [result.text, result.is_error]}))
+"""
+
+
+class _FloodingServer(BaseHTTPRequestHandler):
+    """A streamable-HTTP MCP server whose one tool answers with a JSON body of FLOOD_MIB,
+    made as it is sent (chunked, no length said, gzipped where the server's `encoding`
+    says so, whatever the client asked for), until the client hangs up."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in request:  # a notification
+            return self._answer(202, b"")
+        if request["method"] == "initialize":
+            result = {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "flood", "version": "1"}}
+        elif request["method"] == "tools/list":
+            result = {"tools": [{"name": "flood", "inputSchema": {"type": "object"}}]}
+        elif request["method"] == "tools/call":
+            return self._flood(request["id"])
+        else:
+            body = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601, "message": "no such method"}}
+            return self._answer(200, json.dumps(body).encode())
+        self._answer(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode())
+
+    def do_GET(self) -> None:
+        self._answer(405, b"")
+
+    def do_DELETE(self) -> None:
+        self._answer(405, b"")
+
+    def log_message(self, *_) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _flood(self, request_id: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        if self.server.encoding == "gzip":
+            self.send_header("Content-Encoding", "gzip")
+        self.end_headers()
+        packer = zlib.compressobj(wbits=31) if self.server.encoding == "gzip" else None
+        mebibyte = b"a" * (1 << 20)
+        body = [b'{"jsonrpc": "2.0", "id": %d, "result": {"content": [{"type": "text", "text": "' % request_id,
+                *[mebibyte] * FLOOD_MIB, b'"}]}}']
+        try:
+            for part in body:
+                self.server.sent += len(part)
+                self._chunk(packer.compress(part) if packer else part)
+            self._chunk(packer.flush() if packer else b"")
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client hung up
+            self.close_connection = True
+
+    def _chunk(self, data: bytes) -> None:
+        if data:  # an empty chunk would end the body
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
+@pytest.mark.parametrize(("encoding", "refusal"), [
+    ("identity", f"its answer is larger than {MAX_MESSAGE_BYTES >> 20} MiB, the most llama-chat reads of one answer"),
+    ("gzip", "its answer is compressed (gzip), though llama-chat asks for answers uncompressed"),
+], ids=["plain", "gzip"])
+def test_an_http_servers_flood_is_cut_off_at_the_bound(encoding, refusal):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FloodingServer)
+    server.sent, server.encoding = 0, encoding
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
+        chat = subprocess.run([sys.executable, "-c", FLOODED_CHAT, url], capture_output=True, text=True, timeout=600)
+        assert chat.returncode == 0, chat.stderr
+        measured = json.loads(chat.stdout)
+        assert measured["result"] == [
+            f'MCP server "flood" answered with an error: Failed to parse JSON response: {refusal}', True]
+        assert measured["grown_mib"] < 100
+        if encoding == "identity":  # (gzip's whole flood fits in the socket's buffers)
+            assert server.sent < FLOOD_MIB / 4 * (1 << 20)  # it stopped reading at the bound
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join()
 
 
 def test_an_http_server_that_is_not_there(raw):

@@ -9,10 +9,11 @@ import sys
 import pytest
 import torch
 
-from llama_chat import environment
+from llama_chat import environment, paths
 from llama_chat.cli.arguments import add_model_arguments
 from llama_chat.cli.options import load_options
 from llama_chat.errors import LlamaChatError, UsageError
+from llama_chat.models.hub import HubSettings
 from llama_chat.options import DraftLength, KernelFamily, KernelOptions, LoadOptions
 
 
@@ -101,3 +102,24 @@ def test_a_child_is_given_what_this_process_hands_down(monkeypatch):
     code = "from llama_chat import environment; print(environment.inherited_library())"
     result = subprocess.run([sys.executable, "-c", code], env=child, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "/some/library.so"
+
+
+@pytest.mark.parametrize("variable, default, relative", [
+    ("XDG_CONFIG_HOME", ".config", "."), ("XDG_STATE_HOME", ".local/state", "state"),
+    ("XDG_CACHE_HOME", ".cache", "./cache"), ("XDG_DATA_HOME", ".local/share", "data/../data"),
+])
+def test_a_relative_xdg_base_folder_is_ignored(monkeypatch, tmp_path, variable, default, relative):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(variable, relative)
+    assert paths.user_directory(variable, default) == tmp_path / "home" / default / "llama-chat"
+    monkeypatch.setenv(variable, str(tmp_path / "base"))
+    assert paths.user_directory(variable, default) == tmp_path / "base" / "llama-chat"
+
+
+def test_the_hub_cache_ignores_a_relative_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    relative = HubSettings.from_environment({"XDG_CACHE_HOME": "cache"})
+    assert relative.cache_dir == tmp_path / ".cache" / "huggingface" / "hub"
+    absolute = HubSettings.from_environment({"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert absolute.cache_dir == tmp_path / "cache" / "huggingface" / "hub"

@@ -11,6 +11,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from llama_chat.engine.constraint import engine_tokenizer
 from llama_chat.text.format_choice import get_chat_format
 from llama_chat.text.special_tokens import SpecialTokenSplitter, encode_parts
+from llama_chat.text.template_format import _marker
 from llama_chat.text.tokenizer import ByteTokenizer
 from llama_chat.text.tool_calls import (
     DESCRIBED,
@@ -115,6 +116,67 @@ def test_a_strangers_control_token_names_stay_text(family):
     control_ids = {tokenizer.token_id(name) for name in tokenizer.specials}
     # Exactly the template's own control tokens, however many names the strangers spelt.
     assert [t for t in ours if t in control_ids] == [t for t in honest if t in control_ids]
+
+
+# A stranger's texts made of what the template's placeholders are made of: private-use
+# characters (Nerd Fonts' icons live there), and the exact text of the first two
+# placeholders with the whitespace that pads them.
+MARKER_LIKE = {
+    "icons": "icons \ue000\ue00a\uf8ff\U000f0001 end",
+    "placeholders": f"spelt {_marker(0)}{_marker(1).strip()} end",
+}
+PLACES = ["description", "argument", "result"]
+
+
+def with_text(text: str, place: str) -> tuple[list[ToolSpec], list[dict]]:
+    """Tools and a round of calls with `text` in one place, then a user message (after which
+    every family here shows its tools)."""
+    icons = ToolSpec("icons", f"Shows {text}", {"type": "object", "properties": {}})
+    tools = [WEATHER, icons] if place == "description" else [WEATHER]
+    messages = conversation_with_a_call(text if place == "argument" else "Paris", text if place == "result" else "12 C")
+    return tools, [*messages, {"role": "assistant", "content": "Mild."}, {"role": "user", "content": "Thanks"}]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("kind", MARKER_LIKE)
+def test_marker_like_text_renders_as_transformers_renders_it(family, place, kind):
+    chat_format, tokenizer = template_format(family)
+    tools, messages = with_text(MARKER_LIKE[kind], place)
+    with_tools = ToolsFormat(chat_format, tools)
+    if with_tools.syntax.tools_in_system:
+        reference = reference_ids(FAMILIES[family][0], tokenizer, with_tools._tools_in_system(messages), None)
+    else:
+        reference = reference_ids(FAMILIES[family][0], tokenizer, messages, tool_declarations(tools))
+    text = tokenizer.decode(with_tools.encode(messages))
+    assert text == tokenizer.decode(reference)
+    # Phi-4-mini's template writes an assistant's text, never its calls.
+    assert (MARKER_LIKE[kind] in text) == ((family, place) != ("phi4", "argument"))
+
+
+def built_in_formats() -> list:
+    llama3 = ByteTokenizer(["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                            "<|eot_id|>"])
+    gemma = ByteTokenizer(["<s>", "</s>", "<start_of_turn>", "<end_of_turn>"])
+    chatml = ByteTokenizer(["<s>", "</s>", "<|im_start|>", "<|im_end|>"])
+    return [
+        get_chat_format("llama3", llama3), get_chat_format("llama2", ByteTokenizer()),
+        get_chat_format("chatml", chatml), get_chat_format("gemma", gemma), get_chat_format("plain", ByteTokenizer()),
+        # A template that takes no tools: they are described in its messages' contents.
+        get_chat_format("template", chatml, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                        "<|im_end|>\n{% endfor %}<|im_start|>assistant\n", special_tokens=chatml.specials),
+    ]
+
+
+@pytest.mark.parametrize("chat_format", built_in_formats(), ids=lambda chat_format: chat_format.name)
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("kind", MARKER_LIKE)
+def test_marker_like_text_stays_literal_in_described_tools(chat_format, place, kind):
+    tools, messages = with_text(MARKER_LIKE[kind], place)
+    with_tools = ToolsFormat(chat_format, tools)
+    assert not with_tools.syntax.native
+    text = chat_format.tokenizer.decode(with_tools.encode(messages))
+    assert text.count(MARKER_LIKE[kind]) == 1
 
 
 def test_described_tools_go_in_the_system_prompt_and_results_in_a_user_message():

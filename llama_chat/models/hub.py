@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llama_chat import environment
 from llama_chat.checkpoints.json_file import parse_json
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.models import hub_download
@@ -46,8 +47,8 @@ class HubSettings:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> HubSettings:
-        home = environ.get("HF_HOME") or str(Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                             / "huggingface")
+        caches = environment.user_base("XDG_CACHE_HOME", environ) or Path.home() / ".cache"
+        home = environ.get("HF_HOME") or str(Path(caches) / "huggingface")
         cache = environ.get("HF_HUB_CACHE") or str(Path(home) / "hub")
         offline = any(environ.get(name, "").lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
         return cls((environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),

@@ -15,10 +15,13 @@ one exception is a reply's thinking: its closing marker is left in the text betw
 placeholders, for templates that keep only what follows it in earlier replies.
 
 Tools and tool calls come from strangers too (an MCP server's names and descriptions, the
-arguments a model wrote): every string in them that could hold a special-token name is
-replaced by a marker without padding. Templates write tools and calls with `tojson` (some
-write message contents so too), so a marker found between quotes is put back as JSON
-string text (escaped as tojson would have); elsewhere as it is.
+arguments a model wrote): every string in them that could hold a special-token name, or
+that holds a character markers are made of (a private-use icon, say, or a marker spelt
+out), is replaced by a marker without padding. So the rendered text outside the markers is
+the template's own: no stranger's text can pass for a marker or be taken for a mangled one,
+and each comes back as it was. Templates write tools and calls with `tojson` (some write
+message contents so too), so a marker found between quotes is put back as JSON string text
+(escaped as tojson would have); elsewhere as it is.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ _MARK_OPEN, _MARK_CLOSE, _MARK_DIGIT0 = "\ue000", "\ue001", 0xE010
 _PAD = "\u2003"
 _MARKER = re.compile(f"({_PAD}?){_MARK_OPEN}([\ue010-\ue019]+){_MARK_CLOSE}({_PAD}?)")
 _MARKER_CHARS = re.compile("[\ue000-\ue019]")
+# The characters markers are made of, which a stranger's string must not bring into the
+# rendered text as they are.
+_RESERVED_CHARS = f"\ue000-\ue019{_PAD}"
 
 TRIAL_CONVERSATION = [
     {"role": "system", "content": "You are helpful."},
@@ -93,8 +99,10 @@ class TemplateFormat(ChatFormat):
         # bos/eos are inserted through variables, so they count even if not listed as special.
         names = {*special_tokens, self.bos_token, self.eos_token}
         self.splitter = SpecialTokenSplitter(tokenizer, names)
-        # A string of a stranger's without any of these characters holds no special-token name.
-        self.name_starts = {name[0] for name in self.splitter.ids}
+        # A string of a stranger's without any of these characters holds no special-token name
+        # and no marker.
+        name_starts = "".join(re.escape(name[0]) for name in self.splitter.ids)
+        self.risky = re.compile(f"[{name_starts}{_RESERVED_CHARS}]")
         ends = [tokenizer.token_id(name) for name in END_OF_TURN_NAMES if name in source]
         self.turn_end_ids = frozenset(i for i in (tokenizer.token_id(self.eos_token), *ends) if i is not None)
         self._try_out()
@@ -141,8 +149,8 @@ class TemplateFormat(ChatFormat):
             return _marker(len(texts) - 1)
 
         def marked_if_risky(text: str) -> str:
-            if not any(start in text for start in self.name_starts):
-                return text  # no special-token name can be in it: left as the template expects it
+            if not self.risky.search(text):
+                return text  # no special-token name or marker can be in it: left as the template expects it
             texts.append((text, True))
             return _marker(len(texts) - 1).strip(_PAD)
 
@@ -154,9 +162,8 @@ class TemplateFormat(ChatFormat):
                 shown["content"] = THINKING_CLOSE.join(map(marked, message["content"].split(THINKING_CLOSE)))
             else:
                 shown["content"] = marked(message["content"])
-            for key in ("tool_calls", "name", "tool_call_id", "tools"):
-                if key in message:
-                    shown[key] = _each_string(message[key], marked_if_risky)
+            for key in message.keys() - {"role", "content"}:  # tool_calls, name, tool_call_id, tools
+                shown[key] = _each_string(message[key], marked_if_risky)
             return shown
 
         rendered = self.render(
@@ -167,7 +174,10 @@ class TemplateFormat(ChatFormat):
         position = 0
         for match in _MARKER.finditer(rendered):
             parts += self._template_text(rendered[position : match.start()])
-            text, is_json = texts[_marker_index(match.group(2))]
+            index = _marker_index(match.group(2))
+            if index >= len(texts):  # the template's own text spells a marker
+                raise _mangled()
+            text, is_json = texts[index]
             text = text if is_json else _restore(text, match)
             quoted = rendered[match.start() - 1 : match.start()] == '"' == rendered[match.end() : match.end() + 1]
             parts.append(json.dumps(text, ensure_ascii=False)[1:-1] if quoted else text)
@@ -177,11 +187,14 @@ class TemplateFormat(ChatFormat):
 
     def _template_text(self, text: str) -> list[str | int]:
         if _MARKER_CHARS.search(text):
-            raise LlamaChatError(
-                "the model's chat template changes message text in a way llama-chat cannot "
-                f"follow safely; {PICK_ANOTHER}"
-            )
+            raise _mangled()
         return self.splitter.split(text)
+
+
+def _mangled() -> LlamaChatError:
+    return LlamaChatError(
+        f"the model's chat template changes message text in a way llama-chat cannot follow safely; {PICK_ANOTHER}"
+    )
 
 
 def _each_string(value: Any, change: Callable[[str], str]) -> Any:

@@ -83,11 +83,59 @@ class ReportingSession(ClientSession):
             self._report("not JSON-RPC", "wrote a line that is not JSON-RPC; lines like it are ignored")
 
 
+class AnswerRefused(httpx2.StreamError):
+    """An answer's body past the bound, or one whose size cannot be told as it comes
+    (compressed). A StreamError: the SDK ends the request it answers with this message."""
+
+
+class _BoundedBody(httpx2.AsyncByteStream):
+    """A response's body that stops at MAX_MESSAGE_BYTES, or at once where `refusal` says why."""
+
+    def __init__(self, body: httpx2.AsyncByteStream, limit: int | None, refusal: str | None) -> None:
+        self.body, self.limit, self.refusal = body, limit, refusal
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.refusal is not None:
+            raise AnswerRefused(self.refusal)
+        read = 0
+        async for chunk in self.body:
+            read += len(chunk)
+            if self.limit is not None and read > self.limit:
+                raise AnswerRefused(f"its answer is larger than {MAX_MESSAGE_BYTES >> 20} MiB, the most llama-chat "
+                                     "reads of one answer")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.body.aclose()
+
+
+class BoundedTransport(httpx2.AsyncHTTPTransport):
+    """HTTP whose every answer is read up to MAX_MESSAGE_BYTES, as a stdio server's lines
+    are: the SDK reads a JSON answer whole, and a redirect's or an error's body too. An
+    event stream may go on for the whole session; the SDK bounds each of its events to
+    MAX_MESSAGE_BYTES. Bytes are counted as they come, so an answer must come uncompressed
+    (asked for with Accept-Encoding: identity): a few kilobytes of gzip or brotli can
+    unpack to gigabytes."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await super().handle_async_request(request)
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        refusal = None if encoding in ("", "identity") else (
+            f"its answer is compressed ({printable(encoding)[:40]}), though llama-chat asks for answers uncompressed")
+        events = response.headers.get("content-type", "").partition(";")[0].strip().lower() == "text/event-stream"
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        response.stream = _BoundedBody(response.stream, None if events else MAX_MESSAGE_BYTES, refusal)
+        return response
+
+
 @asynccontextmanager
 async def http_streams(config: HttpServerConfig) -> AsyncIterator[TransportStreams]:
     """The streams of a session with a server reached by streamable HTTP."""
     # trust_env=False: a proxy named in the environment is not for a server on this machine.
-    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=HTTP_TIMEOUT, trust_env=False) as client:
+    headers = httpx2.Headers(dict(config.headers))
+    headers["Accept-Encoding"] = "identity"  # see BoundedTransport
+    async with httpx2.AsyncClient(headers=headers, timeout=HTTP_TIMEOUT, trust_env=False,
+                                  transport=BoundedTransport(trust_env=False)) as client:
         connection = streamable_http_client(config.url, http_client=client, max_sse_event_size=MAX_MESSAGE_BYTES)
         async with connection as streams:
             yield streams
