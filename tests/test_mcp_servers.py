@@ -20,8 +20,13 @@ import mcp_types as types
 import pytest
 
 from llama_chat import paths
+from llama_chat.chat.exchange import CallResult, Outcome
+from llama_chat.chat.session import Session
+from llama_chat.chat.tool_runner import DECLINED, Answer
+from llama_chat.cli.chat import chat_parser
 from llama_chat.cli.tool_options import add_tool_arguments, tool_use_from
 from llama_chat.errors import LlamaChatError
+from llama_chat.text.tool_calls import ToolCall
 from llama_chat.tools.mcp_config import HttpServerConfig, StdioServerConfig, is_loopback, read_config
 from llama_chat.tools.mcp_servers import McpServers, ServerState
 from llama_chat.tools.mcp_stdio import MAX_MESSAGE_BYTES
@@ -30,6 +35,7 @@ from llama_chat.tools.tool import ToolResult
 
 from .npm_server import HAS_NPM, install_filesystem_server
 from .signals import ctrl_c_raises
+from .test_session import chat_model
 from .waiting import wait_until
 
 # An asyncio transport left open to the garbage collector can print an error on the terminal:
@@ -85,10 +91,12 @@ server.run()
 '''
 
 # A server speaking JSON-RPC by hand, for what the SDK's server would not do. As "echo" (or
-# "stubborn") it lists "echo"; otherwise "act", which does what its argument says.
+# "stubborn") it lists "echo"; otherwise "act", which does what its argument says. Given a
+# file's path after that, it answers initialize only once that file exists.
 RAW_SERVER = r'''
-import json, sys, time
+import json, os, sys, time
 behaviour = sys.argv[1]
+gate = sys.argv[2] if len(sys.argv) > 2 else None
 
 def send(message):
     sys.stdout.write(json.dumps(message) + "\n")
@@ -146,6 +154,8 @@ for line in sys.stdin:
     if "id" not in request or "method" not in request or behaviour == "silent":
         continue
     if request["method"] == "initialize":
+        while gate and not os.path.exists(gate):
+            time.sleep(0.01)
         if behaviour == "garbage":
             print("this is not JSON-RPC", flush=True)
             print('{"jsonrpc": "2.0", "method": 12}', flush=True)
@@ -191,8 +201,9 @@ def scripts(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def raw(scripts):
-    """A hand-written server behaving as told."""
-    return lambda name, behaviour="echo": StdioServerConfig(name, sys.executable, (str(scripts["raw"]), behaviour))
+    """A hand-written server behaving as told (ready once `gate` exists, where one is given)."""
+    return lambda name, behaviour="echo", gate=None: StdioServerConfig(
+        name, sys.executable, (str(scripts["raw"]), behaviour, *([str(gate)] if gate else [])))
 
 
 @pytest.fixture
@@ -312,8 +323,11 @@ def test_a_missing_file(tmp_path):
     ({"mcpServers": {}, "servers": {}}, 'both "mcpServers" and "servers": keep one of them'),
     ({"mcpServers": []}, '"mcpServers" should be an object of servers by name'),
     ({"servers": {"a": "npx"}}, 'server "a": expected an object with "command" or "url"'),
-    ({"mcpServers": {"my server": {"command": "x"}}},
-     'server "my server": use a name of letters, digits, "_", "-" and "." (at most 64 characters)'),
+    *[({"mcpServers": {name: {"command": "x"}}},
+       f'server "{name}": use a name of letters, digits, "_", "-" and "." (at most 64 characters), with no "__" '
+       'and no "_" at its end (a tool\'s full name is SERVER__TOOL)') for name in ("my server", "a__b", "a_", "")],
+    ({"mcpServers": {"built-in": {"command": "x"}}},
+     'server "built-in": that is what llama-chat\'s own tools are called; use another name'),
     ({"mcpServers": {"a": {"args": ["x"]}}},
      'server "a": give "command" (a program to start) or "url" (a server on this machine)'),
     ({"mcpServers": {"a": {"command": "x", "url": "http://localhost/"}}},
@@ -671,19 +685,107 @@ def test_a_server_with_a_huge_list_of_tools(raw):
         _closed_leaving_nothing(servers)
 
 
-def test_tools_of_the_same_name_stay_apart(raw):
-    with McpServers([raw("one"), raw("two")], reserved_names=["act"]) as servers:
+@pytest.mark.parametrize("first", ["one", "two"])
+def test_a_name_two_servers_list_is_their_full_names_whichever_was_ready_first(raw, tmp_path, first):
+    gates = {name: tmp_path / name for name in ("one", "two")}
+    later = {"one": "two", "two": "one"}[first]
+    with McpServers([raw("one", gate=gates["one"]), raw("two", gate=gates["two"])], reserved_names=["act"]) as servers:
+        gates[first].touch()
+        assert wait_until(lambda: _states(servers)[first][0] is ServerState.READY, READY_SECONDS)
+        assert [tool.spec.name for tool in servers.tools()] == ["echo"]  # no other lists it yet
+        gates[later].touch()
         assert servers.wait_ready(READY_SECONDS)
         tools = {tool.spec.name: tool for tool in servers.tools()}
-        # The server ready first keeps the name; the other's tool has its server's name before it.
-        first = tools["echo"].spec.source
-        later = {"one": "two", "two": "one"}[first]
-        assert sorted(tools) == ["echo", f"{later}__echo"]
-        assert tools[f"{later}__echo"].spec.source == later
+        assert sorted(tools) == ["one__echo", "two__echo"]
+        assert [tools[f"{name}__echo"].spec.source for name in ("one", "two")] == ["one", "two"]
         assert tools[f"{later}__echo"].run({"text": "hi"}) == ToolResult("hi")
-        assert servers.take_notices() == [f'MCP server "{later}": tool "echo" is called "{later}__echo" here: '
-                                          f'server "{first}" has a tool of that name']
+        assert sorted(servers.take_notices()) == [
+            'MCP server "one": tool "echo" is called "one__echo" here: server "two" has a tool of that name',
+            'MCP server "two": tool "echo" is called "two__echo" here: server "one" has a tool of that name']
         _closed_leaving_nothing(servers)
+
+
+class Asking:
+    """Answers each question about a call as told, and keeps the names of the calls asked about."""
+
+    def __init__(self, *answers: Answer) -> None:
+        self.answers = list(answers)
+        self.asked: list[str] = []
+
+    def show_call(self, call, tool, preview) -> None:
+        pass
+
+    def ask(self, call, tool):
+        self.asked.append(call.name)
+        return self.answers.pop(0)
+
+    def show_result(self, call, result) -> None:
+        pass
+
+
+def _gated_chat(scripts, tmp_path, *flags: str):
+    """The tools of a chat started with `flags` and servers "one" and "two" that both list
+    "echo", each ready once its gate (a file in tmp_path named after it) exists."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        name: {"command": sys.executable, "args": [str(scripts["raw"]), "echo", str(tmp_path / name)]}
+        for name in ("one", "two")}}))
+    return tool_use_from(chat_parser().parse_args(["--mcp-config", str(config), *flags]))
+
+
+def _call(name: str) -> ToolCall:
+    return ToolCall(name, {"text": "hi"}, "call00001")
+
+
+@pytest.mark.parametrize("first", ["one", "two"])
+def test_consent_by_a_name_two_servers_list_is_refused_and_held_by_full_names(scripts, tmp_path, first):
+    later = {"one": "two", "two": "one"}[first]
+    tools = _gated_chat(scripts, tmp_path, "--allow-tools", "echo")
+    session, view = Session(chat_model()), Asking(Answer.ALWAYS, Answer.NO)
+    servers = tools.toolbox.servers
+    try:
+        (tmp_path / first).touch()
+        assert wait_until(lambda: _states(servers)[first][0] is ServerState.READY, READY_SECONDS)
+        assert tools.sync(session) == [] and session.offered_names() == ["echo"]
+        # A server still starting may list "echo" too: the name allowed ahead allows nothing
+        # yet. Asked, the user allows this tool always: its full name is kept.
+        ran = tools.runner(session, view).run_call(_call("echo"))
+        assert (ran.text, ran.outcome) == ("hi", Outcome.RAN)
+        assert view.asked == ["echo"] and tools.consent.always == {f"{first}__echo"}
+        (tmp_path / later).touch()
+        assert servers.wait_ready(READY_SECONDS)
+        notes = tools.sync(session)
+        assert notes[-1] == ("--allow-tools echo: 2 tools are called that (one__echo, two__echo); none of them runs "
+                             "without asking: allow one by its full name")
+        assert sorted(session.offered_names()) == ["one__echo", "two__echo"]
+        runner = tools.runner(session, view)
+        assert runner.run_call(_call(f"{first}__echo")).outcome == Outcome.RAN  # allowed always, not asked
+        assert runner.run_call(_call(f"{later}__echo")) == CallResult(DECLINED, Outcome.DECLINED)
+        assert view.asked == ["echo", f"{later}__echo"]
+        _closed_leaving_nothing(servers)
+    finally:
+        tools.close()
+
+
+def test_a_full_name_allowed_ahead_runs_that_servers_tool_alone(scripts, tmp_path):
+    tools = _gated_chat(scripts, tmp_path, "--allow-tools", "two__echo")
+    session, view = Session(chat_model()), Asking(Answer.NO, Answer.NO)
+    servers = tools.toolbox.servers
+    try:
+        (tmp_path / "two").touch()
+        assert wait_until(lambda: _states(servers)["two"][0] is ServerState.READY, READY_SECONDS)
+        tools.sync(session)
+        assert tools.runner(session, view).run_call(_call("echo")).outcome == Outcome.RAN  # two's, by its own name
+        (tmp_path / "one").touch()
+        assert servers.wait_ready(READY_SECONDS)
+        assert not any(note.startswith("--allow-tools") for note in tools.sync(session))
+        runner = tools.runner(session, view)
+        assert runner.run_call(_call("two__echo")).outcome == Outcome.RAN
+        assert runner.run_call(_call("one__echo")).outcome == Outcome.DECLINED
+        assert view.asked == ["one__echo"]
+        _closed_leaving_nothing(servers)
+    finally:
+        tools.close()
 
 
 def test_a_tool_named_like_one_of_the_chats_own(raw):

@@ -7,10 +7,11 @@ import json
 import jsonschema
 import pytest
 
+from llama_chat.chat.consent import Consent
 from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_offer import MAX_CALLS
-from llama_chat.chat.tool_runner import DECLINED, Answer, Consent, ToolRunner
+from llama_chat.chat.tool_runner import DECLINED, Answer, ToolRunner
 from llama_chat.chat.turn import STOPPED
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError

@@ -89,7 +89,7 @@ def test_the_chat_asks_runs_on_yes_tells_the_model_of_no_and_leaves_nothing(setu
         assert len(guards) == len(TOOLS)
 
         asked = chat.answer(TIME_QUESTION.encode() + b"\r", b"run get_current_time?", SECONDS).decode()
-        assert '⚙ get_current_time (time) {"timezone": "Europe/Paris"}' in asked
+        assert '⚙ get_current_time (MCP server "time") {"timezone": "Europe/Paris"}' in asked
         answered = chat.answer(b"y\r", b"tok/s", SECONDS).decode()
         assert "→ get_current_time: ran" in answered
         assert day_answer(paris_day()) in answered, answered  # the reply uses what the server said
@@ -104,7 +104,7 @@ def test_the_chat_asks_runs_on_yes_tells_the_model_of_no_and_leaves_nothing(setu
             _, _, shared = setup
             chat.answer(b"/clear\r", b"> ", SECONDS)
             asked = chat.answer(FOLDERS_QUESTION.encode() + b"\r", b"run list_allowed_directories?", SECONDS).decode()
-            assert "⚙ list_allowed_directories (files) {}" in asked
+            assert '⚙ list_allowed_directories (MCP server "files") {}' in asked
             listed = chat.answer(b"a\r", b"tok/s", SECONDS).decode()
             assert str(shared.resolve()) in listed and FOLDERS_ANSWER in listed
 

@@ -3,25 +3,24 @@
 Nothing runs without a yes. A call to a tool that is not offered, or one its tool refuses
 before asking (a path outside the allowed folders), is refused without asking. Otherwise
 the user is asked (yes once, always for this tool in this chat, or no), unless the tool was
-allowed ahead (`--allow-tools`) or always earlier in the chat; where nobody can be asked
-(a reply for a script), the call is declined. The model hears every outcome as its result.
+allowed ahead (`--allow-tools`) or always earlier in the chat (chat/consent); where nobody
+can be asked (a reply for a script), the call is declined. The model hears every outcome as
+its result.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from llama_chat.chat.consent import Consent
 from llama_chat.chat.exchange import CallResult, Outcome, ToolRound
 from llama_chat.chat.turn import NOT_ASKED
 from llama_chat.errors import first_line
 from llama_chat.text.tool_calls import ToolCall
 from llama_chat.tools.tool import Tool
-
-ALL = "all"  # in --allow-tools: every tool
 
 DECLINED = "the user declined to run this tool call"
 PAST_THE_LIMIT = "this tool call was not run: the turn made its {limit} calls; answer with what you have"
@@ -31,18 +30,6 @@ class Answer(enum.StrEnum):
     YES = "yes"  # this call
     ALWAYS = "always"  # this tool, for the rest of the chat
     NO = "no"
-
-
-@dataclass
-class Consent:
-    """Which tools may run without asking: allowed ahead (names, or ALL) and, as the chat
-    goes, those the user allowed always."""
-
-    ahead: frozenset[str] = frozenset()
-    always: set[str] = field(default_factory=set)
-
-    def allowed(self, name: str) -> bool:
-        return ALL in self.ahead or name in self.ahead or name in self.always
 
 
 class CallView(Protocol):
@@ -85,14 +72,14 @@ class ToolRunner:
         if refusal is not None:
             return CallResult(refusal, Outcome.REFUSED)
         self.view.show_call(call, tool, tool.preview(call.arguments))
-        if not self.consent.allowed(call.name):
+        if not self.consent.allowed(tool.spec):
             answer = self.view.ask(call, tool)
             if answer is None:
                 return CallResult(NOT_ASKED, Outcome.DECLINED)
             if answer == Answer.NO:
                 return CallResult(DECLINED, Outcome.DECLINED)
             if answer == Answer.ALWAYS:
-                self.consent.always.add(call.name)
+                self.consent.allow_always(tool.spec)
         started = time.perf_counter()
         try:
             result = tool.run(call.arguments)
@@ -102,8 +89,3 @@ class ToolRunner:
             return CallResult(f"the tool failed: {first_line(error)}", Outcome.FAILED, time.perf_counter() - started)
         outcome = Outcome.FAILED if result.is_error else Outcome.RAN
         return CallResult(result.text, outcome, time.perf_counter() - started)
-
-
-def allowed_ahead(names: Collection[str]) -> frozenset[str]:
-    """--allow-tools' names as a set (ALL among them allows every tool)."""
-    return frozenset(name.strip() for name in names if name.strip())

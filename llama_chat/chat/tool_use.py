@@ -1,5 +1,6 @@
-"""Tools in a chat: the toolbox, the consent given so far, and the session's offer kept in
-step with the tools that are on (a server that becomes ready mid-chat, /tools on NAME).
+"""Tools in a chat: the toolbox, the consent given so far (its names given ahead settled
+once every server has listed its tools), and the session's offer kept in step with the
+tools that are on (a server that becomes ready mid-chat, /tools on NAME).
 
 A tool whose arguments' schema the grammar engine cannot hold calls to is not offered, and
 a line says why: every call the model writes must parse and fit its schema.
@@ -10,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from llama_chat.chat.consent import Consent
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_offer import MAX_CALLS
-from llama_chat.chat.tool_runner import CallView, Consent, ToolRunner
+from llama_chat.chat.tool_runner import CallView, ToolRunner
 from llama_chat.engine.constraint import Format, FormatError
 from llama_chat.text.tool_calls import call_grammar
 from llama_chat.text.tools_format import call_syntax_of
@@ -39,8 +41,11 @@ class ToolUse:
         """Offer the session the tools on now; lines worth showing (servers' events, tools
         left out) are returned."""
         notes = self.toolbox.notices()
+        starting = self._starting()
+        if not starting:
+            notes += self.consent.settle(self.toolbox.listed())
         missing = self.toolbox.missing()
-        if missing and not self._starting():
+        if missing and not starting:
             notes.append(f"there is no tool named {', '.join(missing)} (/tools lists the tools)")
             self.toolbox.on.difference_update(missing)
         specs = []

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llama_chat.chat.attachments import PendingFiles, read_into
+from llama_chat.chat.call_line import call_line
 from llama_chat.chat.call_text import CallText
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.exchange import CallResult, Outcome
@@ -352,8 +352,7 @@ class StderrCallView:
     allowed ahead run."""
 
     def show_call(self, call: ToolCall, tool: Tool, preview: str | None) -> None:
-        print(f"llama-chat: tool call: {call.name} ({tool.spec.source}) "
-              f"{visible(json.dumps(dict(call.arguments), ensure_ascii=False))}", file=sys.stderr)
+        print(f"llama-chat: tool call: {call_line(call, tool.spec).text}", file=sys.stderr)
 
     def ask(self, call: ToolCall, tool: Tool) -> Answer | None:
         print(f"llama-chat: declined {call.name}: nobody can be asked with -p; "

@@ -8,8 +8,9 @@ import argparse
 import json
 import sys
 
+from llama_chat.chat.display import literal
 from llama_chat.models.catalog import catalog
-from llama_chat.repl.model_commands import literal, table_lines
+from llama_chat.repl.model_commands import table_lines
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llama-chat models", description=__doc__.splitlines()[0])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from llama_chat.chat.consent import ALL, Consent, allowed_ahead
 from llama_chat.chat.tool_offer import MAX_CALLS
-from llama_chat.chat.tool_runner import ALL, Consent, allowed_ahead
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import finite_float
 from llama_chat.errors import LlamaChatError, UsageError

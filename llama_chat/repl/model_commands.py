@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from llama_chat.chat.display import literal
 from llama_chat.engine.runners import ThreadGovernor
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
@@ -47,14 +48,6 @@ def run_models(state: ChatState, text: str) -> None:
 
 
 COLUMNS = ("name", "architecture", "parameters", "quantisation", "size", "chat template", "where")
-
-
-def literal(text: str) -> str:
-    """A name from a stranger (a folder's, a listing's) as it is spelt: every character that
-    does not print (control, format, bidirectional) written as its escape, never obeyed."""
-    return "".join(character if character.isprintable() else
-                   f"\\x{ord(character):02x}" if ord(character) < 256 else f"\\u{ord(character):04x}"
-                   for character in text)
 
 
 def table_lines(found: Catalog) -> list[str]:

@@ -12,12 +12,12 @@ Where the output cannot be redrawn (not a terminal) folded thinking is not drawn
 With tools offered, the calls a reply writes are left out of its text as it streams (see
 chat/call_text); each call is shown on a line of its own, asked about, and its result
 folded to a few lines (/tools show keeps results whole). Such replies stream as text, not
-Markdown, as the chat stops mid-reply to ask.
+Markdown, as the chat stops mid-reply to ask. A call's line (chat/call_line) escapes what
+does not print and keeps to a few rows, so its start is on screen when the question is asked.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -27,18 +27,21 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
+from llama_chat.chat.call_line import call_line
 from llama_chat.chat.call_text import CallText
-from llama_chat.chat.display import stats_line, visible
+from llama_chat.chat.display import literal, stats_line, visible
 from llama_chat.chat.exchange import CallResult, Outcome, ToolRound
 from llama_chat.chat.thinking import THINKING, ThinkingSplitter
 from llama_chat.engine.generation import Piece
 from llama_chat.text.tool_calls import ToolCall
+from llama_chat.tools.tool import ToolSpec
 
 if TYPE_CHECKING:
     from llama_chat.chat.turn import Turn
 
 OnCalls = Callable[[ToolRound, int, int], None]
 FOLDED_LINES = 3  # the lines of a tool's result shown unless /tools show
+CALL_ROWS = 6  # a call's line at most, with room below for the question on a screen of 24
 
 
 class Renderer:
@@ -105,12 +108,18 @@ class Renderer:
         finally:
             stream.end()
 
-    def tool_call(self, call: ToolCall, source: str, preview: str | None) -> None:
-        """A call about to be asked about or run: its tool, where the tool is from, its arguments."""
-        arguments = json.dumps(dict(call.arguments), ensure_ascii=False)
-        self.line(f"⚙ {call.name} ({source}) {arguments}", "bold")
+    def tool_call(self, call: ToolCall, spec: ToolSpec, preview: str | None = None, whole: bool = False) -> None:
+        """A call about to be asked about or run: what it would change (`preview`), then its
+        tool, where the tool is from and its arguments, folded to CALL_ROWS rows unless
+        `whole`, so that a question asked below it has the call's start on screen."""
         if preview:
-            self.line(preview)
+            self.line(literal(preview, keep="\n\t"))
+        self.line(f"⚙ {call_line(call, spec, None if whole else self.call_cells).text}", "bold")
+
+    @property
+    def call_cells(self) -> int:
+        """The room a call's line has on the screen (see tool_call)."""
+        return max(self.console.width * CALL_ROWS - 2, 1)
 
     def tool_result(self, call: ToolCall, result: CallResult) -> None:
         """What a call gave, folded to a few lines unless results are shown whole."""

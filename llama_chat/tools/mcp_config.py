@@ -29,10 +29,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llama_chat.errors import LlamaChatError
+from llama_chat.tools.tool import BUILT_IN
 
 MAX_CONFIG_BYTES = 1 << 20  # a list of servers is a few kilobytes
 MAX_NESTING = 32  # the format nests four levels; json.loads recurses once per level
-SERVER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a name goes into notices and tool names
+# A name goes into notices and tool names: SERVER__TOOL is one server's tool, whatever the tool's name.
+SERVER_NAME = re.compile(r"(?!.*__)[A-Za-z0-9_.-]{0,63}[A-Za-z0-9.-]")
 HTTP_TYPES = ("http", "streamable-http", "streamableHttp")  # the spellings clients use for streamable HTTP
 
 # A string literal (possessive, so that no backtracking piles up) or a run of characters
@@ -139,7 +141,10 @@ def _server_table(path: Path, document: Any) -> dict[str, Any]:
 def _server(path: Path, name: str, entry: Any) -> ServerConfig | None:
     where = f"{path}: server {json.dumps(name)}"
     if not SERVER_NAME.fullmatch(name):
-        raise LlamaChatError(f'{where}: use a name of letters, digits, "_", "-" and "." (at most 64 characters)')
+        raise LlamaChatError(f'{where}: use a name of letters, digits, "_", "-" and "." (at most 64 characters), '
+                             'with no "__" and no "_" at its end (a tool\'s full name is SERVER__TOOL)')
+    if name == BUILT_IN:
+        raise LlamaChatError(f"{where}: that is what llama-chat's own tools are called; use another name")
     if not isinstance(entry, dict):
         raise LlamaChatError(f'{where}: expected an object with "command" or "url"')
     disabled = entry.get("disabled", False)

@@ -8,8 +8,11 @@ writes what is not JSON-RPC, asks for sampling), the other servers and the chat 
 call to it ends in an error result, and the chat learns of it from take_notices(), one line
 naming the server each.
 
-A tool keeps its server's name for it unless a tool that was ready earlier (or one of the
-chat's own, `reserved_names`) has that name; it is then called SERVER__NAME.
+A tool is called by its own name unless another source lists that name too (another server,
+or the chat's own tools, `reserved_names`), or it is another tool's full name: then it is
+called by its full name, SERVER__NAME, and so is the other server's. The names are the same
+whatever order the servers became ready in; a tool called by its own name is renamed when a
+server that lists the same name becomes ready (a notice says so).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -99,7 +102,7 @@ class McpServers:
         self._servers = [_Server(config) for config in configs]
         if len({server.config.name for server in self._servers}) < len(self._servers):
             raise ValueError("two servers of one name")
-        self._owners = {name: OWN_TOOLS for name in reserved_names}  # tool name -> the server that has it
+        self._reserved = frozenset(reserved_names)
         self._changed = threading.Condition()  # held to read or change the servers and notices
         self._notices: list[str] = []
         self._portal: BlockingPortal | None = None
@@ -202,29 +205,35 @@ class McpServers:
     def _ready(self, server: _Server, session: ClientSession, listed: list[Any]) -> None:
         kept, problems = checked_tools(listed)
         name = server.config.name
-        tools = []
+        tools = tuple(McpTool(ToolSpec(offered.name, offered.description, offered.parameters, name, offered.name),
+                              partial(self._call, server)) for offered in kept)
         with self._changed:
-            for offered in kept:
-                spec = ToolSpec(self._free_name(name, offered.name), offered.description, offered.parameters, name)
-                if spec.name != offered.name:
-                    owner = self._owners[offered.name]
-                    owner = owner if owner == OWN_TOOLS else f'server "{owner}"'
-                    problems.append(
-                        f'tool "{offered.name}" is called "{spec.name}" here: {owner} has a tool of that name')
-                tools.append(McpTool(spec, offered.name, partial(self._call, server)))
-            server.session, server.tools, server.state = session, tuple(tools), ServerState.READY
+            server.session, server.tools, server.state = session, tools, ServerState.READY
             server.detail = f"{len(tools)} tool{'' if len(tools) == 1 else 's'}"
             for problem in problems:
                 self._notice(server, f"{server.label}: {problem}")
+            self._name_tools()
             self._changed.notify_all()
 
-    def _free_name(self, server_name: str, name: str) -> str:
-        candidate, number = name, 1
-        while candidate in self._owners:
-            number += 1
-            candidate = f"{server_name}__{name}" + ("" if number == 2 else f"_{number}")
-        self._owners[candidate] = server_name
-        return candidate
+    def _name_tools(self) -> None:
+        """Give each tool listed so far its name (see the module's docstring), with a notice
+        for each tool whose name changes. Called with self._changed held."""
+        listed = [tool for server in self._servers for tool in server.tools]  # an ended server's too
+        sources: dict[str, list[str | None]] = {name: [None] for name in self._reserved}  # None: the chat's own
+        for tool in listed:
+            sources.setdefault(tool.spec.listed_name, []).append(tool.spec.source)
+        full_names = {tool.spec.qualified_name: tool.spec.source for tool in listed}
+        for server in self._servers:
+            for tool in server.tools:
+                own, full = tool.spec.listed_name, tool.spec.qualified_name
+                others = [source for source in sources[own] if source != server.config.name]
+                others += [full_names[own]] if own in full_names else []
+                name = full if others else own
+                if name != tool.spec.name:
+                    tool.spec = replace(tool.spec, name=name)
+                    owner = OWN_TOOLS if others[0] is None else f'server "{others[0]}"'
+                    self._notice(server, f'{server.label}: tool "{own}" is called "{name}" here: '
+                                         f"{owner} has a tool of that name")
 
     def _finish(self, server: _Server, failure: Exception | None) -> None:
         connection = server.connection

@@ -31,11 +31,11 @@ class McpTool:
     """A tool of an MCP server's. It has no checks of its own (refusal and preview are None):
     what the tool does is the server's business, and the user is asked before each call."""
 
-    def __init__(self, spec: ToolSpec, remote_name: str, call: Callable[[str, dict[str, Any]], ToolResult]) -> None:
-        """`remote_name` is the tool's name on its server (spec.name may have the server's name
-        before it); `call` sends a tools/call and blocks until its result."""
+    def __init__(self, spec: ToolSpec, call: Callable[[str, dict[str, Any]], ToolResult]) -> None:
+        """`spec.listed_name` is the tool's name on its server (spec.name may be its full name,
+        and changes if another server lists the same name); `call` sends a tools/call and
+        blocks until its result."""
         self.spec = spec
-        self.remote_name = remote_name
         self._call = call
 
     def refusal(self, arguments: Mapping[str, Any]) -> str | None:
@@ -47,7 +47,7 @@ class McpTool:
     def run(self, arguments: Mapping[str, Any]) -> ToolResult:
         """The server's result (an error result when the server fails, hangs or goes);
         KeyboardInterrupt while it waits cancels the request and is raised again."""
-        return self._call(self.remote_name, dict(arguments))
+        return self._call(self.spec.listed_name or self.spec.name, dict(arguments))
 
     def __repr__(self) -> str:
         return f"McpTool({self.spec.name!r} of {self.spec.source!r})"

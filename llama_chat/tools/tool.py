@@ -18,12 +18,21 @@ BUILT_IN = "built-in"  # the source of llama-chat's own tools; an MCP tool's is 
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool as the model is shown it: its name, what it does and its arguments' JSON Schema
-    (an object schema), with where it comes from."""
+    (an object schema), with where it comes from. An MCP server's tool may be shown by its
+    full name (see qualified_name) where another has its own name; `listed_name` keeps that."""
 
     name: str
     description: str
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     source: str = BUILT_IN
+    listed_name: str = ""  # the tool's own name, where `name` is another ("": `name`)
+
+    @property
+    def qualified_name(self) -> str:
+        """The name no other tool can have, whatever else is offered: llama-chat's own tools'
+        names, SERVER__NAME for an MCP server's (server names hold no "__" and end in no "_")."""
+        own = self.listed_name or self.name
+        return own if self.source == BUILT_IN else f"{self.source}__{own}"
 
 
 @dataclass(frozen=True)

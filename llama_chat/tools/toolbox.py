@@ -1,7 +1,8 @@
 """The tools a chat can offer: llama-chat's own, each off until the user turns it on, and the
 tools of the MCP servers the user configured, on once their server is ready (the user can
 turn each off). A list of names given up front (`only`) turns those on and every other off,
-servers' tools that are not ready yet included."""
+servers' tools that are not ready yet included. A tool is named by the name it is offered
+by or by its full name (ToolSpec.qualified_name)."""
 
 from __future__ import annotations
 
@@ -45,31 +46,45 @@ class ToolBox:
     def by_name(self) -> dict[str, Tool]:
         return {tool.spec.name: tool for tool in self.offered()}
 
+    def listed(self) -> dict[str, list[str]]:
+        """Each tool's own name, with the full names of the tools that have it (every server's
+        that has listed its tools, ready now or not)."""
+        servers = self.servers.status() if self.servers is not None else []
+        listed: dict[str, list[str]] = {}
+        for tool in [*self.built_in.values(), *(tool for status in servers for tool in status.tools)]:
+            listed.setdefault(tool.spec.listed_name or tool.spec.name, []).append(tool.spec.qualified_name)
+        return listed
+
     def is_on(self, tool: Tool) -> bool:
-        name = tool.spec.name
-        if name in self.on or name in self.off:
-            return name in self.on
+        for name in (tool.spec.qualified_name, tool.spec.name):
+            if name in self.on or name in self.off:
+                return name in self.on
         return tool.spec.source != BUILT_IN and self.servers_on
 
     def missing(self) -> list[str]:
         """Names turned on that no tool has (a server that has not started, a misspelling)."""
-        known = {tool.spec.name for tool in self.known()}
-        return sorted(name for name in self.on if name not in known)
+        return sorted(name for name in self.on if name not in self._by_any_name())
 
     def switch(self, names: Iterable[str], on: bool) -> list[str]:
-        """Turn these tools on or off (`all`: every tool there is); the names switched.
-        A name that is no tool is refused (LlamaChatError, nothing changed)."""
-        known = {tool.spec.name: tool for tool in self.known()}
+        """Turn these tools on or off (`all`: every tool there is); the names switched. A
+        tool stays switched by its full name, whatever it is offered by later. A name that
+        is no tool is refused (LlamaChatError, nothing changed)."""
+        known = self._by_any_name()
         names = list(names)
-        chosen = list(known) if ALL in names else names
+        chosen = [tool.spec.name for tool in self.known()] if ALL in names else names
         unknown = [name for name in chosen if name not in known]
         if unknown:
-            listed = ", ".join(known) or "none yet"
+            listed = ", ".join(tool.spec.name for tool in self.known()) or "none yet"
             raise LlamaChatError(f"there is no tool named {', '.join(unknown)}: the tools are {listed}")
         for name in chosen:
-            (self.on if on else self.off).add(name)
-            (self.off if on else self.on).discard(name)
+            switched = {name, known[name].spec.qualified_name}
+            (self.on if on else self.off).add(known[name].spec.qualified_name)
+            (self.off if on else self.on).difference_update(switched)
         return chosen
+
+    def _by_any_name(self) -> dict[str, Tool]:
+        """The tools there are now by the names they are offered by and by their full names."""
+        return {name: tool for tool in self.known() for name in (tool.spec.name, tool.spec.qualified_name)}
 
     def notices(self) -> list[str]:
         """What the servers had to say since last asked (one line each)."""
