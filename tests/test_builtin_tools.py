@@ -576,3 +576,16 @@ def test_a_command_gets_no_secrets_from_the_chats_environment(work, monkeypatch)
     for name in ("PATH", "HOME", "LANG", "LC_TIME", "TZ"):  # where things are, and how to write them
         assert given[name] == os.environ[name]
 
+
+def test_tool_env_passes_the_variables_it_names(work, monkeypatch, tmp_path):
+    from llama_chat.cli.chat import chat_parser
+    from llama_chat.cli.tool_options import tool_use_from
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(work)
+    no_servers = tmp_path / "mcp.json"
+    no_servers.write_text('{"mcpServers": {}}')
+    options = chat_parser().parse_args(["--tools", "--tool-env", "HF_TOKEN", "--mcp-config", str(no_servers)])
+    given = _environment_of_a_command(tool_use_from(options).toolbox.built_in["run_command"])
+    assert given["HF_TOKEN"] == SECRETS["HF_TOKEN"] and "OPENAI_API_KEY" not in given
