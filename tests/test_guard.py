@@ -12,7 +12,7 @@ import time
 import pytest
 
 from llama_chat.tools.folders import Folders
-from llama_chat.tools.guard import CANNOT_START, guarded
+from llama_chat.tools.guard import CANNOT_START, children, guarded, state
 from llama_chat.tools.shell_tool import RunCommand
 from llama_chat.tools.tool import ToolResult
 
@@ -55,6 +55,10 @@ AGAINST_THE_GUARD = {
 
 def _detaching(marker: str, way: str, then: str) -> str:
     return f"export {MARK}={marker}\n{(DETACHING | AGAINST_THE_GUARD)[way]}\n{DETACHED}\n{then}"
+
+
+def _zombie_children() -> list[int]:
+    return [pid for pid in children(os.getpid()) if state(pid) == "Z"]
 
 
 def _wait_for_line(stream) -> str:
@@ -140,11 +144,13 @@ ENDINGS = {"ends": "echo done", "runs on": "exec sleep 300"}
 @pytest.mark.parametrize("way", [*DETACHING, *AGAINST_THE_GUARD])
 def test_nothing_a_command_starts_outlives_its_call(tmp_path, marker, way, ending):
     run = RunCommand(Folders(tmp_path), seconds=LIMIT)
+    zombies = _zombie_children()
     started = time.monotonic()
     result = run.run({"command": _detaching(marker, way, ENDINGS[ending])})
     took = time.monotonic() - started
     assert wait_until(lambda: not marked(marker), WITH_THE_CHAT_SECONDS), (result, marked(marker))
     assert took < LIMIT + 2.0, result  # the limit held, with the moment ending it takes
+    assert _zombie_children() == zombies  # what came to this process (a killed guard's) is collected
     if way in DETACHING:  # one against its guard is ended at once (below)
         assert result == (ToolResult("done\n[exit status 0]") if ending == "ends" else ToolResult(
             f"[stopped after {LIMIT:g} s, the time limit for a command, with all it started: make it quicker, "

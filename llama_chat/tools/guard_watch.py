@@ -58,9 +58,10 @@ class GuardedCommand:
         """Kill the guard and every process of the command's still running, and collect them."""
         killed_guard = self.process.poll() is not None and self.process.returncode < 0
         roots = [pid for pid in children(os.getpid()) if self._ours(pid, killed_guard)]
-        killed = kill_trees(roots)
+        ended = {pid for root in roots for pid in (root, *descendants(root))}  # those that ended by themselves too
+        ended |= set(kill_trees(roots))
         self.process.wait()
-        self._collect([pid for pid in killed if pid != self.process.pid])
+        self._collect(ended - {self.process.pid})
         set_subreaper(False)
 
     def _ours(self, pid: int, killed_guard: bool) -> bool:
@@ -79,10 +80,10 @@ class GuardedCommand:
         except OSError:  # gone, or not the user's to read
             return False
 
-    def _collect(self, killed: list[int]) -> None:
-        """Collect the processes killed that are the chat's now (orphaned while it was a
+    def _collect(self, ended: set[int]) -> None:
+        """Collect the command's processes that are the chat's now (orphaned while it was a
         subreaper), each once it is gone."""
-        left = set(killed)
+        left = set(ended)
         deadline = time.monotonic() + _COLLECT_SECONDS
         while left and time.monotonic() < deadline:
             for pid in list(left):
