@@ -165,7 +165,11 @@ def child_environment(**variables: str) -> dict[str, str]:
 def tool_environment(passed: Iterable[str] = (), environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment a tool's process starts with: TOOL_VARIABLES and the locale's
     variables where set, and the variables named in `passed` where set."""
-    kept = {name: value for name, value in environ.items()
-            if (name in TOOL_VARIABLES or name.startswith(TOOL_VARIABLE_PREFIXES))
-            and not value.startswith("()")}  # a shell function handed down, the way Shellshock came in
+    # A value like "() {" is a shell function handed down, the way Shellshock came in.
+    kept = {name: value for name, value in environ.items() if is_tool_variable(name) and not value.startswith("()")}
     return kept | {name: environ[name] for name in passed if name in environ}
+
+
+def is_tool_variable(name: str) -> bool:
+    """Whether every tool's process gets variable `name` (where it is set)."""
+    return name in TOOL_VARIABLES or name.startswith(TOOL_VARIABLE_PREFIXES)

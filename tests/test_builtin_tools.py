@@ -571,8 +571,11 @@ def _environment_of_a_command(run: Tool) -> dict[str, str]:
 def test_a_command_gets_no_secrets_from_the_chats_environment(work, monkeypatch):
     for name, value in {**SECRETS, "LANG": "C.UTF-8", "LC_TIME": "C", "TZ": "UTC"}.items():
         monkeypatch.setenv(name, value)
-    given = _environment_of_a_command(RunCommand(Folders(work)))
+    run = RunCommand(Folders(work))
+    given = _environment_of_a_command(run)
     assert not set(SECRETS) & set(given)
+    assert run.spec.description.endswith("Its environment holds PATH, HOME, the locale and the like, none of the "
+                                         "user's keys or tokens.")
     for name in ("PATH", "HOME", "LANG", "LC_TIME", "TZ"):  # where things are, and how to write them
         assert given[name] == os.environ[name]
 
@@ -587,5 +590,8 @@ def test_tool_env_passes_the_variables_it_names(work, monkeypatch, tmp_path):
     no_servers = tmp_path / "mcp.json"
     no_servers.write_text('{"mcpServers": {}}')
     options = chat_parser().parse_args(["--tools", "--tool-env", "HF_TOKEN", "--mcp-config", str(no_servers)])
-    given = _environment_of_a_command(tool_use_from(options).toolbox.built_in["run_command"])
+    run = tool_use_from(options).toolbox.built_in["run_command"]
+    given = _environment_of_a_command(run)
     assert given["HF_TOKEN"] == SECRETS["HF_TOKEN"] and "OPENAI_API_KEY" not in given
+    assert run.spec.description.endswith("Its environment holds PATH, HOME, the locale and the like, and HF_TOKEN "
+                                         "(passed by the user); none of the user's other keys or tokens.")

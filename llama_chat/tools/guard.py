@@ -159,7 +159,7 @@ def _end_all_below() -> None:
             return
         if not killed and not collected:
             return  # only processes the user may not signal are left
-        time.sleep(0.001)  # for those killed to go
+        time.sleep(0.01)  # for those killed to go
 
 
 def main(arguments: list[str]) -> int:

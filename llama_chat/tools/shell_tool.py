@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from llama_chat.environment import tool_environment
+from llama_chat.environment import is_tool_variable, tool_environment
 from llama_chat.tools.checks import Refused, check_arguments, refusal_of
 from llama_chat.tools.folders import Folders
 from llama_chat.tools.guard_watch import GuardedCommand
@@ -48,7 +48,7 @@ class RunCommand:
                 f"(standard output and errors together) and exit status. The user says yes to each command first. "
                 f"It is stopped, with everything it started, after {seconds:g} seconds or once its output passes "
                 f"{_size(output_bytes)}; nothing it starts goes on after it ends, in the background or detached. "
-                f"Its environment holds PATH, HOME, the locale and the like, not the user's keys or tokens."
+                f"{_environment_note(self.environment)}"
             ),
             parameters={
                 "type": "object",
@@ -143,6 +143,16 @@ def _read(descriptor: int) -> bytes | None:
         return os.read(descriptor, _CHUNK)
     except BlockingIOError:
         return None
+
+
+def _environment_note(environment: Mapping[str, str]) -> str:
+    """What the description says of a command's environment: the variables the user passed
+    by name, besides those every tool's process gets."""
+    passed = sorted(name for name in environment if not is_tool_variable(name))
+    if not passed:
+        return "Its environment holds PATH, HOME, the locale and the like, none of the user's keys or tokens."
+    return (f"Its environment holds PATH, HOME, the locale and the like, and {', '.join(passed)} (passed by the "
+            "user); none of the user's other keys or tokens.")
 
 
 def _size(count: int) -> str:
