@@ -9,7 +9,7 @@ and passes the values down; the modules below never look.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,6 +32,13 @@ LEADER = "LLAMA_CHAT_LEADER"
 # The kernel library this process loaded, handed to its children (the decode step's
 # compiler): they load the same file, even where the sources on disk have changed since.
 LOADED_LIBRARY = "LLAMA_CHAT_KERNELS_LIBRARY"
+
+# The variables a tool's process (a command run_command runs, an MCP server) gets from the
+# chat's environment: where things are, who the user is, how to write text and times; never
+# a key, a token or a password. The shell sets PWD itself. --tool-env passes others by name.
+TOOL_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                  "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+TOOL_VARIABLE_PREFIXES = ("LC_",)  # the locale's parts: LC_ALL, LC_CTYPE, LC_TIME, ...
 
 # Variables this process hands to every child it starts (child_environment), set as it runs.
 _handed_down: dict[str, str] = {}
@@ -157,3 +164,16 @@ def child_environment(**variables: str) -> dict[str, str]:
     """The environment a child process starts with: this one's, what this process hands
     down (the kernel library it loaded), and `variables`."""
     return {**os.environ, **_handed_down, **variables}
+
+
+def tool_environment(passed: Iterable[str] = (), environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment a tool's process starts with: TOOL_VARIABLES and the locale's
+    variables where set, and the variables named in `passed` where set."""
+    # A value like "() {" is a shell function handed down, the way Shellshock came in.
+    kept = {name: value for name, value in environ.items() if is_tool_variable(name) and not value.startswith("()")}
+    return kept | {name: environ[name] for name in passed if name in environ}
+
+
+def is_tool_variable(name: str) -> bool:
+    """Whether every tool's process gets variable `name` (where it is set)."""
+    return name in TOOL_VARIABLES or name.startswith(TOOL_VARIABLE_PREFIXES)

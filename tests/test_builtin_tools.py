@@ -21,7 +21,9 @@ from llama_chat.tools.folders import Folders
 from llama_chat.tools.shell_tool import RunCommand
 from llama_chat.tools.tool import BUILT_IN, Tool, ToolResult
 
+from .processes import MARK, marked, marker  # noqa: F401  (marker: a fixture)
 from .signals import ctrl_c_raises
+from .waiting import wait_until
 
 NAMES = ["read_file", "list_directory", "search_files", "write_file", "edit_file", "run_command"]
 FIND = "list_directory or search_files finds the right name"
@@ -504,26 +506,21 @@ def test_run_command_gives_the_output_and_exit_status(work, tools):
     assert refused_both_ways(run, {"command": "  "}) == "run_command: the command is empty: give a command line"
 
 
-def test_a_command_past_its_time_is_ended_with_all_it_started(work):
+def test_a_command_past_its_time_is_ended_with_all_it_started(work, marker):
     run = RunCommand(Folders(work), seconds=2)
-    result = run.run({"command": "sleep 300 & echo $$ $!; exec sleep 301"})
-    shell, sleeper = map(int, result.text.split("\n")[0].split())
-    assert result == ToolResult(f"{shell} {sleeper}\n[stopped after 2 s, the time limit for a command, with all it "
-                                "started: make it quicker, or ask the user to run it]", is_error=True)
-    assert _gone(shell) and _gone(sleeper)
+    result = run.run({"command": f"export {MARK}={marker}; sleep 300 & exec sleep 301"})
+    assert result == ToolResult("[stopped after 2 s, the time limit for a command, with all it started: make it "
+                                "quicker, or ask the user to run it]", is_error=True)
+    assert wait_until(lambda: not marked(marker))
 
 
-def test_a_command_past_its_output_cap_is_ended_with_all_it_started(work):
+def test_a_command_past_its_output_cap_is_ended_with_all_it_started(work, marker):
     run = RunCommand(Folders(work), output_bytes=1000)
-    result = run.run({"command": "sleep 300 & echo $$ $!; exec yes"})
-    first = result.text.split("\n", 1)[0]
-    shell, sleeper = map(int, first.split())
-    left = 1000 - len(first) - 1  # the first 1000 bytes: the pids' line, then as much of yes's output as fits
-    kept = "y\n" * (left // 2) + ("y\n" if left % 2 else "")  # a line cut short ends on a line break
-    assert result == ToolResult(f"{first}\n{kept}[stopped once its output passed 1,000 bytes, the most a command "
-                                "may give, with all it started; its first output is above: make it give less (pipe "
-                                "it through head or grep, say)]", is_error=True)
-    assert _gone(shell) and _gone(sleeper)
+    result = run.run({"command": f"export {MARK}={marker}; sleep 300 & exec yes"})
+    assert result == ToolResult("y\n" * 500 + "[stopped once its output passed 1,000 bytes, the most a command may "
+                                "give, with all it started; its first output is above: make it give less (pipe it "
+                                "through head or grep, say)]", is_error=True)
+    assert wait_until(lambda: not marked(marker))
 
 
 def test_ctrl_c_ends_the_command_with_all_it_started(work):
@@ -556,9 +553,46 @@ def test_ctrl_c_ends_the_command_with_all_it_started(work):
     assert not _running(shell) and not _running(sleeper)
 
 
-def test_a_command_that_ends_leaves_nothing_running(work, tools):
+def test_a_command_that_ends_leaves_nothing_running(work, tools, marker):
     """What a command starts in the background ends with it, and the run does not wait for it."""
-    result = tools["run_command"].run({"command": "sleep 300 & echo $!"})
-    sleeper = int(result.text.split("\n")[0])
-    assert result == ToolResult(f"{sleeper}\n[exit status 0]")
-    assert _gone(sleeper)
+    result = tools["run_command"].run({"command": f"export {MARK}={marker}; sleep 300 &"})
+    assert result == ToolResult("[exit status 0, no output]")
+    assert wait_until(lambda: not marked(marker))
+
+
+SECRETS = {"OPENAI_API_KEY": "sk-not-for-commands", "HF_TOKEN": "hf_not_for_commands"}
+
+
+def _environment_of_a_command(run: Tool) -> dict[str, str]:
+    result = run.run({"command": "env"})
+    assert result.text.endswith("[exit status 0]"), result
+    return dict(line.split("=", 1) for line in result.text.splitlines()[:-1])
+
+
+def test_a_command_gets_no_secrets_from_the_chats_environment(work, monkeypatch):
+    for name, value in {**SECRETS, "LANG": "C.UTF-8", "LC_TIME": "C", "TZ": "UTC"}.items():
+        monkeypatch.setenv(name, value)
+    run = RunCommand(Folders(work))
+    given = _environment_of_a_command(run)
+    assert not set(SECRETS) & set(given)
+    assert run.spec.description.endswith("Its environment holds PATH, HOME, the locale and the like, none of the "
+                                         "user's keys or tokens.")
+    for name in ("PATH", "HOME", "LANG", "LC_TIME", "TZ"):  # where things are, and how to write them
+        assert given[name] == os.environ[name]
+
+
+def test_tool_env_passes_the_variables_it_names(work, monkeypatch, tmp_path):
+    from llama_chat.cli.chat import chat_parser
+    from llama_chat.cli.tool_options import tool_use_from
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(work)
+    no_servers = tmp_path / "mcp.json"
+    no_servers.write_text('{"mcpServers": {}}')
+    options = chat_parser().parse_args(["--tools", "--tool-env", "HF_TOKEN", "--mcp-config", str(no_servers)])
+    run = tool_use_from(options).toolbox.built_in["run_command"]
+    given = _environment_of_a_command(run)
+    assert given["HF_TOKEN"] == SECRETS["HF_TOKEN"] and "OPENAI_API_KEY" not in given
+    assert run.spec.description.endswith("Its environment holds PATH, HOME, the locale and the like, and HF_TOKEN "
+                                         "(passed by the user); none of the user's other keys or tokens.")

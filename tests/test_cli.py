@@ -96,6 +96,8 @@ def test_raw_is_plain_completion(loads, capsys):
     (["--raw"], "--raw needs a prompt"),
     (["--lookup", "some", "-p", "x"], "--lookup takes auto or a number of tokens (0: off), not 'some'"),
     (["--tp", "2", "--device", "cuda", "-p", "x"], "--tp runs on the cpu (gloo), not on cuda"),
+    (["--tool-env", "HF_TOKEN,OPENAI_API_KEY=sk", "-p", "x"],
+     "--tool-env: 'OPENAI_API_KEY=sk' is not the name of a variable: give names such as HF_TOKEN"),
 ])
 def test_bad_usage_exits_2_with_one_line_before_loading(loads, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(sys, "stdin", FakeTerminal())

@@ -250,7 +250,7 @@ def _server_processes() -> set[int]:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"llama_chat.tools.guard" in command:
+        if b"llama_chat/tools/guard.py" in command:
             found |= {pid} | _descendants(pid)
     return found
 

@@ -70,7 +70,7 @@ def servers_of(pid: int) -> list[int]:
     tasks = Path(f"/proc/{pid}/task").iterdir()
     children = [child for task in tasks for child in (task / "children").read_text().split()]
     return [int(child) for child in children
-            if b"llama_chat.tools.guard" in Path(f"/proc/{child}/cmdline").read_bytes()]
+            if b"llama_chat/tools/guard.py" in Path(f"/proc/{child}/cmdline").read_bytes()]
 
 
 def test_the_chat_asks_runs_on_yes_tells_the_model_of_no_and_leaves_nothing(setup):

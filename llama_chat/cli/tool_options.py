@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from llama_chat.chat.consent import ALL, Consent, allowed_ahead
 from llama_chat.chat.tool_offer import MAX_CALLS
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import finite_float
+from llama_chat.environment import tool_environment
 from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.paths import expanded, mcp_config_path
 from llama_chat.tools.built_in import built_in_tools
@@ -18,6 +20,7 @@ from llama_chat.tools.folders import Folders
 from llama_chat.tools.toolbox import ToolBox
 
 TOOL_SECONDS = 30.0
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +36,9 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
                        f"(default: {mcp_config_path()}, where it exists)")
     tools.add_argument("--tool-folder", action="append", metavar="DIR",
                        help="a folder the file tools may use besides the working folder; repeatable")
+    tools.add_argument("--tool-env", action="append", metavar="NAME,...",
+                       help="give run_command's commands these variables of llama-chat's environment too (they "
+                       "get PATH, HOME, the locale and the like, and no key or token unless named here); repeatable")
     tools.add_argument("--tool-timeout", type=finite_float, default=TOOL_SECONDS, metavar="SECONDS",
                        help="how long a tool call may run: a command, an MCP server's answer "
                        f"(default: {TOOL_SECONDS:g})")
@@ -54,7 +60,8 @@ def tool_use_from(options: argparse.Namespace) -> ToolUse:
         folders = Folders(os.getcwd(), options.tool_folder or [])
     except LlamaChatError as error:
         raise UsageError(f"--tool-folder: {error}") from None
-    built_in = built_in_tools(folders, command_seconds=options.tool_timeout)
+    built_in = built_in_tools(folders, command_seconds=options.tool_timeout,
+                              command_environment=tool_environment(_variable_names(options.tool_env or [])))
     toolbox = ToolBox(built_in, _servers(options, [tool.spec.name for tool in built_in]))
     if options.tools:
         names = _names(options.tools)
@@ -87,6 +94,15 @@ def _servers(options: argparse.Namespace, reserved: list[str]):
     if not configs:
         return None
     return McpServers(configs, timeout_seconds=options.tool_timeout, reserved_names=reserved)
+
+
+def _variable_names(given: list[str]) -> list[str]:
+    names = [name for text in given for name in _names(text)]
+    for name in names:
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise UsageError(f"--tool-env: {name!r} is not the name of a variable: give names such as HF_TOKEN "
+                             "(each takes its value from llama-chat's environment)")
+    return names
 
 
 def _names(text: str) -> list[str]:

@@ -3,6 +3,8 @@ the shell tool, run in the working folder."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from llama_chat.tools.edit_tools import EditFile, WriteFile
 from llama_chat.tools.folders import Folders
 from llama_chat.tools.read_tools import ListDirectory, ReadFile
@@ -11,11 +13,12 @@ from llama_chat.tools.shell_tool import OUTPUT_BYTES, SECONDS, RunCommand
 from llama_chat.tools.tool import Tool
 
 
-def built_in_tools(folders: Folders, command_seconds: float = SECONDS,
-                   command_output_bytes: int = OUTPUT_BYTES) -> list[Tool]:
-    """The built-in tools, over `folders`; a command runs for at most `command_seconds` and
-    gives at most `command_output_bytes` of output."""
+def built_in_tools(folders: Folders, command_seconds: float = SECONDS, command_output_bytes: int = OUTPUT_BYTES,
+                   command_environment: Mapping[str, str] | None = None) -> list[Tool]:
+    """The built-in tools, over `folders`; a command runs for at most `command_seconds`,
+    gives at most `command_output_bytes` of output and gets `command_environment` (by
+    default environment.tool_environment())."""
     return [
         ReadFile(folders), ListDirectory(folders), SearchFiles(folders), WriteFile(folders), EditFile(folders),
-        RunCommand(folders, command_seconds, command_output_bytes),
+        RunCommand(folders, command_seconds, command_output_bytes, command_environment),
     ]

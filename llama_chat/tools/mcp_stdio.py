@@ -22,9 +22,9 @@ import mcp_types as types
 from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client._transport import TransportStreams
-from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from llama_chat.environment import tool_environment
 from llama_chat.tools.guard import guarded
 from llama_chat.tools.mcp_config import StdioServerConfig
 from llama_chat.tools.mcp_tools import printable
@@ -78,7 +78,7 @@ class StdioConnection:
             process = await anyio.open_process(
                 guarded([config.command, *config.args]),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=config.cwd, env=get_default_environment() | dict(config.env), start_new_session=True,
+                cwd=config.cwd, env=tool_environment() | dict(config.env), start_new_session=True,
             )
         except OSError as error:  # the guard runs, so this is the folder (or the machine out of processes)
             where = "" if config.cwd is None else f" in {config.cwd}"
