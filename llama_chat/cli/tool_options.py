@@ -34,7 +34,7 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
     tools.add_argument("--tool-folder", action="append", metavar="DIR",
                        help="a folder the file tools may use besides the working folder; repeatable")
     tools.add_argument("--tool-timeout", type=finite_float, default=TOOL_SECONDS, metavar="SECONDS",
-                       help="how long a tool call may run: a command, an MCP server's answer "
+                       help="how long a tool call may run: a command, a file tool's work, an MCP server's answer "
                        f"(default: {TOOL_SECONDS:g})")
     tools.add_argument("--max-tool-calls", type=int, default=MAX_CALLS, metavar="N",
                        help=f"tool calls one reply may make (default: {MAX_CALLS})")
@@ -54,7 +54,7 @@ def tool_use_from(options: argparse.Namespace) -> ToolUse:
         folders = Folders(os.getcwd(), options.tool_folder or [])
     except LlamaChatError as error:
         raise UsageError(f"--tool-folder: {error}") from None
-    built_in = built_in_tools(folders, command_seconds=options.tool_timeout)
+    built_in = built_in_tools(folders, options.tool_timeout)
     toolbox = ToolBox(built_in, _servers(options, [tool.spec.name for tool in built_in]))
     if options.tools:
         names = _names(options.tools)

@@ -11,11 +11,11 @@ from llama_chat.tools.shell_tool import OUTPUT_BYTES, SECONDS, RunCommand
 from llama_chat.tools.tool import Tool
 
 
-def built_in_tools(folders: Folders, command_seconds: float = SECONDS,
-                   command_output_bytes: int = OUTPUT_BYTES) -> list[Tool]:
-    """The built-in tools, over `folders`; a command runs for at most `command_seconds` and
+def built_in_tools(folders: Folders, seconds: float = SECONDS, command_output_bytes: int = OUTPUT_BYTES) -> list[Tool]:
+    """The built-in tools, over `folders`; a call runs for at most `seconds`, and a command
     gives at most `command_output_bytes` of output."""
     return [
-        ReadFile(folders), ListDirectory(folders), SearchFiles(folders), WriteFile(folders), EditFile(folders),
-        RunCommand(folders, command_seconds, command_output_bytes),
+        ReadFile(folders, seconds), ListDirectory(folders, seconds), SearchFiles(folders, seconds),
+        WriteFile(folders, seconds), EditFile(folders, seconds),
+        RunCommand(folders, seconds, command_output_bytes),
     ]
