@@ -667,16 +667,51 @@ def test_an_edit_made_impossible_since_it_was_asked_for_is_an_error_result(work,
     assert edit.run(arguments) == ToolResult(f"edit_file: a.py does not exist: {FIND}", is_error=True)
 
 
-# Files a rewrite must not change hands
+# Changes that could run code later, and files a rewrite must not change hands
 
 
-def test_the_command_line_sets_the_file_tools_time_limit(work, monkeypatch):
+GIT = "where git finds commands to run (hooks, and config such as core.fsmonitor)"
+
+
+@pytest.mark.parametrize("name, arguments, where", [
+    ("edit_file", {"path": ".git/config", "old_text": "[core]", "new_text": "[core]\n\tfsmonitor = touch run"},
+     f"is in .git, {GIT}"),
+    ("write_file", {"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\ntouch run\n"}, f"is in .git, {GIT}"),
+    ("write_file", {"path": "sub/.GIT/config", "content": ""}, f"is in .GIT, {GIT}"),
+    ("edit_file", {"path": "config-link", "old_text": "[core]", "new_text": "[alias]"}, f"is in .git, {GIT}"),
+    ("write_file", {"path": ".envrc", "content": "touch run\n"},
+     "is .envrc, a script direnv runs on entering its folder"),
+    ("write_file", {"path": ".direnv/bin/git", "content": ""},
+     "is in .direnv, where direnv keeps what .envrc puts on the PATH"),
+])
+def test_a_change_where_code_runs_from_is_refused(work, tools, name, arguments, where):
+    (work / ".git" / "hooks").mkdir(parents=True)
+    (work / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (work / "config-link").symlink_to(".git/config")
+    assert refused_both_ways(tools[name], arguments) == (
+        f"{name}: {arguments['path']} {where}, so a change there could run code later: the file tools change such "
+        "files only where llama-chat was started with --tool-write-hooks; ask the user to make this change")
+    assert (work / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
+    assert sorted(path.name for path in work.rglob("*")) == [".git", "config", "config-link", "hooks"]
+
+
+def test_the_user_can_let_the_tools_change_where_code_runs_from(work):
+    (work / ".git").mkdir()
+    (work / ".git" / "config").write_text("[core]\n")
+    tools = {tool.spec.name: tool for tool in built_in_tools(Folders(work), write_hooks=True)}
+    assert tools["edit_file"].run({"path": ".git/config", "old_text": "[core]", "new_text": "[core]\n\tx = 1"}) == (
+        ToolResult("edited .git/config at line 1"))
+    assert (work / ".git" / "config").read_text() == "[core]\n\tx = 1\n"
+
+
+def test_the_command_line_sets_the_file_tools_time_limit_and_what_they_may_change(work, monkeypatch):
     parser = argparse.ArgumentParser()
     add_tool_arguments(parser)
     monkeypatch.chdir(work)
-    for flags, seconds in ((["--tools", "--tool-timeout", "7"], 7), (["--tools"], 30)):
+    for flags, write_hooks in ((["--tools", "--tool-timeout", "7"], False), (["--tools", "--tool-write-hooks"], True)):
         tools = tool_use_from(parser.parse_args(flags)).toolbox.built_in
-        assert [tools[name].seconds for name in NAMES] == [seconds] * len(NAMES)
+        assert [tools[name].seconds for name in NAMES] == [7 if "7" in flags else 30] * len(NAMES)
+        assert tools["write_file"].write_hooks is tools["edit_file"].write_hooks is write_hooks
 
 
 def test_a_rewrite_keeps_the_mode_less_setuid_and_setgid(work, tools):

@@ -11,11 +11,13 @@ from llama_chat.tools.shell_tool import OUTPUT_BYTES, SECONDS, RunCommand
 from llama_chat.tools.tool import Tool
 
 
-def built_in_tools(folders: Folders, seconds: float = SECONDS, command_output_bytes: int = OUTPUT_BYTES) -> list[Tool]:
-    """The built-in tools, over `folders`; a call runs for at most `seconds`, and a command
-    gives at most `command_output_bytes` of output."""
+def built_in_tools(folders: Folders, seconds: float = SECONDS, command_output_bytes: int = OUTPUT_BYTES,
+                   write_hooks: bool = False) -> list[Tool]:
+    """The built-in tools, over `folders`; a call runs for at most `seconds`, a command gives
+    at most `command_output_bytes` of output, and files other programs run code from are
+    changed only where `write_hooks` says so."""
     return [
         ReadFile(folders, seconds), ListDirectory(folders, seconds), SearchFiles(folders, seconds),
-        WriteFile(folders, seconds), EditFile(folders, seconds),
+        WriteFile(folders, seconds, write_hooks), EditFile(folders, seconds, write_hooks),
         RunCommand(folders, seconds, command_output_bytes),
     ]

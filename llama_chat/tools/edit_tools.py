@@ -2,8 +2,9 @@
 of a file's text replaced). Each shows the user its change as a unified diff before it is
 made, and makes it all at once.
 
-A change to a file that is read-only or another user's is refused (a rewrite would make it
-writable, or the chat user's).
+A change is refused where other programs run code from (places.RUNS_CODE: .git, .envrc
+and the like) unless the user allowed it when starting the chat, and so is one to a file
+that is read-only or another user's (a rewrite would make it writable, or the chat user's).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 from llama_chat.text.undecodable import has_undecodable
 from llama_chat.tools.checks import Refused, check_arguments
 from llama_chat.tools.file_changes import Replaced, lines_of, unified_diff, write_atomically
-from llama_chat.tools.folders import Place
-from llama_chat.tools.places import Call, FileTool, existing_file, file_to_write
+from llama_chat.tools.folders import Folders, Place
+from llama_chat.tools.places import Call, FileTool, existing_file, file_to_write, refuse_code_place
 from llama_chat.tools.text_files import NotText, TooLarge, error_reason, open_regular, read_text
+from llama_chat.tools.time_limit import SECONDS
 from llama_chat.tools.tool import ToolResult, ToolSpec
 
 MAX_CHANGED_BYTES = 8 << 20  # a larger file is not read to be changed (its diff would be no use to read)
@@ -34,7 +36,17 @@ class _Old:
 
 
 class _ChangingTool(FileTool):
-    """A file tool that changes files."""
+    """A file tool that changes files; `write_hooks`: also where other programs run code from."""
+
+    def __init__(self, folders: Folders, seconds: float = SECONDS, write_hooks: bool = False) -> None:
+        super().__init__(folders, seconds)
+        self.write_hooks = write_hooks
+
+    def _changed(self, place: Place) -> Place:
+        """`place`, refused where a change there could run code later (unless allowed)."""
+        if not self.write_hooks:
+            refuse_code_place(self.spec.name, place)
+        return place
 
     def _write(self, place: Place, text: str, old: _Old | None) -> str | None:
         """Make the change; None where it was made, else the line saying why not."""
@@ -95,6 +107,7 @@ class WriteFile(_ChangingTool):
         given = arguments["path"]
         _refuse_undecodable("write_file", "content", arguments["content"])
         place, exists = file_to_write(self.folders, "write_file", given)
+        self._changed(place)
         return place, _old_of(place, "write_file", given) if exists else None
 
 
@@ -144,7 +157,7 @@ class EditFile(_ChangingTool):
         _refuse_undecodable("edit_file", "new_text", new_text)
         if old_text == new_text:
             raise Refused("edit_file: old_text and new_text are the same, so nothing would change: give the new text")
-        place = existing_file(self.folders, "edit_file", given)
+        place = self._changed(existing_file(self.folders, "edit_file", given))
         old = _old_of(place, "edit_file", given)
         text = old.text
         found = _occurrences(text, old_text)

@@ -1,6 +1,6 @@
 """A path a file tool was given, checked before anyone is asked: inside the folders the
 tools may use, and naming what the tool needs there (a file to read, a folder to look in,
-a place a file can be written); and what every
+a place a file can be written, and no place other programs run code from); and what every
 file tool shares: a call's time limit, and what it opened, closed when the call ends."""
 
 from __future__ import annotations
@@ -17,6 +17,17 @@ from llama_chat.tools.time_limit import SECONDS, TimeLimit
 from llama_chat.tools.tool import ToolResult, ToolSpec
 
 FIND_IT = "list_directory or search_files finds the right name"
+WRITE_HOOKS = "--tool-write-hooks"  # how the user lets the tools write where code is run from
+# Names in a path that make a file one that other programs run, or take what to run from,
+# without being asked to by name (a `git status`, a `cd`), with why (compared casefolded).
+RUNS_CODE = {
+    ".git": "where git finds commands to run (hooks, and config such as core.fsmonitor)",
+    ".hg": "where Mercurial finds hooks to run",
+    ".envrc": "a script direnv runs on entering its folder",
+    ".direnv": "where direnv keeps what .envrc puts on the PATH",
+    **dict.fromkeys((".bashrc", ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zshenv", ".zprofile",
+                     ".zlogin"), "a script the shell runs when it starts"),
+}
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,18 @@ def file_to_write(folders: Folders, tool: str, given: str) -> tuple[Place, bool]
     if kind != FILE:
         raise Refused(f"{tool}: {given} is not a regular file (a pipe, socket or device): give another path")
     return place, True
+
+
+def refuse_code_place(tool: str, place: Place) -> None:
+    """Refuse a write where other programs would run what is written (RUNS_CODE)."""
+    parts = place.path.parts
+    for number, name in enumerate(parts):
+        why = RUNS_CODE.get(name.casefold())
+        if why is not None:
+            where = name if number == len(parts) - 1 else f"in {name}"
+            raise Refused(f"{tool}: {place.given} is {where}, {why}, so a change there could run code later: the "
+                          f"file tools change such files only where llama-chat was started with {WRITE_HOOKS}; ask "
+                          "the user to make this change")
 
 
 def _kind(tool: str, place: Place) -> str:
