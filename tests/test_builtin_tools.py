@@ -255,10 +255,13 @@ def swap_race(work: Path, folders: Folders, seconds: float = RACE_SECONDS) -> di
 
 @pytest.mark.parametrize("openat2", [pytest.param(None, id="kernel"), pytest.param(False, id="walk")])
 def test_a_folder_swapped_for_a_link_never_leads_out(work, openat2):
-    """Nothing read from outside, nothing written outside, nothing raised, whichever way
-    paths are opened (the kernel's openat2 here, or the walk a name at a time)."""
+    """Nothing read from outside, nothing written outside, nothing raised, no descriptor left
+    open, whichever way paths are opened (the kernel's openat2 where it has it, or the walk a name
+    at a time)."""
     folders = Folders(work) if openat2 is None else Folders(work, openat2=openat2)
+    descriptors = set(os.listdir("/proc/self/fd"))
     results = swap_race(work, folders)
+    assert set(os.listdir("/proc/self/fd")) == descriptors  # every descriptor opened was closed
     texts = [result.text for kept in results.values() for result in kept]
     assert not [text for text in texts if "SECRET" in text or "only-elsewhere" in text]
     assert not [text for text in texts if text.startswith("the tool failed")]
@@ -529,6 +532,9 @@ def test_search_files_bounds_its_pattern_and_the_entries_it_looks_at(work, tools
     search = tools["search_files"]
     assert refused_both_ways(search, {"pattern": "/".join(["*"] * 40)}) == (
         "search_files: the pattern has 40 parts (names and **), more than the 32 a pattern may have: give a "
+        "shorter one")
+    assert refused_both_ways(search, {"pattern": "**/" + "*a" * 200}) == (
+        "search_files: a part of the pattern is 400 characters long, longer than a name can be (255): give a "
         "shorter one")
     for number in range(100):
         (work / f"{number:03}.txt").write_text("")

@@ -13,6 +13,7 @@ was left out.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +35,7 @@ MAX_LINE_CHARS = 400  # a longer line is shown around the text found in it
 MAX_PARTS = 32  # the most names (and **) a pattern may have
 MAX_DEPTH = 32  # the most folders deep a walk goes below the folder searched
 MAX_LOOKED_AT = 100_000  # the most entries (files and folders) a search looks at
+MAX_NAME = 255  # the longest part of a pattern: the longest name a file can have
 _TOO_LARGE = f"over {MAX_SEARCHED_BYTES >> 20} MiB"
 _LINK = "link"  # an entry that is a link, for _Walk
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -51,7 +53,8 @@ class SearchFiles(FileTool):
             "the characters, ** any number of folders ('**/*.py': every Python file; 'src/*.js': the JavaScript "
             "files right in src). Without text, gives the paths that match; with it, a line 'path:line: text' for "
             "each line holding the text exactly (case and all). Binary files are skipped, and folders whose names "
-            f"start with a dot (.git, .venv) unless path is one. At most {MAX_MATCHES} results."
+            f"start with a dot (.git, .venv) unless the pattern names them or path is one. At most {MAX_MATCHES} "
+            f"results, {MAX_DEPTH} folders deep."
         ),
         parameters={
             "type": "object",
@@ -73,12 +76,13 @@ class SearchFiles(FileTool):
         pattern, text, where = arguments["pattern"], arguments.get("text"), self.folders.shown(start.path)
         nothing = f"[no file in {where} matches {pattern}]"
         walk = _Walk(self, start, parts, call.limit)
+        files = call.opened.enter_context(contextlib.closing(walk.files()))  # its folders closed with the call
         if text is None:
-            paths = [self._shown(start, names) for names, _ in islice(walk.files(), MAX_MATCHES + 1)]
+            paths = [self._shown(start, names) for names, _ in islice(files, MAX_MATCHES + 1)]
             return ToolResult(_listed(paths, "paths", nothing) + walk.notes())
         found: list[str] = []
         searched, passed_over = 0, {"binary": 0, _TOO_LARGE: 0, "unreadable": 0}
-        for names, opened in walk.files():
+        for names, opened in files:
             try:
                 with opened() as file:
                     lines = read_text(file, MAX_SEARCHED_BYTES).split("\n")
@@ -117,6 +121,10 @@ class SearchFiles(FileTool):
         if len(parts) > MAX_PARTS:
             raise Refused(f"search_files: the pattern has {len(parts)} parts (names and **), more than the "
                           f"{MAX_PARTS} a pattern may have: give a shorter one")
+        longest = max(map(len, parts))
+        if longest > MAX_NAME:
+            raise Refused(f"search_files: a part of the pattern is {longest} characters long, longer than a name can "
+                          f"be ({MAX_NAME}): give a shorter one")
         return folder, parts
 
 
@@ -159,6 +167,8 @@ class _Walk:
     def _in(self, folder: int, names: tuple[str, ...], states: frozenset[int]) -> Iterator[Found]:
         entries = self._entries(folder)
         for name, kind in entries:
+            if self._out_of_time():  # the entries looked at are given, but not past the time
+                return
             if kind in (FILE, _LINK) and len(self.parts) in _step(self.parts, states, name, is_folder=False):
                 opened = self._file(folder, (*names, name), kind == _LINK)
                 if opened is not None:
@@ -191,16 +201,20 @@ class _Walk:
             for entry in listing:
                 self.looked_at += 1
                 if self.looked_at > MAX_LOOKED_AT:
-                    self.stopped = f"it had looked at {MAX_LOOKED_AT:,} files and folders"
-                elif self.limit.passed():
-                    self.stopped = f"{self.limit.seconds:g} s passed, the time limit for a tool call"
-                if self.stopped:
+                    self.stopped = self.stopped or f"it had looked at {MAX_LOOKED_AT:,} files and folders"
+                if self.stopped or self._out_of_time():
                     break
                 try:
                     entries.append((entry.name, _kind(entry)))
                 except OSError:  # gone since it was listed
                     continue
         return sorted(entries)
+
+    def _out_of_time(self) -> bool:
+        if not self.limit.passed():
+            return False
+        self.stopped = self.stopped or f"{self.limit.seconds:g} s passed, the time limit for a tool call"
+        return True
 
     def _file(self, folder: int, names: tuple[str, ...], is_link: bool) -> Callable[[], io.BufferedReader] | None:
         """How to open the file an entry names; None where it is no regular file inside the
