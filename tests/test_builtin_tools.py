@@ -2,19 +2,28 @@
 in one line before anyone is asked, and a shell tool whose command, and all it started,
 ends however its run ends."""
 
+import argparse
 import os
 import select
+import shutil
 import signal
 import stat
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import jsonschema
 import llguidance
 import pytest
 
+from llama_chat.chat.exchange import Outcome
+from llama_chat.chat.tool_runner import ALL, Consent, ToolRunner
+from llama_chat.cli.tool_options import add_tool_arguments, tool_use_from
 from llama_chat.errors import LlamaChatError
-from llama_chat.tools import file_changes
+from llama_chat.text.tool_calls import ToolCall
+from llama_chat.tools import file_changes, read_tools, search_tool
 from llama_chat.tools.built_in import built_in_tools
 from llama_chat.tools.checks import Refused, check_arguments
 from llama_chat.tools.folders import Folders
@@ -45,6 +54,17 @@ def tools(work) -> dict:
 def outside_line(tool: str, given: str, folders: str, leads: str = "") -> str:
     return (f"{tool}: {given}{leads} is outside the folders the tools may use ({folders}, and folders the user "
             f"adds with /tools folder): ask for a path inside them")
+
+
+def within(seconds: float, work):
+    """What `work()` gives, run in a thread and waited for (its end, not a fixed time) up to a
+    generous `seconds`."""
+    given = []
+    thread = threading.Thread(target=lambda: given.append(work()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert given, f"still at work after {seconds} s"
+    return given[0]
 
 
 def refused_both_ways(tool, arguments) -> str:
@@ -155,6 +175,105 @@ def test_every_file_tool_is_confined(work, tools, name, arguments):
     assert (outside / "old.txt").read_text() == "old\n"
 
 
+# A folder swapped for a link while the tools use it
+
+RACE_SECONDS = 3.0  # how long the suite runs the race (the tools held 20 s of it too)
+INSIDE = {"sub/file.txt": "inside marker\n", "sub/edit.txt": "a marker\n"}
+ELSEWHERE = {"file.txt": "SECRET marker\n", "edit.txt": "a marker\n", "only-elsewhere.txt": "SECRET marker\n"}
+
+
+class AllowedView:
+    """A front end for calls allowed ahead: nothing is asked, results are kept."""
+
+    def show_call(self, call, tool, preview) -> None:
+        pass
+
+    def ask(self, call, tool):
+        raise AssertionError("a call allowed ahead was asked about")
+
+    def show_result(self, call, result) -> None:
+        pass
+
+
+def swap_race(work: Path, folders: Folders, seconds: float = RACE_SECONDS) -> dict[str, list]:
+    """Every file tool called through the runner, again and again, for `seconds` and until
+    each has worked at least once, while a thread swaps the folder sub for a link to a folder
+    outside and back as fast as it can; the results by tool."""
+    elsewhere = work.parent / "elsewhere"
+    elsewhere.mkdir()
+    for name, text in ELSEWHERE.items():
+        (elsewhere / name).write_text(text)
+    (work / "sub").mkdir()
+    for name, text in INSIDE.items():
+        (work / name).write_text(text)
+    (work / ".standby").symlink_to(elsewhere)
+    stop = threading.Event()
+
+    def put(source: Path, target: Path) -> None:
+        """`source` renamed `target`, where a write made a folder of that name while it was gone."""
+        while True:
+            try:
+                return os.rename(source, target)
+            except OSError:
+                shutil.rmtree(target, ignore_errors=True)
+
+    def swap() -> None:
+        sub, away, standby = work / "sub", work / ".away", work / ".standby"
+        while not stop.is_set():
+            os.rename(sub, away)
+            put(standby, sub)  # sub is a link out now
+            os.rename(sub, standby)
+            put(away, sub)
+
+    runner = ToolRunner(lambda: {tool.spec.name: tool for tool in built_in_tools(folders)},
+                        Consent(ahead=frozenset({ALL})), AllowedView())
+    calls = [
+        ToolCall("read_file", {"path": "sub/file.txt"}, "call00001"),
+        ToolCall("list_directory", {"path": "sub"}, "call00002"),
+        ToolCall("search_files", {"pattern": "sub/*.txt", "text": "marker"}, "call00003"),
+        ToolCall("write_file", {"path": "sub/new.txt", "content": "new marker\n"}, "call00004"),
+        ToolCall("write_file", {"path": "sub/deeper/new.txt", "content": "new marker\n"}, "call00005"),
+        ToolCall("edit_file", {"path": "sub/edit.txt", "old_text": "a marker", "new_text": "b marker"}, "call00006"),
+        ToolCall("edit_file", {"path": "sub/edit.txt", "old_text": "b marker", "new_text": "a marker"}, "call00007"),
+    ]
+    results: dict[str, list] = {call.name: [] for call in calls}
+    thread = threading.Thread(target=swap, daemon=True)
+    thread.start()
+    try:
+        end = time.monotonic() + seconds
+
+        def raced() -> bool:
+            for call in calls:
+                results[call.name].append(runner.run_call(call))
+            worked = all(any(result.outcome == Outcome.RAN for result in kept) for kept in results.values())
+            return time.monotonic() > end and worked
+
+        assert wait_until(raced, seconds + 60), "some tool never worked while the folder was swapped"
+    finally:
+        stop.set()
+        thread.join(10)
+    return results
+
+
+@pytest.mark.parametrize("openat2", [pytest.param(None, id="kernel"), pytest.param(False, id="walk")])
+def test_a_folder_swapped_for_a_link_never_leads_out(work, openat2):
+    """Nothing read from outside, nothing written outside, nothing raised, no descriptor left
+    open, whichever way paths are opened (the kernel's openat2 where it has it, or the walk a name
+    at a time)."""
+    folders = Folders(work) if openat2 is None else Folders(work, openat2=openat2)
+    descriptors = set(os.listdir("/proc/self/fd"))
+    results = swap_race(work, folders)
+    assert set(os.listdir("/proc/self/fd")) == descriptors  # every descriptor opened was closed
+    texts = [result.text for kept in results.values() for result in kept]
+    assert not [text for text in texts if "SECRET" in text or "only-elsewhere" in text]
+    assert not [text for text in texts if text.startswith("the tool failed")]
+    assert {path.name: path.read_text() for path in (work.parent / "elsewhere").iterdir()} == ELSEWHERE
+    assert sorted(path.name for path in work.parent.iterdir()) == ["elsewhere", "work"]
+    # what worked, worked inside
+    assert ToolResult("inside marker\n") in [ToolResult(result.text) for result in results["read_file"]]
+    assert sorted(path.name for path in work.iterdir()) == [".standby", "sub"]
+
+
 def test_a_link_inside_to_a_file_inside_is_followed(work, tools):
     (work / "real.txt").write_text("real\n")
     (work / "alias.txt").symlink_to("real.txt")
@@ -251,6 +370,43 @@ def test_a_line_longer_than_the_cap_is_given_in_part(work, tools):
     result = tools["read_file"].run({"path": "one.txt"})
     assert result == ToolResult("a" + "é" * 131_071 + "\n[line 1 of one.txt is longer than 256 KiB, the most "
                                 "read_file gives at a time; only its start is shown: read on with offset=2]")
+
+
+def test_a_read_past_the_text_of_a_huge_sparse_file_is_refused_as_binary_at_once(work, tools):
+    """20 GiB: 10,000 lines of text, then a hole (NUL bytes that take no disk). A read at an
+    offset past the text meets the NUL bytes and stops there, not 20 GiB later."""
+    big = work / "big.txt"
+    big.write_text("".join(f"line {number}\n" for number in range(1, 10_001)))
+    os.truncate(big, 20 << 30)
+    read = tools["read_file"]
+    assert read.refusal({"path": "big.txt"}) is None  # its start is text
+    assert within(60, lambda: read.run({"path": "big.txt", "offset": 20_000})) == ToolResult(
+        "read_file: big.txt is binary past its start (it holds NUL bytes, as a sparse or binary file does): "
+        "read_file reads text files only", is_error=True)
+    assert read.run({"path": "big.txt", "offset": 9_999, "limit": 2}) == ToolResult("line 9999\nline 10000\n")
+    assert within(60, lambda: read.run({"path": "big.txt", "offset": 9_999})).is_error  # the hole follows
+
+
+def test_read_file_goes_no_further_into_a_file_than_its_bound(work, tools, monkeypatch):
+    monkeypatch.setattr(read_tools, "MAX_PASSED_BYTES", 1 << 20)
+    (work / "log.txt").write_text(("x" * 99 + "\n") * 20_000)  # 2,000,000 bytes
+    read = tools["read_file"]
+    assert read.run({"path": "log.txt", "offset": 15_000}) == ToolResult(
+        "read_file: line 15000 of log.txt lies more than 1 MiB into it, further than read_file goes to find a line: "
+        "run_command can read there (tail or sed -n, say)", is_error=True)
+    assert read.run({"path": "log.txt", "offset": 10_000, "limit": 1}) == ToolResult("x" * 99 + "\n")
+
+
+def test_the_file_tools_stop_at_the_time_limit_for_a_call(work):
+    """A call's time limit is the one a command has (--tool-timeout); none at all here."""
+    (work / "a.txt").write_text("one\ntwo\n")
+    tools = {tool.spec.name: tool for tool in built_in_tools(Folders(work), 0)}
+    stopped = "stopped after 0 s, the time limit for a tool call: ask for less at a time"
+    assert tools["read_file"].run({"path": "a.txt", "offset": 2}) == ToolResult(f"read_file: {stopped}", is_error=True)
+    assert tools["list_directory"].run({}) == ToolResult(f"list_directory: {stopped}", is_error=True)
+    assert tools["search_files"].run({"pattern": "*.txt"}) == ToolResult(
+        "[no file in . matches *.txt]\n[the search stopped early, as 0 s passed, the time limit for a tool call: "
+        "what it found by then is above; narrow the pattern or the folder]")
 
 
 # list_directory
@@ -359,6 +515,47 @@ def test_search_files_refuses_a_pattern_out_of_its_folder(work, tools):
         "search_files: text must be on one line: search for one line of it")
 
 
+def test_a_costly_pattern_on_a_deep_tree_ends_within_its_bounds(work, tools):
+    """Nine ** between eight names, on a tree 100 folders deep where the last name fails to
+    match as often as it matches (every way to split a path among the ** tried, that costs
+    more than a lifetime): a pattern's cost is its parts times a path's names, and the walk
+    goes 32 folders deep at most, saying so."""
+    work.joinpath(*["d"] * 100).mkdir(parents=True)
+    for depth in range(101):
+        work.joinpath(*["d"] * depth, "x.txt").write_text("x\n")
+        work.joinpath(*["d"] * depth, "x.md").write_text("x\n")
+    pattern = "/".join(["**", "d"] * 8) + "/**/*.txt"
+    result = within(60, lambda: tools["search_files"].run({"pattern": pattern}))
+    assert result == ToolResult("\n".join("/".join(["d"] * depth + ["x.txt"]) for depth in range(8, 33))
+                                + "\n[1 folder more than 32 levels deep not searched: search from a deeper path]")
+
+
+def test_search_files_bounds_its_pattern_and_the_entries_it_looks_at(work, tools, monkeypatch):
+    search = tools["search_files"]
+    assert refused_both_ways(search, {"pattern": "/".join(["*"] * 40)}) == (
+        "search_files: the pattern has 40 parts (names and **), more than the 32 a pattern may have: give a "
+        "shorter one")
+    assert refused_both_ways(search, {"pattern": "**/" + "*a" * 200}) == (
+        "search_files: a part of the pattern is 400 characters long, longer than a name can be (255): give a "
+        "shorter one")
+    for number in range(100):
+        (work / f"{number:03}.txt").write_text("")
+    monkeypatch.setattr(search_tool, "MAX_LOOKED_AT", 50)
+    lines = search.run({"pattern": "*.txt"}).text.split("\n")
+    assert len(lines) == 51 and all(line.endswith(".txt") for line in lines[:50])
+    assert lines[50] == ("[the search stopped early, as it had looked at 50 files and folders: what it found by then "
+                         "is above; narrow the pattern or the folder]")
+
+
+def test_search_files_enters_a_dot_folder_a_pattern_names(work, tools):
+    (work / ".github" / "workflows").mkdir(parents=True)
+    (work / ".github" / "workflows" / "ci.yml").write_text("on: push\n")
+    search = tools["search_files"]
+    assert search.run({"pattern": "**/*.yml"}) == ToolResult("[no file in . matches **/*.yml]")
+    assert search.run({"pattern": ".github/**/*.yml"}) == ToolResult(".github/workflows/ci.yml")
+    assert search.run({"pattern": ".*/*/*.yml"}) == ToolResult(".github/workflows/ci.yml")
+
+
 # write_file
 
 
@@ -392,16 +589,21 @@ def test_write_file_writes_all_at_once(work, tools, monkeypatch):
     (work / "a.txt").write_text("old\n")
     replace, seen = os.replace, []
 
-    def watched(source, target):
-        seen.append((Path(source).parent, Path(source).read_text(), Path(target).read_text()))
-        replace(source, target)
+    def read_in(folder: int, name: str) -> str:
+        with os.fdopen(os.open(name, os.O_RDONLY, dir_fd=folder)) as file:
+            return file.read()
+
+    def watched(source, target, *, src_dir_fd, dst_dir_fd):
+        seen.append((os.path.samestat(os.fstat(src_dir_fd), work.stat()), src_dir_fd == dst_dir_fd,
+                     read_in(src_dir_fd, source), read_in(dst_dir_fd, target)))
+        replace(source, target, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(file_changes.os, "replace", watched)
     assert tools["write_file"].run({"path": "a.txt", "content": "new\n"}) == ToolResult("wrote a.txt: 1 lines, 4 bytes")
-    assert seen == [(work, "new\n", "old\n")]
+    assert seen == [(True, True, "new\n", "old\n")]  # made beside it, in the folder it is in
     assert (work / "a.txt").read_text() == "new\n"
 
-    def failing(source, target):
+    def failing(source, target, **folders):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(file_changes.os, "replace", failing)
@@ -471,6 +673,113 @@ def test_an_edit_made_impossible_since_it_was_asked_for_is_an_error_result(work,
         is_error=True)
     (work / "a.py").unlink()
     assert edit.run(arguments) == ToolResult(f"edit_file: a.py does not exist: {FIND}", is_error=True)
+
+
+# Changes that could run code later, and files a rewrite must not change hands
+
+
+GIT = "where git finds commands to run (hooks, and config such as core.fsmonitor)"
+
+
+@pytest.mark.parametrize("name, arguments, where", [
+    ("edit_file", {"path": ".git/config", "old_text": "[core]", "new_text": "[core]\n\tfsmonitor = touch run"},
+     f"is in .git, {GIT}"),
+    ("write_file", {"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\ntouch run\n"}, f"is in .git, {GIT}"),
+    ("write_file", {"path": "sub/.GIT/config", "content": ""}, f"is in .GIT, {GIT}"),
+    ("edit_file", {"path": "config-link", "old_text": "[core]", "new_text": "[alias]"}, f"is in .git, {GIT}"),
+    ("write_file", {"path": ".envrc", "content": "touch run\n"},
+     "is .envrc, a script direnv runs on entering its folder"),
+    ("write_file", {"path": ".direnv/bin/git", "content": ""},
+     "is in .direnv, where direnv keeps what .envrc puts on the PATH"),
+])
+def test_a_change_where_code_runs_from_is_refused(work, tools, name, arguments, where):
+    (work / ".git" / "hooks").mkdir(parents=True)
+    (work / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (work / "config-link").symlink_to(".git/config")
+    assert refused_both_ways(tools[name], arguments) == (
+        f"{name}: {arguments['path']} {where}, so a change there could run code later: the file tools change such "
+        "files only where llama-chat was started with --tool-write-hooks; ask the user to make this change")
+    assert (work / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
+    assert sorted(path.name for path in work.rglob("*")) == [".git", "config", "config-link", "hooks"]
+
+
+def test_the_user_can_let_the_tools_change_where_code_runs_from(work):
+    (work / ".git").mkdir()
+    (work / ".git" / "config").write_text("[core]\n")
+    tools = {tool.spec.name: tool for tool in built_in_tools(Folders(work), write_hooks=True)}
+    assert tools["edit_file"].run({"path": ".git/config", "old_text": "[core]", "new_text": "[core]\n\tx = 1"}) == (
+        ToolResult("edited .git/config at line 1"))
+    assert (work / ".git" / "config").read_text() == "[core]\n\tx = 1\n"
+
+
+def test_the_command_line_sets_the_file_tools_time_limit_and_what_they_may_change(work, monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_tool_arguments(parser)
+    monkeypatch.chdir(work)
+    for flags, write_hooks in ((["--tools", "--tool-timeout", "7"], False), (["--tools", "--tool-write-hooks"], True)):
+        tools = tool_use_from(parser.parse_args(flags)).toolbox.built_in
+        assert [tools[name].seconds for name in NAMES] == [7 if "7" in flags else 30] * len(NAMES)
+        assert tools["write_file"].write_hooks is tools["edit_file"].write_hooks is write_hooks
+
+
+def test_a_rewrite_keeps_the_mode_less_setuid_and_setgid(work, tools):
+    program = work / "program.sh"
+    program.write_text("#!/bin/sh\necho old\n")
+    program.chmod(0o6750)
+    assert stat.S_IMODE(program.stat().st_mode) == 0o6750
+    assert tools["edit_file"].run({"path": "program.sh", "old_text": "old", "new_text": "new"}) == ToolResult(
+        "edited program.sh at line 2")
+    assert program.read_text() == "#!/bin/sh\necho new\n"
+    assert stat.S_IMODE(program.stat().st_mode) == 0o750
+
+
+def test_read_only_files_and_other_users_are_not_rewritten(work, tools, monkeypatch):
+    (work / "locked.txt").write_text("old\n")
+    (work / "locked.txt").chmod(0o444)
+    (work / "theirs.txt").write_text("old\n")
+    assert refused_both_ways(tools["write_file"], {"path": "locked.txt", "content": "new\n"}) == (
+        "write_file: locked.txt is read-only (mode 0444): the user can make it writable (chmod u+w) if it should "
+        "change")
+    assert refused_both_ways(tools["edit_file"], {"path": "locked.txt", "old_text": "old", "new_text": "new"}) == (
+        "edit_file: locked.txt is read-only (mode 0444): the user can make it writable (chmod u+w) if it should "
+        "change")
+    owner = (work / "theirs.txt").stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)  # the chat runs as someone else
+    assert refused_both_ways(tools["write_file"], {"path": "theirs.txt", "content": "new\n"}) == (
+        f"write_file: theirs.txt belongs to another user (uid {owner}), and a rewrite would make it the chat user's: "
+        "ask the user to change it")
+    assert (work / "locked.txt").read_text() == (work / "theirs.txt").read_text() == "old\n"
+
+
+KILLED_WRITER = """
+import os, sys, time
+from llama_chat.tools.built_in import built_in_tools
+from llama_chat.tools.folders import Folders
+
+def stuck(descriptor):
+    print("writing", flush=True)
+    time.sleep(600)
+
+os.fsync = stuck  # the new text is in the temporary file: the write waits here to be killed
+write = {tool.spec.name: tool for tool in built_in_tools(Folders(sys.argv[1]))}["write_file"]
+write.run({"path": "a.txt", "content": "new\\n"})
+"""
+
+
+def test_a_write_killed_midway_leaves_nothing_after_the_next_write(work, tools):
+    (work / "a.txt").write_text("old\n")
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(work)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert select.select([writer.stdout], [], [], 60)[0] and writer.stdout.readline() == "writing\n"
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    assert [path.name for path in work.iterdir() if path.name != "a.txt"]  # the kill left its temporary file
+    assert tools["write_file"].run({"path": "b.txt", "content": "b\n"}) == ToolResult(
+        "wrote b.txt (a new file): 1 lines, 2 bytes")
+    assert sorted(path.name for path in work.iterdir()) == ["a.txt", "b.txt"]
+    assert (work / "a.txt").read_text() == "old\n"
 
 
 # run_command

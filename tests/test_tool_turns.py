@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from llama_chat.chat.consent import Consent
+from llama_chat.chat.consent import ALL, Consent
 from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_offer import MAX_CALLS
@@ -16,7 +16,8 @@ from llama_chat.chat.turn import STOPPED
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.options import DraftLength
-from llama_chat.text.tool_calls import HERMES, ToolChoice, read_calls
+from llama_chat.text.tool_calls import HERMES, ToolCall, ToolChoice, read_calls
+from llama_chat.tools.tool import ToolSpec
 
 from .tool_model import ANSWER, PARIS, QUESTION, SUNNY, WEATHER, Weather, trained_caller
 
@@ -50,6 +51,39 @@ def session_with_weather(max_calls: int = MAX_CALLS, lookup: int = 0):
 
 def runner(weather: Weather, view, consent: Consent | None = None) -> ToolRunner:
     return ToolRunner(lambda: {WEATHER.name: weather}, consent or Consent(), view)
+
+
+def test_the_runner_turns_a_tool_raising_into_a_result():
+    """Whatever a tool raises, in its check, its preview or its run, is the model's to hear
+    of: the chat goes on."""
+
+    class Raising:
+        def __init__(self, name: str, where: str, error: Exception) -> None:
+            self.spec = ToolSpec(name, "raises")
+            self.where, self.error = where, error
+
+        def refusal(self, arguments):
+            if self.where == "refusal":
+                raise self.error
+            return None
+
+        def preview(self, arguments):
+            if self.where == "preview":
+                raise self.error
+            return None
+
+        def run(self, arguments):
+            raise self.error
+
+    tools = {"checked": Raising("checked", "refusal", FileNotFoundError(2, "No such file or directory")),
+             "previewed": Raising("previewed", "preview", ValueError("a value it did not expect")),
+             "ran": Raising("ran", "run", OSError(40, "Too many levels of symbolic links"))}
+    runner = ToolRunner(lambda: tools, Consent(ahead=frozenset({ALL})), ScriptedView())
+    assert [(result.text, result.outcome) for result in (runner.run_call(ToolCall(name, {}, "call00001"))
+                                                        for name in tools)] == [
+        ("the tool failed: [Errno 2] No such file or directory", Outcome.FAILED),
+        ("the tool failed: a value it did not expect", Outcome.FAILED),
+        ("the tool failed: [Errno 40] Too many levels of symbolic links", Outcome.FAILED)]
 
 
 @pytest.mark.parametrize("lookup", [0, 8])

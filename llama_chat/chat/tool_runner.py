@@ -68,10 +68,16 @@ class ToolRunner:
         if tool is None:
             offered = ", ".join(sorted(tools)) or "none"
             return CallResult(f"there is no tool named {call.name} (offered: {offered})", Outcome.REFUSED)
-        refusal = tool.refusal(call.arguments)
+        try:  # a check that raises (a file changed under it) fails the call, never the chat
+            refusal = tool.refusal(call.arguments)
+            preview = tool.preview(call.arguments) if refusal is None else None
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:  # noqa: BLE001 (a tool's own failure is the model's to hear of)
+            return CallResult(f"the tool failed: {first_line(error)}", Outcome.FAILED)
         if refusal is not None:
             return CallResult(refusal, Outcome.REFUSED)
-        self.view.show_call(call, tool, tool.preview(call.arguments))
+        self.view.show_call(call, tool, preview)
         if not self.consent.allowed(tool.spec):
             answer = self.view.ask(call, tool)
             if answer is None:

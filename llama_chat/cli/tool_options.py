@@ -17,6 +17,7 @@ from llama_chat.errors import LlamaChatError, UsageError
 from llama_chat.paths import expanded, mcp_config_path
 from llama_chat.tools.built_in import built_in_tools
 from llama_chat.tools.folders import Folders
+from llama_chat.tools.places import WRITE_HOOKS
 from llama_chat.tools.toolbox import ToolBox
 
 TOOL_SECONDS = 30.0
@@ -40,8 +41,11 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
                        help="give run_command's commands these variables of llama-chat's environment too (they "
                        "get PATH, HOME, the locale and the like, and no key or token unless named here); repeatable")
     tools.add_argument("--tool-timeout", type=finite_float, default=TOOL_SECONDS, metavar="SECONDS",
-                       help="how long a tool call may run: a command, an MCP server's answer "
+                       help="how long a tool call may run: a command, a file tool's work, an MCP server's answer "
                        f"(default: {TOOL_SECONDS:g})")
+    tools.add_argument(WRITE_HOOKS, action="store_true",
+                       help="let write_file and edit_file change the files other programs run code from (under "
+                       ".git or .hg, .envrc, .direnv, shell startup files), refused otherwise")
     tools.add_argument("--max-tool-calls", type=int, default=MAX_CALLS, metavar="N",
                        help=f"tool calls one reply may make (default: {MAX_CALLS})")
     tools.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
@@ -60,7 +64,7 @@ def tool_use_from(options: argparse.Namespace) -> ToolUse:
         folders = Folders(os.getcwd(), options.tool_folder or [])
     except LlamaChatError as error:
         raise UsageError(f"--tool-folder: {error}") from None
-    built_in = built_in_tools(folders, command_seconds=options.tool_timeout,
+    built_in = built_in_tools(folders, options.tool_timeout, write_hooks=options.tool_write_hooks,
                               command_environment=tool_environment(_variable_names(options.tool_env or [])))
     toolbox = ToolBox(built_in, _servers(options, [tool.spec.name for tool in built_in]))
     if options.tools:

@@ -13,12 +13,14 @@ from llama_chat.tools.shell_tool import OUTPUT_BYTES, SECONDS, RunCommand
 from llama_chat.tools.tool import Tool
 
 
-def built_in_tools(folders: Folders, command_seconds: float = SECONDS, command_output_bytes: int = OUTPUT_BYTES,
-                   command_environment: Mapping[str, str] | None = None) -> list[Tool]:
-    """The built-in tools, over `folders`; a command runs for at most `command_seconds`,
-    gives at most `command_output_bytes` of output and gets `command_environment` (by
-    default environment.tool_environment())."""
+def built_in_tools(folders: Folders, seconds: float = SECONDS, command_output_bytes: int = OUTPUT_BYTES,
+                   write_hooks: bool = False, command_environment: Mapping[str, str] | None = None) -> list[Tool]:
+    """The built-in tools, over `folders`; a call runs for at most `seconds`, a command gives
+    at most `command_output_bytes` of output and gets `command_environment` (by default
+    environment.tool_environment()), and files other programs run code from are changed only
+    where `write_hooks` says so."""
     return [
-        ReadFile(folders), ListDirectory(folders), SearchFiles(folders), WriteFile(folders), EditFile(folders),
-        RunCommand(folders, command_seconds, command_output_bytes, command_environment),
+        ReadFile(folders, seconds), ListDirectory(folders, seconds), SearchFiles(folders, seconds),
+        WriteFile(folders, seconds, write_hooks), EditFile(folders, seconds, write_hooks),
+        RunCommand(folders, seconds, command_output_bytes, command_environment),
     ]

@@ -1,24 +1,66 @@
 """The tools that change files: write_file (a whole file's text) and edit_file (one piece
 of a file's text replaced). Each shows the user its change as a unified diff before it is
-made, and makes it all at once."""
+made, and makes it all at once.
+
+A change is refused where other programs run code from (places.RUNS_CODE: .git, .envrc
+and the like) unless the user allowed it when starting the chat, and so is one to a file
+that is read-only or another user's (a rewrite would make it writable, or the chat user's).
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from llama_chat.text.undecodable import has_undecodable
 from llama_chat.tools.checks import Refused, check_arguments
-from llama_chat.tools.file_changes import lines_of, unified_diff, write_atomically
-from llama_chat.tools.places import FileTool, existing_file, file_to_write
-from llama_chat.tools.text_files import NotText, TooLarge, error_reason, read_text
+from llama_chat.tools.file_changes import Replaced, lines_of, unified_diff, write_atomically
+from llama_chat.tools.folders import Folders, Place
+from llama_chat.tools.places import Call, FileTool, existing_file, file_to_write, refuse_code_place
+from llama_chat.tools.text_files import NotText, TooLarge, error_reason, open_regular, read_text
+from llama_chat.tools.time_limit import SECONDS
 from llama_chat.tools.tool import ToolResult, ToolSpec
 
 MAX_CHANGED_BYTES = 8 << 20  # a larger file is not read to be changed (its diff would be no use to read)
 
 
-class WriteFile(FileTool):
+@dataclass(frozen=True)
+class _Old:
+    """The file a change starts from: its text, and what it was when read."""
+
+    text: str
+    status: os.stat_result
+
+
+class _ChangingTool(FileTool):
+    """A file tool that changes files; `write_hooks`: also where other programs run code from."""
+
+    def __init__(self, folders: Folders, seconds: float = SECONDS, write_hooks: bool = False) -> None:
+        super().__init__(folders, seconds)
+        self.write_hooks = write_hooks
+
+    def _changed(self, place: Place) -> Place:
+        """`place`, refused where a change there could run code later (unless allowed)."""
+        if not self.write_hooks:
+            refuse_code_place(self.spec.name, place)
+        return place
+
+    def _write(self, place: Place, text: str, old: _Old | None) -> str | None:
+        """Make the change; None where it was made, else the line saying why not."""
+        name, shown = self.spec.name, self.folders.shown(place.path)
+        try:
+            write_atomically(place, text, old.status if old else None)
+        except Replaced:
+            return f"{name}: {shown} changed while it was being written (another file took its name): read it again"
+        except OSError as error:
+            return f"{name}: cannot write {shown} ({error_reason(error)})"
+        return None
+
+
+class WriteFile(_ChangingTool):
     """write_file: `content` as the whole of a file, new or not."""
 
     spec = ToolSpec(
@@ -41,34 +83,35 @@ class WriteFile(FileTool):
     )
 
     def preview(self, arguments: Mapping[str, Any]) -> str | None:
-        try:
-            path, old = self._checked(arguments)
-        except Refused as refused:
-            return str(refused)
-        return unified_diff(old, arguments["content"], self.folders.shown(path))
+        with self._call() as call:
+            try:
+                place, old = self._checked(arguments, call)
+            except Refused as refused:
+                return str(refused)
+        return unified_diff(old.text if old else None, arguments["content"], self.folders.shown(place.path))
 
-    def _run(self, checked: Any, arguments: Mapping[str, Any]) -> ToolResult:
-        path, old = checked
-        content, shown = arguments["content"], self.folders.shown(path)
-        if content == old:
+    def _run(self, checked: tuple[Place, _Old | None], arguments: Mapping[str, Any], call: Call) -> ToolResult:
+        place, old = checked
+        content, shown = arguments["content"], self.folders.shown(place.path)
+        if old is not None and content == old.text:
             return ToolResult(f"{shown} already holds this text: nothing was written")
-        try:
-            write_atomically(path, content)
-        except OSError as error:
-            return ToolResult(f"write_file: cannot write {shown} ({error_reason(error)})", is_error=True)
+        failed = self._write(place, content, old)
+        if failed is not None:
+            return ToolResult(failed, is_error=True)
         new = " (a new file)" if old is None else ""
         return ToolResult(f"wrote {shown}{new}: {len(lines_of(content))} lines, {len(content.encode()):,} bytes")
 
-    def _checked(self, arguments: Mapping[str, Any]) -> tuple[Path, str | None]:
-        """Where to write and the text there now (None: no file yet)."""
+    def _checked(self, arguments: Mapping[str, Any], call: Call) -> tuple[Place, _Old | None]:
+        """Where to write and the file there now (None: no file yet)."""
         check_arguments(self.spec, arguments)
         given = arguments["path"]
         _refuse_undecodable("write_file", "content", arguments["content"])
-        path, exists = file_to_write(self.folders, "write_file", given)
-        return path, _text_of(path, "write_file", given) if exists else None
+        place, exists = file_to_write(self.folders, "write_file", given)
+        self._changed(place)
+        return place, _old_of(place, "write_file", given) if exists else None
 
 
-class EditFile(FileTool):
+class EditFile(_ChangingTool):
     """edit_file: the one place `old_text` is in a file, replaced with `new_text`."""
 
     spec = ToolSpec(
@@ -93,39 +136,39 @@ class EditFile(FileTool):
     )
 
     def preview(self, arguments: Mapping[str, Any]) -> str | None:
-        try:
-            path, old, new, _ = self._checked(arguments)
-        except Refused as refused:
-            return str(refused)
-        return unified_diff(old, new, self.folders.shown(path))
+        with self._call() as call:
+            try:
+                place, old, new, _ = self._checked(arguments, call)
+            except Refused as refused:
+                return str(refused)
+        return unified_diff(old.text, new, self.folders.shown(place.path))
 
-    def _run(self, checked: Any, arguments: Mapping[str, Any]) -> ToolResult:
-        path, _, new, line = checked
-        shown = self.folders.shown(path)
-        try:
-            write_atomically(path, new)
-        except OSError as error:
-            return ToolResult(f"edit_file: cannot write {shown} ({error_reason(error)})", is_error=True)
-        return ToolResult(f"edited {shown} at line {line}")
+    def _run(self, checked: tuple[Place, _Old, str, int], arguments: Mapping[str, Any], call: Call) -> ToolResult:
+        place, old, new, line = checked
+        failed = self._write(place, new, old)
+        if failed is not None:
+            return ToolResult(failed, is_error=True)
+        return ToolResult(f"edited {self.folders.shown(place.path)} at line {line}")
 
-    def _checked(self, arguments: Mapping[str, Any]) -> tuple[Path, str, str, int]:
+    def _checked(self, arguments: Mapping[str, Any], call: Call) -> tuple[Place, _Old, str, int]:
         """The file, its text now, its text edited and the line where the edit starts."""
         check_arguments(self.spec, arguments)
         given, old_text, new_text = arguments["path"], arguments["old_text"], arguments["new_text"]
         _refuse_undecodable("edit_file", "new_text", new_text)
         if old_text == new_text:
             raise Refused("edit_file: old_text and new_text are the same, so nothing would change: give the new text")
-        path = existing_file(self.folders, "edit_file", given)
-        old = _text_of(path, "edit_file", given)
-        found = _occurrences(old, old_text)
+        place = self._changed(existing_file(self.folders, "edit_file", given))
+        old = _old_of(place, "edit_file", given)
+        text = old.text
+        found = _occurrences(text, old_text)
         if found == 0:
             raise Refused(f"edit_file: old_text is not in {given}: read the file again and copy the text exactly, "
                           "spaces and line breaks included")
         if found > 1:
             raise Refused(f"edit_file: old_text is in {given} {found} times: give more of the text around it, "
                           "so that it is there once")
-        start = old.index(old_text)
-        return path, old, old[:start] + new_text + old[start + len(old_text):], old.count("\n", 0, start) + 1
+        start = text.index(old_text)
+        return place, old, text[:start] + new_text + text[start + len(old_text):], text.count("\n", 0, start) + 1
 
 
 def _occurrences(text: str, part: str) -> int:
@@ -136,10 +179,14 @@ def _occurrences(text: str, part: str) -> int:
     return count
 
 
-def _text_of(path: Path, tool: str, given: str) -> str:
-    """The text of the file a change starts from, refused where it cannot be read as text."""
+def _old_of(place: Place, tool: str, given: str) -> _Old:
+    """The file a change starts from, refused where it cannot be read as text, or must not
+    be rewritten: read-only, or another user's."""
     try:
-        return read_text(path, MAX_CHANGED_BYTES)
+        with open_regular(place) as file:
+            status = os.fstat(file.fileno())
+            _refuse_unwritable(status, tool, given)
+            return _Old(read_text(file, MAX_CHANGED_BYTES), status)
     except NotText:
         raise Refused(f"{tool}: {given} is a binary file (not UTF-8 text): {tool} changes text files only") from None
     except TooLarge as large:
@@ -147,6 +194,15 @@ def _text_of(path: Path, tool: str, given: str) -> str:
                       f"{tool} changes: run_command can change it (with sed, say)") from None
     except OSError as error:
         raise Refused(f"{tool}: cannot read {given} ({error_reason(error)})") from None
+
+
+def _refuse_unwritable(status: os.stat_result, tool: str, given: str) -> None:
+    if status.st_uid != os.geteuid():
+        raise Refused(f"{tool}: {given} belongs to another user (uid {status.st_uid}), and a rewrite would make it "
+                      "the chat user's: ask the user to change it")
+    if not status.st_mode & stat.S_IWUSR:
+        raise Refused(f"{tool}: {given} is read-only (mode {stat.S_IMODE(status.st_mode):04o}): the user can make "
+                      "it writable (chmod u+w) if it should change")
 
 
 def _refuse_undecodable(tool: str, name: str, text: str) -> None:

@@ -1,5 +1,6 @@
 """Files the file tools read, as they read them: only regular files (never waiting on a FIFO
-or reading a device that never ends), text only where it is UTF-8 without NUL bytes.
+or reading a device that never ends), opened beneath their folder (tools/beneath.py), text
+only where it is UTF-8 without NUL bytes.
 """
 
 from __future__ import annotations
@@ -9,36 +10,33 @@ import errno
 import io
 import os
 import stat
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llama_chat.tools.folders import Place
 
 SNIFF_BYTES = 8192  # how much of a file tells text from binary
-MISSING, FOLDER, FILE, OTHER = "missing", "folder", "file", "other"  # what a path names, for file_kind
+READ_BUFFER = 1 << 20  # how much of a file is read at a time
+_READING = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY  # O_NONBLOCK: a FIFO put in a file's place does not wait
 
 
-def open_regular(path: Path) -> io.BufferedReader:
-    """`path` open for binary reading; OSError (strerror "not a regular file") for a folder,
-    FIFO, socket or device, and for a link put in the place of a path already resolved."""
-    return open(path, "rb", opener=_open_regular)
+def open_regular(place: Place) -> io.BufferedReader:
+    """The file at `place` open for binary reading; OSError (strerror "not a regular file")
+    for a folder, FIFO, socket or device, and for a link put in the place of a name since
+    the place was resolved."""
+    return _regular(place.open(_READING), str(place.path))
 
 
-def _open_regular(path: str, flags: int) -> int:
-    descriptor = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW)  # O_NONBLOCK: a FIFO does not wait
+def open_regular_in(folder: int, name: str) -> io.BufferedReader:
+    """The file `name` in the folder open as `folder`, as open_regular opens one."""
+    return _regular(os.open(name, _READING | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder), name)
+
+
+def _regular(descriptor: int, shown: str) -> io.BufferedReader:
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        raise OSError(0, "not a regular file", path)
-    return descriptor
-
-
-def file_kind(path: Path) -> str:
-    """What `path` (resolved) names: MISSING, FOLDER, FILE (a regular one) or OTHER (a pipe,
-    socket or device). OSError where it cannot be looked at (permission denied, say)."""
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: a file on the way to it
-        return MISSING
-    if stat.S_ISDIR(mode):
-        return FOLDER
-    return FILE if stat.S_ISREG(mode) else OTHER
+        raise OSError(0, "not a regular file", shown)
+    return os.fdopen(descriptor, "rb", buffering=READ_BUFFER)
 
 
 def is_binary(start: bytes, whole: bool) -> bool:
@@ -53,11 +51,11 @@ def is_binary(start: bytes, whole: bool) -> bool:
     return False
 
 
-def sniff_binary(path: Path) -> bool:
-    """Whether the file at `path` is binary, by its first SNIFF_BYTES; OSError passes through."""
-    with open_regular(path) as file:
-        start = file.read(SNIFF_BYTES)
-        return is_binary(start, whole=len(start) < SNIFF_BYTES)
+def sniff_binary(file: io.BufferedReader) -> bool:
+    """Whether `file` is binary, by its first SNIFF_BYTES (read where they are, the file's
+    position kept); OSError passes through."""
+    start = os.pread(file.fileno(), SNIFF_BYTES, 0)
+    return is_binary(start, whole=len(start) < SNIFF_BYTES)
 
 
 class NotText(ValueError):
@@ -72,14 +70,13 @@ class TooLarge(ValueError):
         self.size = size
 
 
-def read_text(path: Path, limit: int) -> str:
-    """A regular file's whole text, refused unread (TooLarge) where it has more than `limit`
-    bytes and refused (NotText) where it is binary; OSError passes through."""
-    with open_regular(path) as file:
-        size = os.fstat(file.fileno()).st_size
-        if size > limit:
-            raise TooLarge(size)
-        data = file.read(limit + 1)
+def read_text(file: io.BufferedReader, limit: int) -> str:
+    """An open regular file's whole text, refused unread (TooLarge) where it has more than
+    `limit` bytes and refused (NotText) where it is binary; OSError passes through."""
+    size = os.fstat(file.fileno()).st_size
+    if size > limit:
+        raise TooLarge(size)
+    data = file.read(limit + 1)
     if len(data) > limit:  # it grew since
         raise TooLarge(len(data))
     if b"\0" in data:
@@ -97,6 +94,10 @@ def error_reason(error: OSError) -> str:
         return f"{reason}: it is gone; look again with list_directory"
     if error.errno in (errno.EACCES, errno.EPERM):
         return f"{reason}: the user can change its permissions"
+    if error.errno in (errno.ELOOP, errno.EXDEV):
+        return f"{reason}: a name on the way to it was swapped for a link while it was used; look again"
+    if error.errno == errno.ENOTDIR:
+        return f"{reason}: a name on the way to it is no folder now (a file or a link took its place); look again"
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"{reason}: the user must make room"
     return f"{reason}: tell the user"
