@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llama_chat.chat.attachments import PendingFiles, read_into
-from llama_chat.chat.call_line import call_line
+from llama_chat.repl.call_line import call_line
 from llama_chat.chat.call_text import CallText
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.exchange import CallResult, Outcome

@@ -12,7 +12,7 @@ Where the output cannot be redrawn (not a terminal) folded thinking is not drawn
 With tools offered, the calls a reply writes are left out of its text as it streams (see
 chat/call_text); each call is shown on a line of its own, asked about, and its result
 folded to a few lines (/tools show keeps results whole). Such replies stream as text, not
-Markdown, as the chat stops mid-reply to ask. A call's line (chat/call_line) escapes what
+Markdown, as the chat stops mid-reply to ask. A call's line (repl/call_line) escapes what
 does not print and keeps to a few rows, so its start is on screen when the question is asked.
 """
 
@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
-from llama_chat.chat.call_line import call_line
+from llama_chat.repl.call_line import call_line
 from llama_chat.chat.call_text import CallText
 from llama_chat.chat.display import literal, stats_line, visible
 from llama_chat.chat.exchange import CallResult, Outcome, ToolRound

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llama_chat.chat.call_line import call_line
+from llama_chat.repl.call_line import call_line
 from llama_chat.chat.exchange import CallResult
 from llama_chat.chat.tool_runner import Answer
 from llama_chat.repl.render import Renderer
