@@ -19,7 +19,8 @@ import llguidance
 import pytest
 
 from llama_chat.chat.exchange import Outcome
-from llama_chat.chat.tool_runner import ALL, Consent, ToolRunner
+from llama_chat.chat.consent import ALL, Consent
+from llama_chat.chat.tool_runner import ToolRunner
 from llama_chat.cli.tool_options import add_tool_arguments, tool_use_from
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tool_calls import ToolCall
