@@ -13,7 +13,7 @@ from llama_chat import SamplingSettings
 from llama_chat.errors import LlamaChatError
 from llama_chat.loading import load
 from llama_chat.models import ollama
-from llama_chat.models.ollama import list_ollama, parse_name, resolve_ollama, store_roots
+from llama_chat.models.ollama import list_ollama, parse_ollama_name, resolve_ollama, store_roots
 from llama_chat.process_memory import memory_now_mb
 
 from .ollama_store import add_model, blob_path, digest, layer, write_manifest
@@ -81,9 +81,9 @@ def test_store_roots_follow_ollama_models_else_the_user_and_service_folders(tmp_
     ],
 )
 def test_names_take_ollamas_defaults_and_show_as_ollama_shows_them(text, parts, display):
-    name = parse_name(text)
+    name = parse_ollama_name(text)
     assert name.parts == parts and name.display == display
-    assert parse_name(display) == name
+    assert parse_ollama_name(display) == name
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ def test_names_take_ollamas_defaults_and_show_as_ollama_shows_them(text, parts, 
     ],
 )
 def test_names_outside_ollamas_rules_are_refused_in_one_line(text, reason):
-    message = refusal(parse_name, text)
+    message = refusal(parse_ollama_name, text)
     assert reason in message and "is not an ollama model name" in message and "llama3.2:3b" in message
 
 

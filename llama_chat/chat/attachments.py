@@ -50,7 +50,7 @@ def matching_paths(pattern: str) -> list[str]:
     return matches
 
 
-def read_text_file(name: str) -> str:
+def read_attachment(name: str) -> str:
     """A file's text; LlamaChatError (one line) for what is missing, not a regular file,
     unreadable, too large or not UTF-8 text."""
     path = expanded(name)
@@ -117,7 +117,7 @@ def read_into(pending: PendingFiles, pattern: str, session: Session) -> list[Att
     room = room_for_files(session)
     read = []
     for name in matching_paths(pattern):
-        text = read_text_file(name)
+        text = read_attachment(name)
         tokens = len(session.model.tokenizer.encode(Attachment(name, text, 0).block()))
         read.append(pending.add(name, text, tokens, room))
     return read

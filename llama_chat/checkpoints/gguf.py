@@ -51,7 +51,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
         raise LlamaChatError(f"{path}: no such file")
-    entry = tokenizer_cache.entry_path(path)
+    entry = tokenizer_cache.tokenizer_entry(path)
     kept = tokenizer_cache.read(entry) if entry is not None else None
     metadata, stored, _ = read_gguf_model(path, VOCABULARY_ARRAYS if kept is not None else frozenset())
     _check_metadata_types(metadata, source)

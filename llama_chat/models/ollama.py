@@ -116,7 +116,7 @@ class OllamaName:
         return f"{self.model}:{self.tag}"
 
 
-def parse_name(text: str) -> OllamaName:
+def parse_ollama_name(text: str) -> OllamaName:
     """`model`, `model:tag`, `namespace/model[:tag]` or `host/namespace/model[:tag]` with
     ollama's defaults filled in; LlamaChatError in one line for anything else, before the
     name comes near a path."""
@@ -187,7 +187,7 @@ def resolve_ollama(name: str, roots: Sequence[Path]) -> ModelSource:
     """The model `name` (with or without the ollama: prefix) names in the first store that
     has it, with what its params, system and template layers say; LlamaChatError in one
     line for a name not found, a broken manifest, a blob missing or not GGUF."""
-    parsed = parse_name(name.removeprefix(PREFIX))
+    parsed = parse_ollama_name(name.removeprefix(PREFIX))
     found_in = first_holding(roots, ("manifests", *parsed.parts))
     if found_in is None:
         looked = ", ".join(str(root) for root in roots) or "no ollama store found on this machine"

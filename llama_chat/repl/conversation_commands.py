@@ -85,12 +85,12 @@ def describe_cache(cache: KVCache) -> str:
     """The KV cache's memory: the global layers' grows with the conversation, the windowed
     layers' rings do not."""
     text = (f"KV cache ({str(cache.dtype).removeprefix('torch.')}): {len(cache)} positions of "
-            f"{layer_count(cache.global_layers, 'global')}, {len(cache) * cache.position_bytes() / 1e6:.1f} MB")
+            f"{layers_phrase(cache.global_layers, 'global')}, {len(cache) * cache.position_bytes() / 1e6:.1f} MB")
     if cache.windowed_layers:
-        text += (f"; {layer_count(cache.windowed_layers, 'windowed')} hold their last {cache.ring} positions "
+        text += (f"; {layers_phrase(cache.windowed_layers, 'windowed')} hold their last {cache.ring} positions "
                  f"(a window of {cache.window}), {cache.ring_bytes() / 1e6:.1f} MB")
     return text
 
 
-def layer_count(count: int, kind: str) -> str:
+def layers_phrase(count: int, kind: str) -> str:
     return f"{count} {kind} layer" + ("s" if count != 1 else "")

@@ -41,7 +41,7 @@ def limit_memory(limit: int) -> bool:
     return True
 
 
-class Renderer:
+class TemplateRenderer:
     """Answers render requests for templates it compiles once and keeps."""
 
     def __init__(self) -> None:
@@ -110,7 +110,7 @@ def _write(stream: BinaryIO, answer: dict[str, Any]) -> None:
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """Answer requests until the chat closes the pipe; after running out of memory, answer
     that and stop (the chat starts a fresh process when it needs one)."""
-    renderer = Renderer()
+    renderer = TemplateRenderer()
     _write(answers, {"ready": limit_memory(MEMORY_LIMIT_BYTES)})
     for line in requests:
         limit_cpu(RENDER_CPU_SECONDS)

@@ -41,7 +41,7 @@ class KeptTokenizer:
     warnings: tuple[str, ...] = ()  # what building it warned of (a text split unknown), for every load to say
 
 
-def entry_path(source: Path) -> Path | None:
+def tokenizer_entry(source: Path) -> Path | None:
     """Where the tokenizer built from the model file `source` is kept; None when the cache is
     off, or the file cannot be read (its reader then says why)."""
     folder = disk_cache.entry_path("tokenizers")

@@ -35,7 +35,7 @@ from mcp.client._transport import TransportStreams
 from mcp.shared.exceptions import MCPError
 
 from llama_chat.tools.mcp_config import HttpServerConfig, ServerConfig, StdioServerConfig
-from llama_chat.tools.mcp_session import ReportingSession, describe, http_streams, leaf
+from llama_chat.tools.mcp_session import ReportingSession, failure_words, http_streams, leaf
 from llama_chat.tools.mcp_stdio import StartFailure, StdioConnection
 from llama_chat.tools.mcp_tools import McpTool, checked_tools, cut, printable, result_text
 from llama_chat.tools.tool import Tool, ToolResult, ToolSpec
@@ -244,16 +244,16 @@ class McpServers:
                 server.state, server.detail = ServerState.STOPPED, "stopped"
             elif was_ready:
                 server.state = ServerState.EXITED
-                server.detail = connection.ending() if connection else f"lost its connection ({describe(failure)})"
+                server.detail = connection.ending() if connection else f"lost its connection ({failure_words(failure)})"
                 self._notice(server, f"{server.label} {server.detail}")
             else:
                 if connection is not None and connection.closed_by_server:
                     reason = f"it {connection.ending()}"
                 elif isinstance(config := server.config, HttpServerConfig) and isinstance(
                         leaf(failure), httpx2.TransportError):
-                    reason = f"cannot reach {config.url} ({describe(failure)})"
+                    reason = f"cannot reach {config.url} ({failure_words(failure)})"
                 else:
-                    reason = describe(failure)
+                    reason = failure_words(failure)
                 server.state, server.detail = ServerState.FAILED, f"could not start: {reason}"
                 self._notice(server, f"{server.label} {server.detail}")
             self._changed.notify_all()
@@ -314,7 +314,7 @@ class McpServers:
                         return ToolResult(f"{server.label} answered with an error: {message}", is_error=True)
                     dropped = True
                 except Exception as error:
-                    return ToolResult(f"{server.label}: the call failed ({describe(error)})", is_error=True)
+                    return ToolResult(f"{server.label}: the call failed ({failure_words(error)})", is_error=True)
             if not dropped:
                 seconds = f"{self.timeout_seconds:g} s"
                 with self._changed:

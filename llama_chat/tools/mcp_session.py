@@ -148,7 +148,7 @@ def leaf(error: BaseException | None) -> BaseException | None:
     return error
 
 
-def describe(error: BaseException | None) -> str:
+def failure_words(error: BaseException | None) -> str:
     """An exception of a server's connection as words for a notice."""
     error = leaf(error)
     if error is None:
