@@ -186,7 +186,6 @@ def _reason(error: Exception) -> str:
 
 
 def _parse(buffer, path: Path, step_over: frozenset[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    size = len(buffer)
     cursor = _Cursor(buffer)
     if bytes(buffer[:4]) != MAGIC:
         raise ValueError("no GGUF magic")
@@ -197,28 +196,8 @@ def _parse(buffer, path: Path, step_over: frozenset[str]) -> tuple[dict[str, Any
     tensor_count, entry_count = cursor.take("<Q"), cursor.take("<Q")
     if tensor_count > MAX_TENSORS or entry_count > MAX_METADATA_ENTRIES:
         raise ValueError(f"it lists {tensor_count} tensors and {entry_count} metadata entries")
-    metadata, stepped = {}, set()
-    for _ in range(entry_count):
-        key = cursor.string()
-        if key in metadata or key in stepped:  # which value would hold is anyone's guess (llama.cpp refuses it too)
-            raise ValueError(f"metadata key {shown(key)} is listed twice")
-        value_type = cursor.take("<I")
-        if value_type == ARRAY and key in step_over:
-            cursor.step_over_array()
-            stepped.add(key)
-        else:
-            metadata[key] = cursor.value(value_type)
-    layout = []
-    for _ in range(tensor_count):
-        name = _tensor_name(cursor.string())
-        dimension_count = cursor.take("<I")
-        if dimension_count > MAX_DIMENSIONS:
-            raise ValueError(f"tensor {name} has {dimension_count} dimensions")
-        dimensions = [cursor.take("<Q") for _ in range(dimension_count)]
-        type_number = cursor.take("<I")
-        if type_number not in _TYPE_NUMBERS:
-            raise ValueError(f"tensor {name} has unknown type {type_number}")
-        layout.append((name, dimensions, GGMLQuantizationType(type_number), cursor.take("<Q")))
+    metadata = _metadata(cursor, entry_count, step_over)
+    layout = [_tensor_entry(cursor) for _ in range(tensor_count)]
     alignment = metadata.get("general.alignment", 32)
     if type(alignment) is not int or not 0 < alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
         raise ValueError(f"general.alignment is {shown(alignment)}, not a power of two up to {MAX_ALIGNMENT}")
@@ -231,12 +210,41 @@ def _parse(buffer, path: Path, step_over: frozenset[str]) -> tuple[dict[str, Any
         # Python ints: a product of dimensions past 2**63 must not wrap to a small size.
         n_bytes = math.prod(dimensions) // block_size * type_size
         start = data_start + offset
-        if start + n_bytes > size:
+        if start + n_bytes > len(buffer):
             raise ValueError(f"tensor {name} runs past the end of the file")
         if name in tensors:
             raise ValueError(f"tensor {name} is listed twice")
         tensors[name] = TensorInfo(name, tensor_type, tuple(reversed(dimensions)), start, n_bytes, path)
     return metadata, tensors
+
+
+def _metadata(cursor: _Cursor, entry_count: int, step_over: frozenset[str]) -> dict[str, Any]:
+    """The header's key-value entries; arrays under the keys in `step_over` stepped over."""
+    metadata, stepped = {}, set()
+    for _ in range(entry_count):
+        key = cursor.string()
+        if key in metadata or key in stepped:  # which value would hold is anyone's guess (llama.cpp refuses it too)
+            raise ValueError(f"metadata key {shown(key)} is listed twice")
+        value_type = cursor.take("<I")
+        if value_type == ARRAY and key in step_over:
+            cursor.step_over_array()
+            stepped.add(key)
+        else:
+            metadata[key] = cursor.value(value_type)
+    return metadata
+
+
+def _tensor_entry(cursor: _Cursor) -> tuple[str, list[int], GGMLQuantizationType, int]:
+    """One tensor's name, dimensions, type and offset from the header."""
+    name = _tensor_name(cursor.string())
+    dimension_count = cursor.take("<I")
+    if dimension_count > MAX_DIMENSIONS:
+        raise ValueError(f"tensor {name} has {dimension_count} dimensions")
+    dimensions = [cursor.take("<Q") for _ in range(dimension_count)]
+    type_number = cursor.take("<I")
+    if type_number not in _TYPE_NUMBERS:
+        raise ValueError(f"tensor {name} has unknown type {type_number}")
+    return name, dimensions, GGMLQuantizationType(type_number), cursor.take("<Q")
 
 
 def _tensor_name(name: str) -> str:

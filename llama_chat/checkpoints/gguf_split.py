@@ -83,31 +83,39 @@ def read_gguf_model(
     parts, files = [path], {_file_id(path): path}
     for number in range(2, count + 1):
         part = path.with_name(part_name(prefix, number, count))
-        if not os.path.lexists(part):
-            raise LlamaChatError(
-                f"{path}: part {number} of {count}, {part.name}, is missing; "
-                "all parts of a split model must sit together in one folder"
-            )
-        if (earlier := files.setdefault(_file_id(part), part)) != part:
-            raise LlamaChatError(f"{part} is the same file as {earlier.name}; each part of a split model is a file "
-                                 "of its own (download the parts again)")
-        part_metadata, part_tensors = _read_part(part)
-        said_count = _split_number(part_metadata, SPLIT_COUNT, part, 1, MAX_PARTS)
-        if said_count != count:
-            raise LlamaChatError(f"{part} says the model is split in {said_count} parts, where {path.name} says "
-                                 f"{count}; {_AGAIN}")
-        said_number = _split_number(part_metadata, SPLIT_NO, part, 0, MAX_PARTS - 1)
-        if said_number != number - 1:
-            raise LlamaChatError(f"{part} says it is part {said_number + 1}, where its name says part {number}; "
-                                 f"{_AGAIN}")
-        if (repeated := next((name for name in part_tensors if name in tensors), None)) is not None:
-            raise LlamaChatError(f"{part}: tensor {repeated} is in {tensors[repeated].file.name} too; {_AGAIN}")
-        tensors |= part_tensors
+        tensors |= _later_part(path, part, number, count, files, tensors)
         parts.append(part)
     if len(tensors) != total:
         raise LlamaChatError(f"{path}: its {count} parts hold {len(tensors)} tensors, where {SPLIT_TENSORS} says "
                              f"{total}; {_AGAIN}")
     return metadata, tensors, parts
+
+
+def _later_part(
+    path: Path, part: Path, number: int, count: int, files: dict[Any, Path], tensors: dict[str, TensorInfo]
+) -> dict[str, TensorInfo]:
+    """Part `number` of the split model whose first part is `path`: its tensors, once it is
+    known to be a file of its own that says it is that part and repeats no tensor."""
+    if not os.path.lexists(part):
+        raise LlamaChatError(
+            f"{path}: part {number} of {count}, {part.name}, is missing; "
+            "all parts of a split model must sit together in one folder"
+        )
+    if (earlier := files.setdefault(_file_id(part), part)) != part:
+        raise LlamaChatError(f"{part} is the same file as {earlier.name}; each part of a split model is a file "
+                             "of its own (download the parts again)")
+    part_metadata, part_tensors = _read_part(part)
+    said_count = _split_number(part_metadata, SPLIT_COUNT, part, 1, MAX_PARTS)
+    if said_count != count:
+        raise LlamaChatError(f"{part} says the model is split in {said_count} parts, where {path.name} says "
+                             f"{count}; {_AGAIN}")
+    said_number = _split_number(part_metadata, SPLIT_NO, part, 0, MAX_PARTS - 1)
+    if said_number != number - 1:
+        raise LlamaChatError(f"{part} says it is part {said_number + 1}, where its name says part {number}; "
+                             f"{_AGAIN}")
+    if (repeated := next((name for name in part_tensors if name in tensors), None)) is not None:
+        raise LlamaChatError(f"{part}: tensor {repeated} is in {tensors[repeated].file.name} too; {_AGAIN}")
+    return part_tensors
 
 
 def _read_part(

@@ -170,6 +170,11 @@ class TemplateFormat(ChatFormat):
             [message_shown(message) for message in messages], add_generation_prompt,
             _each_string(list(tools), marked_if_risky) if tools else None,
         )
+        return encode_parts(self.tokenizer, self._parts(rendered, texts))
+
+    def _parts(self, rendered: str, texts: list[tuple[str, bool]]) -> list[str | int]:
+        """The rendered text with each marker replaced by what it stands for (JSON-escaped
+        where the template put it between quotes)."""
         parts: list[str | int] = []
         position = 0
         for match in _MARKER.finditer(rendered):
@@ -183,7 +188,7 @@ class TemplateFormat(ChatFormat):
             parts.append(json.dumps(text, ensure_ascii=False)[1:-1] if quoted else text)
             position = match.end()
         parts += self._template_text(rendered[position:])
-        return encode_parts(self.tokenizer, parts)
+        return parts
 
     def _template_text(self, text: str) -> list[str | int]:
         if _MARKER_CHARS.search(text):
