@@ -202,8 +202,8 @@ class Acceptance:
 
 class DraftPlanner:
     """Chooses how many tokens to draft from the acceptance seen so far in the conversation
-    and the measured cost of the model's calls by size (`runner.seconds`, kept by its
-    TimedRunner)."""
+    and the measured cost of the model's calls by size (`runner.seconds`, kept by the
+    runner)."""
 
     def __init__(self, limit: int, automatic: bool, runner, acceptance: Acceptance | None = None) -> None:
         self.limit = limit
