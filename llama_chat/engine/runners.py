@@ -54,8 +54,9 @@ class RunnerStatus:
         return f"{self.mode.value} ({self.detail})" if self.detail else self.mode.value
 
 
-class GroupHook(Protocol):
-    """What a tensor-parallel group adds to rank 0's calls (parallel/group_runner)."""
+class CallHook(Protocol):
+    """What a tensor-parallel group adds around rank 0's calls (parallel/group_runner's
+    GroupHook)."""
 
     status: RunnerStatus  # eager, and why
 
@@ -76,7 +77,7 @@ class Runner:
         self.transformer = transformer
         self.cache_dtype = cache_dtype
         self.governor = governor
-        self.group: GroupHook | None = None  # set when the model joins a tensor-parallel group
+        self.group: CallHook | None = None  # set when the model joins a tensor-parallel group
         self.packages: compiled.CompiledPackages | None = None
         self.pending: compiled.BackgroundBuild | None = None
         self._status = RunnerStatus(ExecutionMode.EAGER)
