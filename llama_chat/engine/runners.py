@@ -86,6 +86,8 @@ class Runner:
     def __call__(
         self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, chunk_size: int = PREFILL_CHUNK
     ) -> torch.Tensor:
+        """Feed ids at the cache's next positions: the logits after the last [vocab], or with
+        every_logits after each of them [len(ids), vocab]."""
         if not ids:
             raise ValueError("a model call needs at least one token")
         cache.check_room(len(ids))  # before posting: a refused call must be refused on every rank
@@ -95,7 +97,7 @@ class Runner:
             started = time.perf_counter()
             if self.governor is None or len(ids) <= compiled.VERIFY_TOKENS or every_logits:
                 logits = self._step(cache, ids, every_logits, chunk_size)
-            else:
+            else:  # a prompt: the governor paces its chunks
                 logits = self._chunks(cache, ids, every_logits, chunk_size, self.governor.prompt_threads())
             if len(ids) <= compiled.VERIFY_TOKENS:
                 self._times.setdefault(len(ids), deque(maxlen=8)).append(time.perf_counter() - started)
