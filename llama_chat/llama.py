@@ -136,12 +136,12 @@ class Llama:
         stop_ids: Iterable[int] | None = None,
         stop_strings: Iterable[str] | None = None,
         speculation: Speculation | None = None,
-        processors: Sequence[LogitsProcessor] = (),
+        processor: LogitsProcessor | None = None,
     ) -> Generation:
         """A streaming reply to prompt_ids: iterate it for Pieces; see Generation.
 
         With a cache from an earlier call, the longest common prefix is reused and only
-        the rest of the prompt is fed through the model. Processors hold the reply to rules,
+        the rest of the prompt is fed through the model. A processor holds the reply to a rule,
         such as a format's constraint (see engine/processors and engine/constraint).
         """
         settings = settings or SamplingSettings()
@@ -150,7 +150,7 @@ class Llama:
         stop_ids = self.stop_ids if stop_ids is None else stop_ids
         stop_strings = self.stop_strings if stop_strings is None else stop_strings
         return Generation(
-            self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation, processors
+            self.runner, self.tokenizer, prompt_ids, settings, cache, stop_ids, stop_strings, speculation, processor
         )
 
 

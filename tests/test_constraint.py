@@ -61,7 +61,7 @@ def test_the_engine_tokenizer_is_built_once_per_tokenizer(model):
 def test_a_sampled_reply_matches_the_regex(model, seed):
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=20)
     constraint = Format("regex", DIGITS_THEN_LETTERS).start(model.tokenizer)
-    generation = model.generate(model.tokenizer.encode("answer:"), settings, processors=[constraint])
+    generation = model.generate(model.tokenizer.encode("answer:"), settings, processor=constraint)
     text = "".join(piece.text for piece in generation)
     assert re.fullmatch(DIGITS_THEN_LETTERS, text), text
     assert generation.stats.stop_reason in ("format_complete", "stop_token")
@@ -72,8 +72,8 @@ def test_a_sampled_reply_matches_the_regex(model, seed):
 def test_what_the_format_forces_is_drafted_and_the_reply_is_whole(model, max_tokens):
     forcing = r'\{"key":[0-9]\}'  # nine tokens of ByteTokenizer, all but the digit forced
     settings = SamplingSettings(temperature=1.0, seed=0, max_tokens=max_tokens)
-    generation = model.generate(model.tokenizer.encode("go"), settings, processors=[Format("regex", forcing).start(
-        model.tokenizer)])
+    generation = model.generate(model.tokenizer.encode("go"), settings, processor=Format("regex", forcing).start(
+        model.tokenizer))
     text = "".join(piece.text for piece in generation)
     assert re.fullmatch(forcing, text), text
     assert generation.stats.stop_reason == "format_complete"
@@ -98,7 +98,7 @@ def greedy_reply(model, prompt, speculation):
 
     constraint.allowed_prefix = recording
     settings = SamplingSettings(temperature=0, max_tokens=40)
-    generation = model.generate(prompt, settings, speculation=speculation, processors=[constraint])
+    generation = model.generate(prompt, settings, speculation=speculation, processor=constraint)
     list(generation)
     return generation, checks
 

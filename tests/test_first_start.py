@@ -80,10 +80,7 @@ STARTS_A_COMPILE = (
     "from llama_chat.paths import configure\n"
     "configure(environment.folders())\n"  # the test's cache, and the run's kernels
     "model = llama_chat.load(sys.argv[1], device='cpu')\n"
-    "from llama_chat.engine.runners import CompiledRunner\n"
     "runner = model.runner\n"
-    "while not isinstance(runner, CompiledRunner):\n"
-    "    runner = runner.inner\n"
     "runner.compile(background=True)\n"
     "while runner.pending.process is None:\n"
     "    time.sleep(0.01)\n"

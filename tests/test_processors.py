@@ -1,5 +1,5 @@
-"""Logits processors (engine/processors.py): rules a reply follows, passed to the decode loop
-as a list, with and without speculation."""
+"""Logits processors (engine/processors.py): the rule a reply follows, passed to the decode
+loop, with and without speculation."""
 
 from collections import Counter
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llama_chat import Llama, SamplingSettings
-from llama_chat.engine.processors import LogitsProcessor, Processors
+from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.speculation import Speculation
 from llama_chat.options import DraftLength
 
@@ -56,8 +56,8 @@ def model():
     return Llama.random(tiny_args(), seed=0)
 
 
-def reply(model, settings, processors=(), speculation=None):
-    generation = model.generate(PROMPT, settings, stop_ids=(), speculation=speculation, processors=processors)
+def reply(model, settings, processor=None, speculation=None):
+    generation = model.generate(PROMPT, settings, stop_ids=(), speculation=speculation, processor=processor)
     list(generation)
     return generation
 
@@ -68,12 +68,12 @@ def test_a_processor_passed_to_the_loop_is_obeyed(model, speculation):
     free = reply(model, settings, speculation=speculation)
     banned = Counter(free.tokens).most_common(1)[0][0]
     ban = Ban(banned)
-    held = reply(model, settings, [ban], speculation)
+    held = reply(model, settings, ban, speculation)
     assert banned not in held.tokens and len(held.tokens) == 40
     assert ban.taken == held.tokens  # it followed every token, drafts kept included
     if speculation is not None:
         assert held.stats.accepted_tokens > 0
-        assert held.tokens == reply(model, settings, [Ban(banned)]).tokens  # the same reply as without drafts
+        assert held.tokens == reply(model, settings, Ban(banned)).tokens  # the same reply as without drafts
 
 
 def test_a_sampled_reply_obeys_a_processor_with_speculation(model):
@@ -81,25 +81,29 @@ def test_a_sampled_reply_obeys_a_processor_with_speculation(model):
     free = reply(model, settings)
     banned = Counter(free.tokens).most_common(1)[0][0]
     for speculation in (None, Speculation(lookup=DraftLength(4))):
-        held = reply(model, settings, [Ban(banned)], speculation)
+        held = reply(model, settings, Ban(banned), speculation)
         assert banned not in held.tokens and len(held.tokens) == 40
 
 
-def test_processors_combine_masks_in_order_and_agree_on_drafts():
-    first, second = Ban(1), Ban(2)
-    both = Processors([first, second, Forcing(forced=[5, 6, 7]), Forcing(allowed=2)])
-    masked = both.mask(torch.zeros(4))
-    assert masked.tolist() == [0.0, float("-inf"), float("-inf"), 0.0]
-    both.advance(3)
-    assert first.taken == second.taken == [3]
-    assert both.forced() == [5, 6]  # as far as the others allow
-    assert both.allowed_prefix([1, 2, 3]) == 2
-    assert not both.finished and both.extra_tokens == 0
-    assert Processors([Ban(1), Forcing(finished=True, extra_tokens=9)]).finished
-    assert Processors([Forcing(extra_tokens=9), Forcing(extra_tokens=3)]).extra_tokens == 9
-    assert not Processors() and Processors().forced() == [] and Processors().allowed_prefix([1, 2]) == 2
+def test_a_processor_has_no_say_where_it_does_not_override():
+    """What a reply with no rule runs with: nothing masked, forced, refused or finished."""
+    nothing = LogitsProcessor()
+    logits = torch.tensor([0.5, -1.0, 2.0])
+    assert torch.equal(nothing.mask(logits), logits)
+    assert nothing.forced() == [] and nothing.allowed_prefix([1, 2]) == 2
+    assert not nothing.finished and nothing.extra_tokens == 0
+    ban = Ban(1)
+    ban.advance(3)
+    assert ban.taken == [3] and ban.forced() == [] and ban.allowed_prefix([1, 2, 3]) == 3
+    assert Forcing(forced=[5, 6, 7]).forced() == [5, 6, 7] and Forcing(allowed=2).allowed_prefix([1, 2, 3]) == 2
+
+
+def test_a_reply_without_a_processor_is_the_one_with_a_processor_of_no_say(model):
+    settings = SamplingSettings(temperature=0, max_tokens=20)
+    free = reply(model, settings)
+    assert not free.constrained and free.tokens == reply(model, settings, LogitsProcessor()).tokens
 
 
 def test_the_loop_ends_when_a_processor_is_finished(model):
-    generation = reply(model, SamplingSettings(temperature=0, max_tokens=40), [Forcing(finished=True)])
+    generation = reply(model, SamplingSettings(temperature=0, max_tokens=40), Forcing(finished=True))
     assert len(generation.tokens) == 1 and generation.stats.stop_reason == "format_complete"

@@ -18,7 +18,6 @@ from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.generation import GenerationStats, Piece
-from llama_chat.engine.runners import Wrapper
 from llama_chat.errors import LlamaChatError
 from llama_chat.options import DraftLength
 from llama_chat.repl.app import ChatCompleter, history_path, run_repl, toolbar
@@ -206,11 +205,18 @@ def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     session = Session(model, SamplingSettings(temperature=0, max_tokens=10))
     session.speculation.lookup = DraftLength(0)  # a step per token
 
-    class UntilCtrlC(Wrapper):
+    class UntilCtrlC:
         """Ctrl-C lands while the model computes: here, in the fourth call (the prefill, then
-        one per generated token), so three tokens have been shown."""
+        one per generated token), so three tokens have been shown; the runner's other
+        attributes are its own."""
 
         calls = 0
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
 
         def __call__(self, cache, ids, **options):
             self.calls += 1

@@ -8,9 +8,9 @@ from gguf import GGMLQuantizationType as QType
 import llama_chat
 from llama_chat import Llama
 from llama_chat.engine import compiled
-from llama_chat.engine.runners import CompiledRunner, EagerRunner, Runner, TimedRunner, Wrapper
+from llama_chat.engine.runners import Runner
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.parallel.group_runner import GroupRunner
+from llama_chat.parallel.group_runner import GroupHook
 
 from .conftest import tiny_args
 from .test_gguf import IDS, tiny_hf_model, write_gguf
@@ -28,23 +28,22 @@ def greedy(model: Llama, prompt: list[int], tokens: int) -> tuple[list[int], lis
     return ids, steps
 
 
-def compiled_runner(model: Llama) -> CompiledRunner:
-    """The compiled runner inside the model's wrappers (timing, threads)."""
-    runner = model.runner
-    while not isinstance(runner, CompiledRunner):
-        runner = runner.inner
-    return runner
+def compiled_runner(model: Llama) -> Runner:
+    """The model's runner, whose compiled packages a test sets."""
+    return model.runner
 
 
-def new_compiled_runner(model: Llama) -> CompiledRunner:
-    return CompiledRunner(EagerRunner(model.transformer), model.cache_dtype)
+def new_compiled_runner(model: Llama) -> Runner:
+    return Runner(model.transformer, model.cache_dtype)
 
 
-def test_every_runner_is_a_runner():
-    """Each runner class has what the Runner protocol names, called as it says."""
-    eager = EagerRunner(Llama.random(tiny_args(), seed=1).transformer)
-    compiled_one = CompiledRunner(eager, torch.float32)
-    runners = [eager, compiled_one, TimedRunner(compiled_one), Wrapper(eager), GroupRunner(eager, peers=None)]
+def test_a_runner_alone_and_in_a_group_is_called_alike():
+    """The runner, on its own and with a tensor-parallel group's hook, is called as
+    `runner(cache, ids, every_logits=...)` and says what runs."""
+    model = Llama.random(tiny_args(), seed=1)
+    grouped = Runner(model.transformer, torch.float32)
+    grouped.group = GroupHook(peers=None)
+    runners = [model.runner, Runner(model.transformer, torch.float32), grouped]
     for runner in runners:
         assert isinstance(runner, Runner), type(runner)
         call = inspect.signature(type(runner).__call__).parameters
@@ -52,6 +51,36 @@ def test_every_runner_is_a_runner():
         assert "every_logits" in call or any(p.kind is p.VAR_KEYWORD for p in call.values()), type(runner)
         assert isinstance(runner.status.describe(), str)
     assert not isinstance(object(), Runner)
+    assert grouped.compile().describe() == "eager (a compiled step cannot all-reduce between ranks)"
+
+
+class Peers:
+    """The other ranks of a group, as rank 0's runner posts to them."""
+
+    def __init__(self) -> None:
+        self.posted = []
+
+    def feed(self, cache, ids, chunk_size):
+        self.posted.append(("feed", len(cache), list(ids), chunk_size))
+
+    def logits(self, ids):
+        self.posted.append(("logits", list(ids)))
+
+
+def test_a_runner_in_a_group_posts_each_call_before_making_it():
+    model = Llama.random(tiny_args(), seed=1)
+    peers = Peers()
+    grouped = Runner(model.transformer, torch.float32)
+    grouped.group = GroupHook(peers)
+    ids = [(37 * i) % 250 + 3 for i in range(12)]
+    alone, together = model.new_cache(16), model.new_cache(16)
+    assert torch.equal(grouped(together, ids[:10], chunk_size=4), model.runner(alone, ids[:10], chunk_size=4))
+    assert torch.equal(grouped(together, ids[10:], every_logits=True), model.runner(alone, ids[10:], every_logits=True))
+    assert torch.equal(grouped.logits(ids), model.logits(ids))
+    assert peers.posted == [("feed", 0, ids[:10], 4), ("feed", 10, ids[10:], 256), ("logits", ids)]
+    with pytest.raises(llama_chat.errors.ContextOverflowError):  # refused before anything is posted
+        grouped(together, ids)
+    assert len(peers.posted) == 3
 
 
 @pytest.mark.parametrize("n_kv_heads", [6, 2, 1])

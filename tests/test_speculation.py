@@ -144,7 +144,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
 
 
 class Timings:
-    """A model step's timings, as TimedRunner.seconds gives them."""
+    """A model step's timings, as Runner.seconds gives them."""
 
     def __init__(self, seconds):
         self.seconds = seconds

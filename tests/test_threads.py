@@ -4,8 +4,8 @@ the same chunks, the same logits."""
 
 import torch
 
-from llama_chat.engine import runners
-from llama_chat.engine.runners import PREFILL_CHUNK, EagerRunner, ThreadGovernor
+from llama_chat.engine.runners import PREFILL_CHUNK, Runner
+from llama_chat.engine.threads import STALE_SECONDS, ThreadGovernor
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.repl.model_commands import threads_note
 
@@ -13,9 +13,11 @@ from .test_session import chat_model
 
 
 class Machine:
-    """A clock, and a model call whose time depends on its threads and on whether another
-    process takes a core (times as measured on a 2-core machine: a starved thread costs
-    far more than its share)."""
+    """A clock, and a model on the cpu whose calls' time depends on their threads and on
+    whether another process takes a core (times as measured on a 2-core machine: a starved
+    thread costs far more than its share)."""
+
+    rope_cos = torch.zeros(1)  # where the runner looks for the model's device
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -25,25 +27,35 @@ class Machine:
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, cache, ids, **options):
-        threads = torch.get_num_threads()
-        self.calls.append((threads, len(ids)))
+    def __call__(self, tokens, cache=None, **options):
+        threads, count = torch.get_num_threads(), tokens.shape[1]
+        self.calls.append((threads, count))
         per_token = {(2, False): 1.0, (1, False): 1.8, (2, True): 8.0, (1, True): 1.6}[threads, self.busy]
-        self.now += per_token * (1 if len(ids) == 1 else len(ids) * 0.05) / 1000
-        return torch.zeros(4)
+        self.now += per_token * (1 if count == 1 else count * 0.05) / 1000
+        return torch.zeros(1, 1, 4)
+
+
+class Unwritten:
+    """A cache the machine never writes: room for any call."""
+
+    def check_room(self, count: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
 
 
 def governed(machine, background=lambda: 0):
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
-    governor = ThreadGovernor(machine, most=2, background=background, clock=machine.clock)
-    return governor, saved
+    governor = ThreadGovernor(most=2, background=background, clock=machine.clock)
+    return Runner(machine, torch.float32, governor), saved
 
 
-def steps(governor, machine, count):
+def steps(runner, machine, count):
     start = len(machine.calls)
     for _ in range(count):
-        governor(None, [1])
+        runner(Unwritten(), [1])
     return [threads for threads, _ in machine.calls[start:]]
 
 
@@ -57,7 +69,7 @@ def test_a_busy_machine_gets_one_thread_and_an_idle_one_both_again():
         busy = steps(governor, machine, 200)
         assert busy[-100:].count(1) >= 85  # found out within the first steps and kept to
         machine.busy = False
-        machine.now += runners.STALE_SECONDS  # the user reads, then sends the next message
+        machine.now += STALE_SECONDS  # the user reads, then sends the next message
         again = steps(governor, machine, 100)
         assert again[-50:].count(2) >= 40
     finally:
@@ -80,10 +92,10 @@ def test_a_prompt_chunk_that_starved_sends_the_next_to_fewer_threads():
     machine = Machine()
     governor, saved = governed(machine)
     try:
-        governor(None, list(range(PREFILL_CHUNK * 2)))  # idle: each count's best chunk time learnt
+        governor(Unwritten(), list(range(PREFILL_CHUNK * 2)))  # idle: each count's best chunk time learnt
         machine.calls.clear()
         machine.busy = True
-        governor(None, list(range(PREFILL_CHUNK * 4)))
+        governor(Unwritten(), list(range(PREFILL_CHUNK * 4)))
         assert [threads for threads, _ in machine.calls] == [2, 1, 1, 1]
         assert {tokens for _, tokens in machine.calls} == {PREFILL_CHUNK}
     finally:
@@ -92,16 +104,16 @@ def test_a_prompt_chunk_that_starved_sends_the_next_to_fewer_threads():
 
 def test_the_governor_gives_the_eager_calls_logits():
     model = chat_model(max_seq_len=1024)
-    governor = ThreadGovernor(EagerRunner(model.transformer), most=torch.get_num_threads())
+    governor = Runner(model.transformer, model.cache_dtype, ThreadGovernor(most=torch.get_num_threads()))
     ids = list(range(1, 200)) * 3
     plain_cache, governed_cache = model.new_cache(), model.new_cache()
-    assert torch.equal(governor(governed_cache, ids), EagerRunner(model.transformer)(plain_cache, ids))
+    assert torch.equal(governor(governed_cache, ids), Runner(model.transformer, model.cache_dtype)(plain_cache, ids))
     assert governed_cache.tokens == plain_cache.tokens
     reply = model.generate([1, 2, 3], SamplingSettings(temperature=0, max_tokens=8))  # through the model's runner
     list(reply)
-    assert isinstance(model.runner.inner, ThreadGovernor) and reply.stats.generated_tokens == 8
-    most = model.runner.inner.most
-    assert threads_note(model) == f"; {model.runner.inner.threads} of {most} threads, as measured fastest of late"
+    assert isinstance(model.runner.governor, ThreadGovernor) and reply.stats.generated_tokens == 8
+    most = model.runner.governor.most
+    assert threads_note(model) == f"; {model.runner.governor.threads} of {most} threads, as measured fastest of late"
 
 
 def test_a_compiled_step_is_the_same_whatever_threads_the_chat_runs_with():
@@ -127,10 +139,10 @@ def test_a_model_loaded_while_a_governor_runs_on_fewer_threads_gets_the_process_
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        lending = ThreadGovernor(Machine(), background=lambda: 1)
-        lending(None, [1])
+        lending = Runner(Machine(), torch.float32, ThreadGovernor(background=lambda: 1))
+        lending(Unwritten(), [1])
         assert torch.get_num_threads() == 1
-        assert ThreadGovernor(Machine()).most == 2
-        assert chat_model().runner.inner.most == 2
+        assert ThreadGovernor().most == 2
+        assert chat_model().runner.governor.most == 2
     finally:
         torch.set_num_threads(saved)

@@ -235,7 +235,7 @@ def test_calls_sampled_at_temperature_one_always_parse_and_fit_the_schema(lookup
         required = offer.constraint_format(model.tokenizer, ToolChoice.REQUIRED)
         constraint = required.start(model.tokenizer, model.stop_ids)
         generation = model.generate(prompt, settings, cache=session.cache, speculation=session.speculation,
-                                    processors=[constraint])
+                                    processor=constraint)
         list(generation)
         read = read_calls(HERMES, generation.text)  # raises where a call does not parse
         for call in read.calls:

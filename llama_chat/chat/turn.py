@@ -130,16 +130,16 @@ class Turn:
 
     def _generate(self, prompt: list[int]) -> Generation:
         tokenizer = self.model.tokenizer
-        processors: list[LogitsProcessor] = []
+        processor: LogitsProcessor | None = None
         stops = self.model.stop_ids
         if self.running.format is not None:
-            processors.append(self.running.format.start(tokenizer, stops))
+            processor = self.running.format.start(tokenizer, stops)
         elif self.offer is not None:
             choice = self.offer.choice(len(self.rounds), self.calls_made)
-            processors.append(self.offer.constraint_format(tokenizer, choice).start(tokenizer, stops))
+            processor = self.offer.constraint_format(tokenizer, choice).start(tokenizer, stops)
         generation = self.model.generate(
             prompt, self.settings, cache=self.running.cache, speculation=self.running.speculation,
-            processors=processors,
+            processor=processor,
         )
         self.generations.append(generation)
         return generation

@@ -34,7 +34,7 @@ from llama_chat.kernels.machine_limits import (
 from llama_chat.llama import Llama
 from llama_chat.loading import model_memory_bytes
 from llama_chat.options import DraftLength, LoadOptions
-from llama_chat.parallel.group_runner import GroupRunner, run_in_group
+from llama_chat.parallel.group_runner import run_in_group
 from llama_chat.process_memory import memory_now_mb, memory_report, peak_memory_mb
 
 # Shapes of known models, for benchmarking random weights without any files.
@@ -311,7 +311,8 @@ def measure_and_report(flags: argparse.Namespace, options: LoadOptions, loader: 
     # A first build is measured with the kernels it makes.
     kernels = native.status(wait=True, kernels=options.kernels)
     model, loading = load_and_compile(flags, loader)
-    peers = model.runner.peers if isinstance(model.runner, GroupRunner) else None  # the other ranks, under --tp
+    group = model.runner.group
+    peers = group.peers if group is not None else None  # the other ranks, under --tp
     result = run(model, flags.prompt_tokens, flags.new_tokens, flags.repeats)
     add_speculation(result, model, flags)
     result.update(loading)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from llama_chat.engine.cache import KVCache
-from llama_chat.engine.processors import LogitsProcessor, Processors
+from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.sampling import Sampler, SamplingSettings
 from llama_chat.engine.speculation import Speculation, SpeculativeStep
 from llama_chat.engine.steps import DecodeStep, PlainStep
@@ -28,7 +28,7 @@ class StopReason(enum.StrEnum):
 
     STOP_TOKEN = "stop_token"
     STOP_STRING = "stop_string"
-    FORMAT_COMPLETE = "format_complete"  # its processors allow nothing more
+    FORMAT_COMPLETE = "format_complete"  # its processor allows nothing more
     MAX_TOKENS = "max_tokens"
     CONTEXT_FULL = "context_full"
     INTERRUPTED = "interrupted"  # stopped from outside before it ended (Ctrl-C, an error)
@@ -131,7 +131,7 @@ class Generation:
         stop_ids: Iterable[int],
         stop_strings: Iterable[str] = (),
         speculation: Speculation | None = None,
-        processors: Sequence[LogitsProcessor] = (),
+        processor: LogitsProcessor | None = None,
     ) -> None:
         if not prompt_ids:
             raise ValueError("generation needs at least one prompt token")
@@ -148,7 +148,8 @@ class Generation:
         self.stop_ids = frozenset(stop_ids)
         self.stop_strings = list(stop_strings)
         self.speculation = speculation
-        self.processors = Processors(processors)  # the reply's rules: its format, if it has one
+        self.constrained = processor is not None  # the reply follows a rule: its format
+        self.processor = processor if processor is not None else LogitsProcessor()  # one with no say
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.tokens: list[int] = []
         self.text = ""
@@ -165,7 +166,7 @@ class Generation:
         for _ in range(self._token_limit()):
             token = next(tokens, None)
             if token is None:
-                reason = StopReason.FORMAT_COMPLETE if self.processors.finished else StopReason.CONTEXT_FULL
+                reason = StopReason.FORMAT_COMPLETE if self.processor.finished else StopReason.CONTEXT_FULL
                 break
             if token in self.stop_ids:
                 reason = StopReason.STOP_TOKEN
@@ -178,11 +179,11 @@ class Generation:
             if hit_stop_string:
                 reason = StopReason.STOP_STRING
                 break
-        if reason == StopReason.MAX_TOKENS and self.processors.finished:  # with the last token allowed
+        if reason == StopReason.MAX_TOKENS and self.processor.finished:  # with the last token allowed
             reason = StopReason.FORMAT_COMPLETE
         self.cache.checkpoint()  # where the conversation goes back to when the next exchange is undone
-        self.stats.constraint_seconds = self.processors.seconds
-        self.stats.constraint_masks = self.processors.masks
+        self.stats.constraint_seconds = self.processor.seconds
+        self.stats.constraint_masks = self.processor.masks
         self.stats.stop_reason = reason
         if reason != StopReason.STOP_STRING:
             rest, _ = stops.feed(detokenizer.flush())
@@ -193,34 +194,34 @@ class Generation:
 
     def _next_tokens(self, logits: torch.Tensor) -> Iterator[int]:
         """The reply's tokens in order, each fed to the model only once the next one is wanted
-        (ending when there is no room for it, or the processors allow nothing more). A step
+        (ending when there is no room for it, or the processor allows nothing more). A step
         gives the next token, after the drafts the model kept if it drafted."""
         history = list(self.prompt_ids)
-        plain = PlainStep(self.runner, self.cache, Sampler(self.settings), self.processors)
+        plain = PlainStep(self.runner, self.cache, Sampler(self.settings), self.processor)
         step = self._decode_step(plain)
         token = plain.choose(logits, history)
         while True:
-            self.processors.advance(token)
+            self.processor.advance(token)
             history.append(token)
             yield token
             generated = len(history) - len(self.prompt_ids)
             room = self._room(generated)
-            if room == 0 or self.processors.finished:
+            if room == 0 or self.processor.finished:
                 return
-            self.processors.near_end(generated, self.settings.max_tokens, room)
+            self.processor.near_end(generated, self.settings.max_tokens, room)
             taken = step(token, history, room - 1)
             self.stats.drafted_tokens += taken.drafted
             self.stats.accepted_tokens += len(taken.kept)
-            for kept in taken.kept:  # the processors took them in the verify step
+            for kept in taken.kept:  # the processor took them in the verify step
                 history.append(kept)
                 yield kept
-            if self.processors.finished:  # the format has taken the kept drafts, and no more
+            if self.processor.finished:  # the format has taken the kept drafts, and no more
                 return
             token = taken.token
 
     def _decode_step(self, plain: PlainStep) -> DecodeStep:
-        """The plain step, unless something drafts: speculation, or processors that force tokens."""
-        if self.speculation is None and not self.processors:
+        """The plain step, unless something drafts: speculation, or a processor that forces tokens."""
+        if self.speculation is None and not self.constrained:
             return plain
         return SpeculativeStep(plain, self.speculation)
 
@@ -241,8 +242,8 @@ class Generation:
             yield token
 
     def _token_limit(self) -> int:
-        """max_tokens, and the tokens the processors may take past them to end whole."""
-        return self.settings.max_tokens + self.processors.extra_tokens
+        """max_tokens, and the tokens the processor may take past them to end whole."""
+        return self.settings.max_tokens + self.processor.extra_tokens
 
     def _prefill(self):
         """Feed the prompt tokens not already cached; return the last position's logits."""

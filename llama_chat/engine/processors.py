@@ -2,9 +2,10 @@
 
 A processor changes the logits before each token is chosen and follows the tokens taken.
 It may also propose drafts it is sure of (the bytes a format forces next), refuse drafts
-it would never allow, and take tokens past max_tokens to end the reply whole. The
-decode loop and speculation see only `Processors`, the reply's processors as one, so a
-new kind of rule slots in without touching them.
+it would never allow, and take tokens past max_tokens to end the reply whole. A reply
+follows one processor or none; the decode loop and speculation see only this interface,
+so a new kind of rule slots in without touching them (a reply with no rule runs with the
+base class, which has no say in anything).
 """
 
 from __future__ import annotations
@@ -46,53 +47,3 @@ class LogitsProcessor:
         """Whether nothing more may follow: the reply ends here."""
         return False
 
-
-class Processors(LogitsProcessor):
-    """A reply's processors applied as one, in order."""
-
-    def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
-        self.processors = list(processors)
-
-    def __bool__(self) -> bool:
-        return bool(self.processors)
-
-    @property
-    def extra_tokens(self) -> int:
-        return max((p.extra_tokens for p in self.processors), default=0)
-
-    @property
-    def seconds(self) -> float:
-        return sum(p.seconds for p in self.processors)
-
-    @property
-    def masks(self) -> int:
-        return sum(p.masks for p in self.processors)
-
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        for processor in self.processors:
-            logits = processor.mask(logits)
-        return logits
-
-    def advance(self, token: int) -> None:
-        for processor in self.processors:
-            processor.advance(token)
-
-    def forced(self) -> list[int]:
-        """The first processor's forced tokens, as far as the others allow them."""
-        for index, processor in enumerate(self.processors):
-            tokens = processor.forced()
-            if tokens:
-                others = self.processors[:index] + self.processors[index + 1 :]
-                return tokens[: min((p.allowed_prefix(tokens) for p in others), default=len(tokens))]
-        return []
-
-    def allowed_prefix(self, tokens: Sequence[int]) -> int:
-        return min((p.allowed_prefix(tokens) for p in self.processors), default=len(tokens))
-
-    def near_end(self, generated: int, max_tokens: int, room: int) -> None:
-        for processor in self.processors:
-            processor.near_end(generated, max_tokens, room)
-
-    @property
-    def finished(self) -> bool:
-        return any(p.finished for p in self.processors)

@@ -1,19 +1,17 @@
-"""Runners: how the model runs on a KV cache, as interchangeable wrappers around one call.
+"""The runner: how a model runs on a KV cache.
 
-Every runner is a `Runner`, called alike, `runner(cache, ids, every_logits=False)`: it
-feeds ids at the cache's next positions and returns the float32 logits after the last one
-[vocab], or with every_logits after each of them [len(ids), vocab] (a verify step). Each
-also has `logits(ids)` (a whole-sequence pass, no cache), `status` (what runs, as data),
-`compile()` and `cancel()`.
-
-- EagerRunner: the model's forward, a prompt in chunks of PREFILL_CHUNK tokens.
-- CompiledRunner: the packages compiled ahead of time for short calls (engine/compiled),
-  the eager runner for the rest, and their life cycle (loaded from disk, or built in the
-  background while the chat goes on).
-- TimedRunner: keeps the recent times of short calls, which the draft planner weighs.
-- ThreadGovernor: runs each call with the thread count measured fastest of late (below).
-- GroupRunner (parallel/group_runner): posts each call to a tensor-parallel group's other
-  ranks first.
+`runner(cache, ids, every_logits=False)` feeds ids at the cache's next positions and
+returns the float32 logits after the last one [vocab], or with every_logits after each of
+them [len(ids), vocab] (a verify step). `logits(ids)` is a whole-sequence pass with no
+cache. One call, in order:
+1. the call is refused if it does not fit the cache; under tensor parallelism the group's
+   hook (parallel/group_runner) posts it to the other ranks first;
+2. on the cpu, the `ThreadGovernor` (engine/threads) says which thread count it runs with;
+3. its ids go in chunks of at most PREFILL_CHUNK tokens, each through the package
+   compiled ahead of time (engine/compiled) where one fits, else the model's eager forward;
+4. its time is recorded when it is short: what the draft planner (engine/speculation) weighs.
+`compile()` opens the compiled packages, or builds them in the background while the chat
+runs eagerly; `status` says what runs, as data.
 """
 
 from __future__ import annotations
@@ -22,22 +20,23 @@ import enum
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
 from llama_chat.engine import compiled
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.model import Transformer
-from llama_chat.engine.threads import process_threads, run_with
+from llama_chat.engine.threads import ThreadGovernor
 from llama_chat.process_memory import return_freed_memory
 
 PREFILL_CHUNK = 256  # tokens per model call at most: bounds a prompt's temporaries (256 read prompts as fast
 # as 512 on the default model and a 1.2 B Q4_0 file, at 50 and 100 MB less memory)
 
 
-class Mode(enum.Enum):
+class ExecutionMode(enum.Enum):
     EAGER = "eager"
     COMPILING = "compiling"
     COMPILED = "compiled"
@@ -47,7 +46,7 @@ class Mode(enum.Enum):
 class RunnerStatus:
     """What runs a model's short calls, and why (for people; "" when nothing needs saying)."""
 
-    mode: Mode
+    mode: ExecutionMode
     detail: str = ""
 
     def describe(self) -> str:
@@ -55,120 +54,120 @@ class RunnerStatus:
         return f"{self.mode.value} ({self.detail})" if self.detail else self.mode.value
 
 
-@runtime_checkable
-class Runner(Protocol):
-    """How a model runs: what every runner offers, and what wrappers pass through."""
+class CallHook(Protocol):
+    """What a tensor-parallel group adds around rank 0's calls (parallel/group_runner's
+    GroupHook)."""
+
+    status: RunnerStatus  # eager, and why
+
+    def call(self, cache: KVCache, ids: Sequence[int], chunk_size: int) -> AbstractContextManager[None]:
+        """Around a call: the other ranks told to make it too."""
+
+    def logits(self, ids: Sequence[int]) -> AbstractContextManager[None]:
+        """Around a whole-sequence pass: the other ranks told to make it too."""
+
+
+class Runner:
+    """How a model runs on a cache: eager or compiled chosen a call at a time, timed, with
+    the threads `governor` chooses (None: PyTorch's as they are), and the `group`'s hook
+    around each call under tensor parallelism."""
+
+    def __init__(self, transformer: Transformer, cache_dtype: torch.dtype,
+                 governor: ThreadGovernor | None = None) -> None:
+        self.transformer = transformer
+        self.cache_dtype = cache_dtype
+        self.governor = governor
+        self.group: CallHook | None = None  # set when the model joins a tensor-parallel group
+        self.packages: compiled.CompiledPackages | None = None
+        self.pending: compiled.BackgroundBuild | None = None
+        self._status = RunnerStatus(ExecutionMode.EAGER)
+        self._times: dict[int, deque[float]] = {}  # tokens in a short call -> its recent times
+
+    def __call__(
+        self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, chunk_size: int = PREFILL_CHUNK
+    ) -> torch.Tensor:
+        """Feed ids at the cache's next positions: the logits after the last [vocab], or with
+        every_logits after each of them [len(ids), vocab]."""
+        if not ids:
+            raise ValueError("a model call needs at least one token")
+        cache.check_room(len(ids))  # before posting: a refused call must be refused on every rank
+        if self.pending is not None:
+            self._take_pending()
+        with nullcontext() if self.group is None else self.group.call(cache, ids, chunk_size):
+            started = time.perf_counter()
+            if self.governor is None or len(ids) <= compiled.VERIFY_TOKENS or every_logits:
+                logits = self._step(cache, ids, every_logits, chunk_size)
+            else:  # a prompt: the governor paces its chunks
+                logits = self._chunks(cache, ids, every_logits, chunk_size, self.governor.prompt_threads())
+            if len(ids) <= compiled.VERIFY_TOKENS:
+                self._times.setdefault(len(ids), deque(maxlen=8)).append(time.perf_counter() - started)
+        return logits
+
+    @torch.inference_mode()
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Float32 logits [len(ids), vocab] from one whole-sequence pass, no cache involved."""
+        with nullcontext() if self.group is None else self.group.logits(ids):
+            tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.transformer.rope_cos.device)
+            return self.transformer(tokens)[0]
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """What a call of n tokens costs, by n (short calls that ran at least twice): the least
+        of its recent times, as a busy machine only ever adds to them. A size's first run
+        alone may include one-off costs (a kernel's first call), so it is not trusted."""
+        return {rows: min(times) for rows, times in self._times.items() if len(times) > 1}
+
+    def _step(self, cache: KVCache, ids: Sequence[int], every_logits: bool, chunk_size: int) -> torch.Tensor:
+        """A call on one thread count, which the governor learns from (a decode or verify step)."""
+        if self.governor is None:
+            return self._chunks(cache, ids, every_logits, chunk_size)
+        threads = self.governor.step_threads(len(ids))
+        started = self.governor.use(threads)
+        logits = self._chunks(cache, ids, every_logits, chunk_size)
+        self.governor.step_took(threads, len(ids), started)
+        return logits
+
+    @torch.inference_mode()
+    def _chunks(self, cache: KVCache, ids: Sequence[int], every_logits: bool, chunk_size: int,
+                threads: int = 0) -> torch.Tensor:
+        """ids in chunks of at most chunk_size tokens (in one where a compiled package takes
+        them all); with `threads`, a prompt whose chunks the governor paces: each on the count
+        the chunk before left, as it found the machine."""
+        if self._compiled_fits(cache, len(ids)):
+            chunk_size = len(ids)
+        outputs = []
+        for start in range(0, len(ids), chunk_size):
+            chunk = ids[start : start + chunk_size]
+            began = self.governor.use(threads) if threads else 0.0
+            # Only the last chunk's last logits are wanted, unless every token's are.
+            wanted = every_logits or start + chunk_size >= len(ids)
+            logits = self._forward(cache, chunk, every_logits, wanted)
+            if wanted:
+                outputs.append(logits)
+            if threads and len(chunk) == chunk_size:
+                threads = self.governor.chunk_took(threads, chunk_size, began)
+        return torch.cat(outputs) if every_logits else outputs[-1][-1]
+
+    def _forward(self, cache: KVCache, chunk: Sequence[int], every_logits: bool, head: bool) -> torch.Tensor | None:
+        """One model call: logits [rows, vocab] (every token's from a package or with
+        every_logits, else the last's), None without the head."""
+        if self._compiled_fits(cache, len(chunk)):
+            return self.packages(cache, chunk)
+        tokens = torch.tensor([list(chunk)], dtype=torch.long, device=self.transformer.rope_cos.device)
+        logits = self.transformer(tokens, cache, last_only=not every_logits, head=head)
+        if len(chunk) > compiled.VERIFY_TOKENS:  # a prompt chunk: its temporaries (tens of MB) are not kept
+            return_freed_memory()
+        return None if logits is None else logits[0]
+
+    def _compiled_fits(self, cache: KVCache, tokens: int) -> bool:
+        """Whether the packages take a call of `tokens` now (after a held position)."""
+        return self.packages is not None and len(cache) > 0 and 0 < tokens <= compiled.VERIFY_TOKENS
 
     @property
     def status(self) -> RunnerStatus:
         """What runs the model's short calls, and why."""
-
-    def __call__(self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False) -> torch.Tensor:
-        """Feed ids at the cache's next positions: the logits after the last [vocab], or
-        with every_logits after each of them [len(ids), vocab]."""
-
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        """Float32 logits [len(ids), vocab] from one whole-sequence pass, no cache involved."""
-
-    def compile(self, **options) -> RunnerStatus:
-        """Use compiled steps where the runner can; what runs now."""
-
-    def cancel(self) -> None:
-        """Stop work going on in the background (a compiled step's build)."""
-
-
-class EagerRunner:
-    """The model's forward on the cache, in Python."""
-
-    status = RunnerStatus(Mode.EAGER)
-
-    def __init__(self, transformer: Transformer) -> None:
-        self.transformer = transformer
-
-    @torch.inference_mode()
-    def __call__(
-        self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, chunk_size: int = PREFILL_CHUNK
-    ) -> torch.Tensor:
-        if not ids:
-            raise ValueError("a model call needs at least one token")
-        cache.check_room(len(ids))
-        device = self.transformer.rope_cos.device
-        outputs = []
-        for start in range(0, len(ids), chunk_size):
-            tokens = torch.tensor([list(ids[start : start + chunk_size])], dtype=torch.long, device=device)
-            # Only the last chunk's last logits are wanted, unless every token's are.
-            wanted = every_logits or start + chunk_size >= len(ids)
-            logits = self.transformer(tokens, cache, last_only=not every_logits, head=wanted)
-            if wanted:
-                outputs.append(logits[0])
-        if len(ids) > compiled.VERIFY_TOKENS:  # a prompt: its temporaries (tens of MB a chunk) are not kept
-            return_freed_memory()
-        return torch.cat(outputs) if every_logits else outputs[-1][-1]
-
-    @torch.inference_mode()
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        """Float32 logits [len(ids), vocab] from one whole-sequence pass, no cache involved."""
-        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.transformer.rope_cos.device)
-        return self.transformer(tokens)[0]
-
-    def compile(self, **_) -> RunnerStatus:
-        return self.status
-
-    def cancel(self) -> None:
-        pass
-
-
-class Wrapper:
-    """A runner around another: passes everything through that it does not change."""
-
-    def __init__(self, inner: Runner) -> None:
-        self.inner = inner
-
-    def __call__(self, cache: KVCache, ids: Sequence[int], **options) -> torch.Tensor:
-        return self.inner(cache, ids, **options)
-
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.inner.logits(ids)
-
-    @property
-    def status(self) -> RunnerStatus:
-        return self.inner.status
-
-    @property
-    def seconds(self) -> dict[int, float]:
-        return self.inner.seconds
-
-    def compile(self, **options) -> RunnerStatus:
-        return self.inner.compile(**options)
-
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-
-class CompiledRunner(Wrapper):
-    """Short calls (up to VERIFY_TOKENS tokens after a held position) through the compiled
-    packages once they are there; everything else, and everything until then, eagerly."""
-
-    def __init__(self, inner: EagerRunner, cache_dtype: torch.dtype) -> None:
-        super().__init__(inner)
-        self.transformer = inner.transformer
-        self.cache_dtype = cache_dtype
-        self.packages: compiled.CompiledPackages | None = None
-        self.pending: compiled.BackgroundBuild | None = None
-        self._status = RunnerStatus(Mode.EAGER)
-
-    def __call__(self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, **options) -> torch.Tensor:
-        if self.pending is not None:
-            self._take_pending()
-        if self.packages is None or not len(cache) or not 0 < len(ids) <= compiled.VERIFY_TOKENS:
-            return self.inner(cache, ids, every_logits=every_logits, **options)
-        cache.check_room(len(ids))
-        with torch.inference_mode():
-            logits = self.packages(cache, ids)
-        return logits if every_logits else logits[-1]
-
-    @property
-    def status(self) -> RunnerStatus:
+        if self.group is not None:
+            return self.group.status
         if self.pending is not None:
             self._take_pending()
         return self._status
@@ -176,27 +175,27 @@ class CompiledRunner(Wrapper):
     def compile(self, *, wait: bool = False, background: bool = True) -> RunnerStatus:
         """Use the compiled packages: load them if they are on disk (a few milliseconds), else
         build them in the background (or, with background false, not at all)."""
-        if self.packages is not None or self.pending is not None:
+        if self.group is not None or self.packages is not None or self.pending is not None:
             return self.status
         why_not = self._unavailable()
         if why_not:
-            self._status = RunnerStatus(Mode.EAGER, why_not)
+            self._status = RunnerStatus(ExecutionMode.EAGER, why_not)
             return self._status
         path = compiled.package_path(self.transformer, self.cache_dtype)
         damaged = ""
         if compiled.is_built(path):
             self.packages, damage = compiled.load_packages(path, self.transformer)
             if self.packages is not None:
-                self._status = RunnerStatus(Mode.COMPILED)
+                self._status = RunnerStatus(ExecutionMode.COMPILED)
                 return self._status
             damaged = f"the compiled step on disk did not load ({damage[:160]}), so it was removed; "
         if not background:
             if damaged:
-                self._status = RunnerStatus(Mode.EAGER, f"{damaged}the next chat builds it")
+                self._status = RunnerStatus(ExecutionMode.EAGER, f"{damaged}the next chat builds it")
             return self._status
         self.pending = compiled.BackgroundBuild(self.transformer, self.cache_dtype, path)
-        self._status = RunnerStatus(Mode.COMPILING, f"{damaged}in the background, once for this model and CPU; "
-                                                    "eager meanwhile")
+        self._status = RunnerStatus(ExecutionMode.COMPILING, f"{damaged}in the background, once for this model "
+                                                             "and CPU; eager meanwhile")
         if wait:
             self.pending.wait()
             self._take_pending()
@@ -219,12 +218,13 @@ class CompiledRunner(Wrapper):
             return
         self.pending = None
         if pending.packages is None:
-            self._status = RunnerStatus(Mode.EAGER, pending.error)
+            self._status = RunnerStatus(ExecutionMode.EAGER, pending.error)
             return
         self.packages = pending.packages
-        self._status = RunnerStatus(Mode.COMPILED, f"built in {pending.seconds:.0f} s")
+        self._status = RunnerStatus(ExecutionMode.COMPILED, f"built in {pending.seconds:.0f} s")
 
     def cancel(self) -> None:
+        """Stop a build of the compiled packages going on in the background."""
         if self.pending is not None:
             self.pending.cancel()
 
@@ -233,132 +233,12 @@ class CompiledRunner(Wrapper):
         return int(self.pending is not None and not self.pending.done())
 
 
-class TimedRunner(Wrapper):
-    """Keeps what short calls cost, by their number of tokens: what speculation weighs."""
-
-    def __init__(self, inner) -> None:
-        super().__init__(inner)
-        self._times: dict[int, deque[float]] = {}  # tokens in a call -> its recent times
-
-    def __call__(self, cache: KVCache, ids: Sequence[int], **options) -> torch.Tensor:
-        started = time.perf_counter()
-        logits = self.inner(cache, ids, **options)
-        if len(ids) <= compiled.VERIFY_TOKENS:
-            self._times.setdefault(len(ids), deque(maxlen=8)).append(time.perf_counter() - started)
-        return logits
-
-    @property
-    def seconds(self) -> dict[int, float]:
-        """What a call of n tokens costs, by n (short calls that ran at least twice): the least
-        of its recent times, as a busy machine only ever adds to them. A size's first run
-        alone may include one-off costs (a kernel's first call), so it is not trusted."""
-        return {rows: min(times) for rows, times in self._times.items() if len(times) > 1}
-
-
-# Threads
-# -------
-# How many threads the model's calls run with, chosen by measuring while the chat runs.
-#
-# A thread that waits on the others at every operator loses far more than its share when
-# another process takes its core: on a 2-core machine with one other busy process, two
-# threads decode at an eighth of their idle speed, one thread at two thirds. So the chat
-# does not assume the machine is its own. It times its calls with the threads it uses and
-# runs with whichever count was fastest of late: decode and verify steps try the other
-# counts now and then, and their times go stale after a few seconds, so a machine that
-# becomes idle again gets all its threads back. A prompt goes in chunks: it starts with the
-# count the steps chose (all the threads where nothing is known), and a chunk that took
-# far longer than that count ever took (a starved thread) sends the next one to fewer
-# threads. While a child of the chat works in the background (a kernel build, a compile),
-# one core is left to it.
-
-STALE_SECONDS = 4.0  # a step's time older than this says little of the machine now
-TRY_EVERY = 8  # steps between tries of a count with no fresh time
-KEPT = 6  # times kept a count and call size
-STARVED = 1.6  # a chunk this many times slower than its count's best had a thread starved
-
-
-class ThreadGovernor(Wrapper):
-    """Runs each call of `inner` with the thread count measured fastest of late, at most
-    `most` less the children `background()` says are working."""
-
-    def __init__(self, inner: Runner, most: int | None = None, background: Callable[[], int] = lambda: 0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        super().__init__(inner)
-        self.most = most or process_threads()
-        self.background = background
-        self.clock = clock
-        self._times: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (threads, tokens): (when, seconds)
-        self._chunk_best: dict[tuple[int, int], float] = {}  # (threads, chunk size): the least time one took
-        self._since_try = 0
-        self.threads = self.most  # what the last call ran with
-
-    def __call__(self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, **options) -> torch.Tensor:
-        if len(ids) <= compiled.VERIFY_TOKENS or every_logits:
-            threads = self._choose(len(ids))
-            started = self._run_with(threads)
-            logits = self.inner(cache, ids, every_logits=every_logits, **options)
-            now = self.clock()
-            self._times.setdefault((threads, len(ids)), deque(maxlen=KEPT)).append((now, now - started))
-            return logits
-        return self._prompt(cache, ids, **options)
-
-    def _prompt(self, cache: KVCache, ids: Sequence[int], chunk_size: int = PREFILL_CHUNK, **options) -> torch.Tensor:
-        """A prompt in the chunks the eager runner would make, each with the count that suits
-        the machine as the last showed."""
-        threads = self._best(self._allowed())
-        for start in range(0, len(ids), chunk_size):
-            chunk = ids[start : start + chunk_size]
-            began = self._run_with(threads)
-            logits = self.inner(cache, chunk, chunk_size=chunk_size, **options)
-            if len(chunk) == chunk_size:
-                took = self.clock() - began
-                best = self._chunk_best.setdefault((threads, chunk_size), took)
-                self._chunk_best[threads, chunk_size] = min(best, took)
-                if took > STARVED * best and threads > 1:
-                    threads -= 1
-        return logits
-
-    def _run_with(self, threads: int) -> float:
-        run_with(threads)
-        self.threads = threads
-        return self.clock()
-
-    def _allowed(self) -> list[int]:
-        return list(range(1, max(1, self.most - self.background()) + 1))
-
-    def _known(self, allowed: list[int], tokens: int) -> dict[int, float]:
-        """Each allowed count's least recent time for calls of `tokens`, where one is fresh."""
-        now = self.clock()
-        known = {}
-        for threads in allowed:
-            times = [seconds for when, seconds in self._times.get((threads, tokens), ()) if now - when < STALE_SECONDS]
-            if times:
-                known[threads] = min(times)
-        return known
-
-    def _best(self, allowed: list[int], tokens: int = 1) -> int:
-        """The count with the least fresh time for calls of `tokens` (the most threads
-        where none is known)."""
-        known = self._known(allowed, tokens)
-        return min(known, key=known.get) if known else allowed[-1]
-
-    def _choose(self, tokens: int) -> int:
-        """The fastest count, or now and then the most threads with no fresh time, to learn it."""
-        allowed = self._allowed()
-        self._since_try += 1
-        known = self._known(allowed, tokens)
-        if len(known) < len(allowed) and (not known or self._since_try >= TRY_EVERY):
-            self._since_try = 0
-            return max(set(allowed) - known.keys())
-        return min(known, key=known.get)
-
 def model_runner(
     transformer: Transformer, cache_dtype: torch.dtype, background: Callable[[], int] = lambda: 0
-) -> TimedRunner:
-    """How a model on its own runs: timed, compiled where it can be, else eager; on the cpu
-    with the threads measured fastest, a core left to each child at work (`background`, and
-    the runner's own compile)."""
-    compiling = CompiledRunner(EagerRunner(transformer), cache_dtype)
-    if transformer.rope_cos.device.type != "cpu":
-        return TimedRunner(compiling)
-    return TimedRunner(ThreadGovernor(compiling, background=lambda: background() + compiling.compiling()))
+) -> Runner:
+    """How a model on its own runs: on the cpu with the threads measured fastest, a core
+    left to each child at work (`background`, and the runner's own compile)."""
+    runner = Runner(transformer, cache_dtype)
+    if transformer.rope_cos.device.type == "cpu":
+        runner.governor = ThreadGovernor(background=lambda: background() + runner.compiling())
+    return runner

@@ -83,14 +83,6 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
 
-def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the k highest logits (k = 0 keeps all)."""
-    if k <= 0 or k >= logits.numel():
-        return logits
-    threshold = torch.topk(logits, k).values[-1]
-    return logits.masked_fill(logits < threshold, float("-inf"))
-
-
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability adds up to at least p."""
     if p >= 1.0:

@@ -18,7 +18,7 @@ a verify step yields, from the acceptance seen so far, against what steps of tha
 tokens have cost on this machine; where no length pays, nothing is drafted.
 
 `SpeculativeStep` is the decode step that puts these together (the plain step is in
-engine/steps); the tokens a reply's processors force (a format's) are its first drafts.
+engine/steps); the tokens a reply's processor forces (a format's) are its first drafts.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.sampling import Sampler
-from llama_chat.engine.steps import PlainStep, Round
+from llama_chat.engine.steps import PlainStep, StepResult
 from llama_chat.errors import UsageError
 from llama_chat.options import DraftLength
 
@@ -202,8 +202,8 @@ class Acceptance:
 
 class DraftPlanner:
     """Chooses how many tokens to draft from the acceptance seen so far in the conversation
-    and the measured cost of the model's calls by size (`runner.seconds`, kept by its
-    TimedRunner)."""
+    and the measured cost of the model's calls by size (`runner.seconds`, kept by the
+    runner)."""
 
     def __init__(self, limit: int, automatic: bool, runner, acceptance: Acceptance | None = None) -> None:
         self.limit = limit
@@ -267,7 +267,7 @@ class Speculation:
 
 
 class SpeculativeStep:
-    """A decode step that drafts: the tokens the processors force, else as many of the
+    """A decode step that drafts: the tokens the processor forces, else as many of the
     drafter's guesses as the planner finds pay. The last token and the drafts go through
     one verify step, and `accept` keeps what the model would have chosen itself; with
     nothing drafted, it is the plain step."""
@@ -284,14 +284,14 @@ class SpeculativeStep:
             draft_seed = None if settings.seed is None else settings.seed + 1
             self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
 
-    def __call__(self, token: int, history: Sequence[int], room: int) -> Round:
+    def __call__(self, token: int, history: Sequence[int], room: int) -> StepResult:
         started = time.perf_counter()
         cache = self.plain.cache
         if cache.most_taken_back() is not None:  # refused drafts must be taken back exactly
             room = min(room, cache.most_taken_back())
         # What the format forces next (a JSON key, its quotes) is drafted first: the verify
         # step then keeps the model's own choices, one step for the lot.
-        drafted = Draft(self.plain.processors.forced()[:room])
+        drafted = Draft(self.plain.processor.forced()[:room])
         forced = bool(drafted.tokens)
         if not forced and self.planner is not None:
             drafted = self._guess(history, room)
@@ -307,7 +307,7 @@ class SpeculativeStep:
         if not forced:  # the planner weighs the drafters' guesses, not the format's
             self.planner.record(len(drafted.tokens), kept)
             self.planner.record_round(True, time.perf_counter() - started, kept + 1)
-        return Round(chosen, drafted.tokens[:kept], len(drafted.tokens))
+        return StepResult(chosen, drafted.tokens[:kept], len(drafted.tokens))
 
     def _guess(self, history: Sequence[int], room: int) -> Draft:
         """The drafter's guesses, as many as pay and fit, up to the first a processor refuses:
@@ -322,21 +322,21 @@ class SpeculativeStep:
             drafted = self.lookup.propose(history, count)
         else:
             drafted = self.draft_model.propose(history, count, self.draft_sampler, self.plain.cache.capacity)
-        if not drafted.tokens or drafted.probabilities is not None or not self.plain.processors:
+        if not drafted.tokens or drafted.probabilities is not None:
             return drafted
-        return Draft(drafted.tokens[: self.plain.processors.allowed_prefix(drafted.tokens)])
+        return Draft(drafted.tokens[: self.plain.processor.allowed_prefix(drafted.tokens)])
 
     def _verify_masks(self, drafted: Draft) -> Callable[[torch.Tensor, int], torch.Tensor]:
         """Masks for the verify step's rows in order, row i after the first i drafts: the
-        processors take each draft only when the model has kept it, so nothing is taken back."""
-        processors = self.plain.processors
+        processor takes each draft only when the model has kept it, so nothing is taken back."""
+        processor = self.plain.processor
         taken = 0
 
         def masked(logits: torch.Tensor, row: int) -> torch.Tensor:
             nonlocal taken
             for draft in drafted.tokens[taken:row]:
-                processors.advance(draft)
+                processor.advance(draft)
             taken = row
-            return processors.mask(logits)
+            return processor.mask(logits)
 
         return masked

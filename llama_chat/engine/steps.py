@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from llama_chat.engine.cache import KVCache
-from llama_chat.engine.processors import Processors
+from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.sampling import Sampler
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Round:
+class StepResult:
     """What a step gives: the drafts the model kept, then the token it chose after them."""
 
     token: int
@@ -27,23 +27,23 @@ class Round:
 
 
 class DecodeStep(Protocol):
-    def __call__(self, token: int, history: Sequence[int], room: int) -> Round:
+    def __call__(self, token: int, history: Sequence[int], room: int) -> StepResult:
         """Feed `token` (history is everything before it) and choose what follows; at most
         `room` tokens may come before the chosen one."""
 
 
 class PlainStep:
     """Feeds the last token and chooses the next from the model's logits, as the reply's
-    processors allow."""
+    processor allows."""
 
-    def __init__(self, runner: Runner, cache: KVCache, sampler: Sampler, processors: Processors) -> None:
+    def __init__(self, runner: Runner, cache: KVCache, sampler: Sampler, processor: LogitsProcessor) -> None:
         self.runner = runner
         self.cache = cache
         self.sampler = sampler
-        self.processors = processors
+        self.processor = processor
 
     def choose(self, logits: torch.Tensor, history: Sequence[int]) -> int:
-        return self.sampler(self.processors.mask(logits), history)
+        return self.sampler(self.processor.mask(logits), history)
 
-    def __call__(self, token: int, history: Sequence[int], room: int = 0) -> Round:
-        return Round(self.choose(self.runner(self.cache, [token]), history))
+    def __call__(self, token: int, history: Sequence[int], room: int = 0) -> StepResult:
+        return StepResult(self.choose(self.runner(self.cache, [token]), history))

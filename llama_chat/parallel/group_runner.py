@@ -1,9 +1,10 @@
-"""Rank 0's runner in a tensor-parallel group, and the start-up every front end shares.
+"""Rank 0's side of a tensor-parallel group's model calls, and the start-up every front end shares.
 
-`GroupRunner` wraps a model's runner: before each call it posts the same call to the other
-ranks, it holds Ctrl-C until every rank has finished the call, and it stays eager (a
-compiled call has no all-reduce between ranks). `run_in_group` starts or joins the group
-and runs a front end on rank 0 while the other ranks follow it.
+`GroupHook` is what the runner (engine/runners) calls around each of rank 0's calls once
+its model joined the group: it posts the same call to the other ranks, holds Ctrl-C until
+every rank has finished the call, and keeps the runner eager (a compiled call has no
+all-reduce between ranks). `run_in_group` starts or joins the group and runs a front end
+on rank 0 while the other ranks follow it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 
-import torch
 
 from llama_chat import environment
 from llama_chat.engine.cache import KVCache
-from llama_chat.engine.runners import PREFILL_CHUNK, Mode, RunnerStatus, Wrapper
+from llama_chat.engine.runners import ExecutionMode, RunnerStatus
 from llama_chat.parallel.ranks import Peers, follow, join, lead, shard_from_environment
 from llama_chat.parallel.sharding import Shard
 from llama_chat.parent_watch import end_with_parent
@@ -40,30 +40,25 @@ def uninterrupted() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class GroupRunner(Wrapper):
-    """A runner whose every call the other ranks of the group run too."""
+class GroupHook:
+    """Rank 0's calls made by the other ranks of the group too (the runner's `group`)."""
 
-    status = RunnerStatus(Mode.EAGER, "a compiled step cannot all-reduce between ranks")
+    status = RunnerStatus(ExecutionMode.EAGER, "a compiled step cannot all-reduce between ranks")
 
-    def __init__(self, inner, peers: Peers) -> None:
-        super().__init__(inner)
+    def __init__(self, peers: Peers) -> None:
         self.peers = peers
 
-    def __call__(
-        self, cache: KVCache, ids: Sequence[int], *, every_logits: bool = False, chunk_size: int = PREFILL_CHUNK
-    ) -> torch.Tensor:
-        cache.check_room(len(ids))  # before posting: a refused call must be refused on every rank
+    @contextmanager
+    def call(self, cache: KVCache, ids: Sequence[int], chunk_size: int) -> Iterator[None]:
         with uninterrupted():
             self.peers.feed(cache, ids, chunk_size)
-            return self.inner(cache, ids, every_logits=every_logits, chunk_size=chunk_size)
+            yield
 
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+    @contextmanager
+    def logits(self, ids: Sequence[int]) -> Iterator[None]:
         with uninterrupted():
             self.peers.logits(ids)
-            return self.inner.logits(ids)
-
-    def compile(self, **_) -> RunnerStatus:
-        return self.status
+            yield
 
 
 class ParallelLoader:
@@ -75,7 +70,7 @@ class ParallelLoader:
 
     def __call__(self, path: str):
         model = self.peers.load(self.load_shard, path)
-        model.runner = GroupRunner(model.runner, self.peers)
+        model.runner.group = GroupHook(self.peers)
         return model
 
 

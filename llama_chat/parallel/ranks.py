@@ -2,7 +2,7 @@
 to compute.
 
 Rank 0 owns the terminal, the tokenizer, the session and sampling. Whenever it runs the
-model (`GroupRunner`) it first posts the same call to the other ranks
+model (its runner's `GroupHook`) it first posts the same call to the other ranks
 through the process group's key-value store: which cache (by a number), where it starts,
 which token ids. Every rank then runs the same blocks on its own shard, and the blocks'
 all-reduces keep them in step. Caches are mirrored by position: a command says where the

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from llama_chat.chat.display import literal
-from llama_chat.engine.runners import ThreadGovernor
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.model_info import model_info
@@ -116,12 +115,10 @@ def describe_device(model: Llama) -> str:
 
 def threads_note(model: Llama) -> str:
     """The threads the model's last call ran on, where a governor chooses them."""
-    runner = model.runner
-    while not isinstance(runner, ThreadGovernor):
-        runner = getattr(runner, "inner", None)
-        if runner is None:
-            return ""
-    return f"; {runner.threads} of {runner.most} threads, as measured fastest of late"
+    governor = model.runner.governor
+    if governor is None:
+        return ""
+    return f"; {governor.threads} of {governor.most} threads, as measured fastest of late"
 
 
 def describe_briefly(model: Llama) -> str:
