@@ -11,13 +11,10 @@ _PYTHON_TAG = "<|python_tag|>"
 
 class CallText:
     """Text pieces in, the text before the first call out; what may be the start of the
-    call's opening waits for the next piece. `reset` starts the next round."""
+    call's opening waits for the next piece. One a round."""
 
     def __init__(self, syntax: CallSyntax) -> None:
         self.opening = syntax.opening
-        self.reset()
-
-    def reset(self) -> None:
         self.held = HeldPrefix([self.opening])
         self.pending = ""  # a family with no opening: the round's start, until it is known to be no call
         self.in_call = False
