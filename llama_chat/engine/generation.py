@@ -123,6 +123,7 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.tokens: list[int] = []
         self.text = ""
+        self._first_token_at: float | None = None
 
     def __iter__(self) -> Iterator[Piece]:
         started = time.perf_counter()
@@ -132,12 +133,13 @@ class Generation:
         detokenizer = StreamingDetokenizer(self.tokenizer)
         stops = HeldPrefix(self.stop_strings)  # text that may begin a stop string waits
         reason = StopReason.MAX_TOKENS
-        tokens = self._timed(self._next_tokens(logits), started)
+        tokens = self._next_tokens(logits)
         for _ in range(self._token_limit()):
             token = next(tokens, None)
             if token is None:
                 reason = StopReason.FORMAT_COMPLETE if self.processors.finished else StopReason.CONTEXT_FULL
                 break
+            self._time(started)
             if token in self.stop_ids:
                 reason = StopReason.STOP_TOKEN
                 break
@@ -200,16 +202,13 @@ class Generation:
         limit, and the cache's room (where that token is fed first)."""
         return min(self._token_limit() - generated, self.cache.room())
 
-    def _timed(self, tokens: Iterator[int], started: float) -> Iterator[int]:
-        """The tokens as they come, timing the first from `started` and the decode from it on."""
-        first_token_at = None
-        for token in tokens:
-            now = time.perf_counter()
-            if first_token_at is None:
-                first_token_at = now
-                self.stats.time_to_first_token = now - started
-            self.stats.decode_seconds = now - first_token_at
-            yield token
+    def _time(self, started: float) -> None:
+        """A token has come: the first is timed from `started`, the decode from the first on."""
+        now = time.perf_counter()
+        if self._first_token_at is None:
+            self._first_token_at = now
+            self.stats.time_to_first_token = now - started
+        self.stats.decode_seconds = now - self._first_token_at
 
     def _token_limit(self) -> int:
         """max_tokens, and the tokens the processors may take past them to end whole."""

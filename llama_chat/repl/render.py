@@ -1,4 +1,5 @@
-"""What the chat shows, through rich: streamed replies, notes, errors, statistics.
+"""What the chat shows, through rich: a reply's events (chat/events) as they come, notes,
+errors, statistics. The turn streams and runs its calls; the renderer only shows.
 
 Model output is literal: pieces are written with markup and emoji codes off and control
 characters escaped by `chat.display.visible`, so "[bold]" or an escape sequence in a reply is shown as
