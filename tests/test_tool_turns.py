@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 
 from llama_chat.chat.consent import ALL, Consent
+from llama_chat.chat.events import Done, Text, ToolCalls
 from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_offer import MAX_CALLS
@@ -101,6 +102,20 @@ def test_a_call_runs_on_yes_and_its_result_reaches_the_model(lookup):
     rendered = session.chat_format.encode(session.messages(), add_generation_prompt=False)
     assert session.ids == rendered
     assert session.cache.tokens == session.ids[: len(session.cache.tokens)]
+
+
+def test_a_turn_with_calls_streams_its_rounds_as_events():
+    session, weather = session_with_weather()
+    turn = session.send(QUESTION)
+    events = list(turn.events(runner(weather, ScriptedView(Answer.YES))))
+    kinds = [type(event) for event in events]
+    assert kinds.count(ToolCalls) == 1 and kinds.count(Done) == 1 and kinds[-1] is Done
+    calls = kinds.index(ToolCalls)
+    assert events[calls].tool_round.calls[0].name == "get_weather"
+    shown = "".join(event.text for event in events if isinstance(event, Text))
+    assert "<tool_call>" not in shown  # the call is the tool runner's to show
+    assert "".join(event.text for event in events[calls:] if isinstance(event, Text)) == turn.exchange.reply == ANSWER
+    assert events[-1].calls_made == 1 and events[-1].stats == turn.stats
 
 
 def test_no_is_told_to_the_model_and_always_asks_no_more():
