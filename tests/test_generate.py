@@ -2,7 +2,7 @@ import pytest
 
 from llama_chat import SamplingSettings
 from llama_chat.chat.display import stats_line
-from llama_chat.engine.generation import GenerationStats, StopReason, StopStrings
+from llama_chat.engine.generation import GenerationStats, StopReason
 from llama_chat.errors import ContextOverflowError
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=12)
@@ -52,15 +52,6 @@ def test_stop_reasons_read_as_the_words_people_are_shown():
     assert stats_line(GenerationStats(stop_reason=StopReason.MAX_TOKENS)).startswith("[max tokens reached] ")
     assert stats_line(GenerationStats(stop_reason=StopReason.CONTEXT_FULL)).startswith("[context full] ")
     assert stats_line(GenerationStats(stop_reason=StopReason.STOP_TOKEN)).startswith("0 tokens")
-
-
-def test_stop_strings_hold_back_a_possible_start():
-    stops = StopStrings(["</end>"])
-    assert stops.feed("Hello </") == ("Hello ", False)
-    assert stops.feed("e") == ("", False)
-    assert stops.feed("x") == ("</ex", False)
-    assert stops.feed("and </en") == ("and ", False)
-    assert stops.feed("d> more") == ("", True)
 
 
 def test_stopping_midway_leaves_a_cache_that_continues_exactly(tiny_model):

@@ -15,16 +15,20 @@ from rich.console import Console
 import llama_chat
 import llama_chat.repl.app
 from llama_chat import Llama, SamplingSettings
+from llama_chat.chat.consent import Consent
 from llama_chat.chat.session import Session
+from llama_chat.chat.tool_runner import ToolRunner
 from llama_chat.default_model import download_default_model
 from llama_chat.engine.generation import GenerationStats, Piece
 from llama_chat.errors import LlamaChatError
 from llama_chat.options import DraftLength
 from llama_chat.repl.app import ChatCompleter, history_path, run_repl, toolbar
 from llama_chat.repl.render import Renderer
+from llama_chat.repl.tool_view import ChatCallView
 
 from .conftest import tiny_args
 from .test_session import GREEDY, assert_consistent, chat_model, replay
+from .tool_model import SUNNY, WEATHER, Weather
 from .waiting import wait_until
 
 ENTER, ESCAPE, CTRL_C, CTRL_D = "\r", "\x1b", "\x03", "\x04"
@@ -237,6 +241,29 @@ def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     fresh = model.generate(prompt, session.settings, cache=model.new_cache())
     list(fresh)
     assert second.reply_ids[:-2] == fresh.tokens
+
+
+def test_a_reply_with_calls_and_thinking_is_drawn_round_by_round(monkeypatch):
+    """The text before the call, the line ended; the call, asked about, and its result; then
+    the next round's thinking folded to its line before the answer, then the stats."""
+    model = chat_model(max_seq_len=2048)
+    session = Session(model, GREEDY)
+    session.set_tools([WEATHER])
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    script_replies(monkeypatch, model, "Checking " + call, "<think>ok</think>\n\nSunny.")
+    console = Console(file=io.StringIO(), width=80)
+    renderer = Renderer(console)
+    weather = Weather()
+    questions = []
+    view = ChatCallView(renderer, lambda question: questions.append(question) or "y")
+    renderer.play(session.send("Weather?"), ToolRunner(lambda: {"get_weather": weather}, Consent(), view))
+    times = re.sub(r"\d+\.\d s", "T s", console.file.getvalue())
+    assert times.splitlines()[:6] == [
+        "Checking ", '⚙ get_weather (built-in) {"city": "Paris"}', "→ get_weather: ran in T s", f"  {SUNNY}",
+        "thought for 0 tokens, T s", "Sunny."]
+    assert times.splitlines()[6].endswith("1 tool call (T s)") and len(times.splitlines()) == 7
+    assert weather.calls == [{"city": "Paris"}] and len(questions) == 1
+    assert session.exchanges[-1].reply == "<think>ok</think>\n\nSunny."
 
 
 def test_retry_undo_and_clear_leave_the_conversation_as_a_fresh_run_would():

@@ -1,4 +1,5 @@
 import json
+from contextlib import closing
 
 import pytest
 import torch
@@ -123,19 +124,16 @@ def test_ctrl_c_keeps_the_partial_reply_and_a_consistent_cache():
     model = chat_model()
     session = Session(model, SamplingSettings(temperature=0, max_tokens=12))
     shown = []
-
-    def stop_after_three(piece):
-        shown.append(piece)
-        if len(shown) == 3:
-            raise KeyboardInterrupt
-
     turn = session.send("hello")
-    with pytest.raises(KeyboardInterrupt):
-        turn.run(stop_after_three)
+    with pytest.raises(KeyboardInterrupt), closing(turn.events()) as events:
+        for event in events:  # Ctrl-C while the third piece of text is drawn
+            shown.append(event)
+            if len(shown) == 3:
+                raise KeyboardInterrupt
     exchange = session.exchanges[-1]
     assert exchange.interrupted and exchange.user == "hello"
-    assert turn.generation.tokens == [piece.token_id for piece in shown]
-    assert exchange.reply == "".join(piece.text for piece in shown)
+    # Nothing was generated past what was shown, and all of it is kept.
+    assert model.tokenizer.decode(turn.generation.tokens) == exchange.reply == "".join(event.text for event in shown)
     assert_consistent(session)
     # The next turn answers the conversation exactly as a fresh cache would.
     following = say(session, "go on")

@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 
 from llama_chat.chat.consent import ALL, Consent
+from llama_chat.chat.events import Done, Text, ToolCalls
 from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_offer import MAX_CALLS
@@ -90,7 +91,7 @@ def test_the_runner_turns_a_tool_raising_into_a_result():
 def test_a_call_runs_on_yes_and_its_result_reaches_the_model(lookup):
     session, weather = session_with_weather(lookup=lookup)
     view = ScriptedView(Answer.YES)
-    exchange = session.send(QUESTION).run(None, runner(weather, view))
+    exchange = session.send(QUESTION).run(runner(weather, view))
     assert weather.calls == [PARIS]
     assert view.shown == [("call", "get_weather", PARIS), ("result", "get_weather", Outcome.RAN)]
     assert [(call.name, dict(call.arguments)) for call in exchange.rounds[0].calls] == [("get_weather", PARIS)]
@@ -103,39 +104,53 @@ def test_a_call_runs_on_yes_and_its_result_reaches_the_model(lookup):
     assert session.cache.tokens == session.ids[: len(session.cache.tokens)]
 
 
+def test_a_turn_with_calls_streams_its_rounds_as_events():
+    session, weather = session_with_weather()
+    turn = session.send(QUESTION)
+    events = list(turn.events(runner(weather, ScriptedView(Answer.YES))))
+    kinds = [type(event) for event in events]
+    assert kinds.count(ToolCalls) == 1 and kinds.count(Done) == 1 and kinds[-1] is Done
+    calls = kinds.index(ToolCalls)
+    assert events[calls].tool_round.calls[0].name == "get_weather"
+    shown = "".join(event.text for event in events if isinstance(event, Text))
+    assert "<tool_call>" not in shown  # the call is the tool runner's to show
+    assert "".join(event.text for event in events[calls:] if isinstance(event, Text)) == turn.exchange.reply == ANSWER
+    assert events[-1].calls_made == 1 and events[-1].stats == turn.stats
+
+
 def test_no_is_told_to_the_model_and_always_asks_no_more():
     session, weather = session_with_weather()
     view = ScriptedView(Answer.NO)
     turn = session.send(QUESTION)
-    exchange = turn.run(None, runner(weather, view))
+    exchange = turn.run(runner(weather, view))
     assert weather.calls == []
     assert exchange.rounds[0].results == [CallResult(DECLINED, Outcome.DECLINED)]
     assert DECLINED in session.model.tokenizer.decode(turn.plans[1].prompt)
     consent = Consent()
     session.clear()  # the model learned to call at a conversation's start
-    session.send(QUESTION).run(None, runner(weather, ScriptedView(Answer.ALWAYS), consent))
+    session.send(QUESTION).run(runner(weather, ScriptedView(Answer.ALWAYS), consent))
     session.clear()
-    session.send(QUESTION).run(None, runner(weather, ScriptedView(), consent))  # nothing left to answer: not asked
+    session.send(QUESTION).run(runner(weather, ScriptedView(), consent))  # nothing left to answer: not asked
     assert len(weather.calls) == 2 and consent.always == {"get_weather"}
 
 
 def test_without_anyone_to_ask_a_call_is_declined():
     session, weather = session_with_weather()
-    exchange = session.send(QUESTION).run(None, runner(weather, ScriptedView(None)))
+    exchange = session.send(QUESTION).run(runner(weather, ScriptedView(None)))
     assert weather.calls == [] and exchange.rounds[0].results[0].outcome == Outcome.DECLINED
     allowed = Consent(ahead=frozenset({"get_weather"}))
     session.clear()
-    session.send(QUESTION).run(None, runner(weather, ScriptedView(), allowed))
+    session.send(QUESTION).run(runner(weather, ScriptedView(), allowed))
     assert weather.calls == [PARIS]
 
 
 def test_the_limit_stops_a_model_that_calls_again_and_again():
     unlimited, weather = session_with_weather()
-    exchange = unlimited.send("Weather twice?").run(None, runner(weather, ScriptedView(Answer.YES, Answer.YES)))
+    exchange = unlimited.send("Weather twice?").run(runner(weather, ScriptedView(Answer.YES, Answer.YES)))
     assert len(weather.calls) == 2 and len(exchange.rounds) == 2  # what it learned: two calls in turn
     limited, weather = session_with_weather(max_calls=1)
     turn = limited.send("Weather twice?")
-    exchange = turn.run(None, runner(weather, ScriptedView(Answer.YES)))
+    exchange = turn.run(runner(weather, ScriptedView(Answer.YES)))
     assert len(weather.calls) == 1 and len(exchange.rounds) == 1
     assert "<tool_call>" not in exchange.reply  # the last round could not open a call
     assert turn.calls_made == 1
@@ -150,18 +165,18 @@ def test_ctrl_c_while_a_call_runs_keeps_the_round_and_the_chat_goes_on():
 
     turn = session.send(QUESTION)
     with pytest.raises(KeyboardInterrupt):
-        turn.run(None, runner(Interrupted(), ScriptedView(Answer.YES)))
+        turn.run(runner(Interrupted(), ScriptedView(Answer.YES)))
     exchange = session.exchanges[-1]
     assert exchange.interrupted and exchange.reply == ""
     assert exchange.rounds[0].results == [CallResult(STOPPED, Outcome.CANCELLED)]
     assert session.ids is None  # rendered anew for the next turn
-    after = session.retry().run(None, runner(weather, ScriptedView(Answer.YES)))
+    after = session.retry().run(runner(weather, ScriptedView(Answer.YES)))
     assert after.reply == ANSWER and weather.calls == [PARIS]
 
 
 def test_a_conversation_with_calls_saves_reopens_and_branches(tmp_path):
     session, weather = session_with_weather()
-    session.send(QUESTION).run(None, runner(weather, ScriptedView(Answer.YES)))
+    session.send(QUESTION).run(runner(weather, ScriptedView(Answer.YES)))
     path, cached = session.save(tmp_path / "calls.json")
     assert cached == len(session.cache)
     reopened, _ = session_with_weather()
@@ -169,7 +184,7 @@ def test_a_conversation_with_calls_saves_reopens_and_branches(tmp_path):
     assert note is None  # the ids and the cache were used as saved
     assert reopened.messages() == session.messages() and reopened.ids == session.ids
     assert reopened.exchanges[0].rounds == session.exchanges[0].rounds
-    retried = reopened.retry().run(None, runner(weather, ScriptedView(Answer.YES)))
+    retried = reopened.retry().run(runner(weather, ScriptedView(Answer.YES)))
     assert retried.reply == ANSWER and [version.number for version in reopened.versions()] == [1, 2]
     assert reopened.exchanges[0] is retried
     reopened.switch_version(1)  # the reopened version, its calls with it
@@ -190,7 +205,7 @@ def test_a_conversation_file_with_a_malformed_round_is_refused_in_one_line(tmp_p
     """Arguments a file holds go into the next render as text: ones that cannot be written as
     UTF-8 are refused at /open, not met by the next message."""
     session, _ = session_with_weather()
-    session.send(QUESTION).run(None, runner(Weather(), ScriptedView(Answer.YES)))
+    session.send(QUESTION).run(runner(Weather(), ScriptedView(Answer.YES)))
     path, _ = session.save(tmp_path / "calls.json")
     lines = path.read_text().split("\n")
     at = next(number for number, line in enumerate(lines) if "tool_rounds" in line)
@@ -211,7 +226,7 @@ def test_a_conversation_file_with_a_malformed_round_is_refused_in_one_line(tmp_p
 
 def test_a_saved_conversation_opened_with_other_tools_offered_is_rendered_anew(tmp_path):
     session, weather = session_with_weather()
-    session.send(QUESTION).run(None, runner(weather, ScriptedView(Answer.YES)))
+    session.send(QUESTION).run(runner(weather, ScriptedView(Answer.YES)))
     path, _ = session.save(tmp_path / "calls.json")
     without_tools = Session(trained_caller(), GREEDY)
     note = without_tools.open(path)

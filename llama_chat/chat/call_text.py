@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from llama_chat.text.held_prefix import HeldPrefix
 from llama_chat.text.tool_calls import CallSyntax
 
 _PYTHON_TAG = "<|python_tag|>"
@@ -10,31 +11,23 @@ _PYTHON_TAG = "<|python_tag|>"
 
 class CallText:
     """Text pieces in, the text before the first call out; what may be the start of the
-    call's opening waits for the next piece. `reset` starts the next round."""
+    call's opening waits for the next piece. One a round."""
 
     def __init__(self, syntax: CallSyntax) -> None:
         self.opening = syntax.opening
-        self.reset()
-
-    def reset(self) -> None:
-        self.pending = ""
+        self.held = HeldPrefix([self.opening])
+        self.pending = ""  # a family with no opening: the round's start, until it is known to be no call
         self.in_call = False
         self.started = False  # the round's text is known to be no call (llama3: it does not open with JSON)
 
     def feed(self, text: str) -> str:
         if self.in_call:
             return ""
-        self.pending += text
         if not self.opening:
+            self.pending += text
             return self._unless_json()
-        start = self.pending.find(self.opening)
-        if start >= 0:
-            self.in_call = True
-            shown, self.pending = self.pending[:start], ""
-            return shown
-        held = next((length for length in range(min(len(self.opening) - 1, len(self.pending)), 0, -1)
-                     if self.pending.endswith(self.opening[:length])), 0)
-        shown, self.pending = self.pending[: len(self.pending) - held], self.pending[len(self.pending) - held:]
+        shown, opening = self.held.feed(text)
+        self.in_call = opening is not None
         return shown
 
     def _unless_json(self) -> str:
@@ -53,5 +46,6 @@ class CallText:
 
     def flush(self) -> str:
         """At the round's end: what was held back, unless a call began."""
-        shown, self.pending = ("" if self.in_call else self.pending), ""
+        shown = "" if self.in_call else self.pending + self.held.release()
+        self.pending = ""
         return shown

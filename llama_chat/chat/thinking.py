@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from llama_chat.engine.generation import Piece
 from llama_chat.text.chat_format import THINKING_CLOSE as CLOSE
 from llama_chat.text.chat_format import THINKING_OPEN as OPEN
+from llama_chat.text.held_prefix import HeldPrefix
 from llama_chat.text.tokenizer import Tokenizer
 
 THINKING, ANSWER = "thinking", "answer"  # the parts of a reply
@@ -53,7 +54,8 @@ class ThinkingSplitter:
 
     def __init__(self, opened: bool) -> None:
         self.state = THINKING if opened else _UNDECIDED
-        self.pending = ""
+        self.start = ""  # the reply's start, until it is known whether it opens the thinking
+        self.close = HeldPrefix([CLOSE])
         self.thinking = ""  # all of it so far, for front ends that redraw
         self.answer = ""
         self.thought: Thought | None = Thought() if opened else None
@@ -65,8 +67,7 @@ class ThinkingSplitter:
         if self._started is None:
             self._started = time.perf_counter()
         counted = self.state in (THINKING, _UNDECIDED) and piece.token_id is not None
-        self.pending += piece.text
-        parts = self._split(final=False)
+        parts = self._split(piece.text, final=False)
         if counted and self.thought is not None:
             self.thought.tokens += 1 + self._tokens_before
             self._tokens_before = 0
@@ -77,38 +78,33 @@ class ThinkingSplitter:
     def finish(self) -> list[tuple[str, str]]:
         """What was held back, at the end of the reply."""
         self.ended = True
-        return self._split(final=True)
+        return self._split("", final=True)
 
-    def _split(self, final: bool) -> list[tuple[str, str]]:
+    def _split(self, text: str, final: bool) -> list[tuple[str, str]]:
         parts: list[tuple[str, str]] = []
         if self.state == _UNDECIDED:
-            start = self.pending.lstrip()
+            self.start += text
+            start = self.start.lstrip()
             if not final and (not start or OPEN.startswith(start)):
                 return parts  # "", "<", "<thi": not known yet
             if start.startswith(OPEN):
-                self.state, self.pending, self.thought = THINKING, start[len(OPEN):], Thought()
+                self.state, text, self.thought = THINKING, start[len(OPEN):], Thought()
             else:
-                self.state = ANSWER
+                self.state, text = ANSWER, self.start
         if self.state == THINKING:
-            end = self.pending.find(CLOSE)
-            if end >= 0:
-                self._add(parts, THINKING, self.pending[:end])
-                self.pending = self.pending[end + len(CLOSE):]
-                self.state = _ANSWER_START
-                self.thought.finished = True
-                self._clock()
-            else:
-                held = 0 if final else _partial_marker(self.pending)
-                self._add(parts, THINKING, self.pending[: len(self.pending) - held])
-                self.pending = self.pending[len(self.pending) - held:]
-                self._clock()
+            thinking, marker = self.close.feed(text)
+            self._add(parts, THINKING, thinking + (self.close.release() if final and marker is None else ""))
+            self._clock()
+            if marker is None:
+                return parts
+            self.state, text = _ANSWER_START, self.close.release()
+            self.thought.finished = True
         if self.state == _ANSWER_START:  # the blank lines after the closing marker go
-            self.pending = self.pending.lstrip()
-            if self.pending or final:
+            text = text.lstrip()
+            if text or final:
                 self.state = ANSWER
         if self.state == ANSWER:
-            self._add(parts, ANSWER, self.pending)
-            self.pending = ""
+            self._add(parts, ANSWER, text)
         return parts
 
     def _clock(self) -> None:
@@ -123,14 +119,6 @@ class ThinkingSplitter:
                 self.thinking += text
             else:
                 self.answer += text
-
-
-def _partial_marker(text: str) -> int:
-    """How many characters at the end of text could begin the closing marker."""
-    for length in range(min(len(CLOSE) - 1, len(text)), 0, -1):
-        if text.endswith(CLOSE[:length]):
-            return length
-    return 0
 
 
 def answer_of(reply: str) -> str:

@@ -1,15 +1,15 @@
 """One reply being generated, and how it joins the conversation as an exchange.
 
-With tools offered, a reply may go in rounds: the model writes calls and stops; the front
-end (`on_calls`) asks, runs them and puts a result to each; the results go to the model
-and the reply goes on. A turn makes at most `ToolOffer.max_calls` calls: past them the
+With tools offered, a reply may go in rounds: the model writes calls and stops; the tool
+runner the turn was given asks, runs them and puts a result to each; the results go to the
+model and the reply goes on. A turn makes at most `ToolOffer.max_calls` calls: past them the
 last round may not open a call.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from llama_chat.chat.branches import fork
 from llama_chat.chat.conversation_ids import (
@@ -20,22 +20,24 @@ from llama_chat.chat.conversation_ids import (
     round_plan,
     user_message,
 )
+from llama_chat.chat.events import Done, Event, RoundText, ToolCalls
 from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.thinking import cue_opening
 from llama_chat.chat.tool_offer import ToolOffer, fitted, result_budget
-from llama_chat.engine.generation import Generation, GenerationStats, Piece, StopReason
+from llama_chat.engine.generation import Generation, GenerationStats, StopReason
 from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.text.chat_format import ChatFormat
-from llama_chat.text.tool_calls import CallReadError, ReadReply, read_calls
+from llama_chat.text.tool_calls import CallReadError, CallSyntax, ReadReply, read_calls
 
 STOPPED = "the user stopped this call before it finished"
 NOT_ASKED = "this tool call was not run: nobody could be asked to allow it"
+RunCalls = Callable[[ToolRound, int, int], None]  # puts a result to each call of a round (chat/tool_runner)
 
 
 class Turn:
-    """One reply being generated. `run()` streams it; however it ends (done, Ctrl-C, an
+    """One reply being generated. `events()` streams it; however it ends (done, Ctrl-C, an
     error) it is then handed to `record` as an exchange, with its statistics."""
 
     def __init__(
@@ -97,36 +99,62 @@ class Turn:
             total.stop_reason = stats.stop_reason
         return total
 
-    def run(
-        self, on_piece: Callable[[Piece], None] | None = None,
-        on_calls: Callable[[ToolRound, int, int], None] | None = None,
-    ) -> Exchange:
-        """Generate the reply, passing each piece to on_piece and each round of calls to
-        on_calls (which puts a result to each call, in order, running only as many as the
-        turn may still make, and is told the turn's limit: `on_calls(round, allowed, limit)`;
-        without it every call is declined). Exceptions (KeyboardInterrupt) pass through after
-        what there is is recorded."""
+    @property
+    def done(self) -> Done:
+        """The reply's end as an event: its statistics, notes and calls."""
+        return Done(self.stats, list(self.notes), self.calls_made, self.tool_seconds)
+
+    def events(self, tools: RunCalls | None = None, split_thinking: bool = True) -> Iterator[Event]:
+        """The reply as it streams: its text and thinking (apart unless `split_thinking` is
+        off), each round of calls (then run by `tools`, told how many the turn may still make
+        and its limit: `tools(round, allowed, limit)`; without it every call is declined), and
+        Done. However it ends it is recorded; Ctrl-C while a round streams gives what it held
+        back and Done before it passes through."""
+        text = RoundText(self._syntax, bool(self.thinking_cue), split_thinking)
         try:
             while True:
                 for piece in self.generation:
-                    if on_piece is not None:
-                        on_piece(piece)
+                    yield from text.feed(piece)
+                yield from text.end()
                 tool_round = self._round_of_calls()
                 if tool_round is None:
                     break
-                allowed = max(0, self.offer.max_calls - self.calls_made)
-                self.rounds.append(tool_round)
-                try:
-                    if on_calls is not None:
-                        on_calls(tool_round, allowed, self.offer.max_calls)
-                except BaseException:
-                    self._answer_the_rest(tool_round, CallResult(STOPPED, Outcome.CANCELLED))
-                    raise
-                self._answer_the_rest(tool_round, CallResult(NOT_ASKED, Outcome.DECLINED))
+                yield ToolCalls(tool_round)
+                self._run_calls(tool_round, tools)
                 self._next_round(tool_round)
+                text = RoundText(self._syntax, False, split_thinking)
+        except KeyboardInterrupt:
+            self.finish()
+            if not text.ended:
+                yield from text.end()
+                yield self.done
+            raise
         finally:
             self.finish()
+        yield self.done
+
+    def run(self, tools: RunCalls | None = None) -> Exchange:
+        """Generate the whole reply (its calls run by `tools`, see events); the exchange."""
+        for _ in self.events(tools):
+            pass
         return self.exchange
+
+    @property
+    def _syntax(self) -> CallSyntax | None:
+        return self.offer.syntax if self.offer is not None else None
+
+    def _run_calls(self, tool_round: ToolRound, tools: RunCalls | None) -> None:
+        """A result to each call: run by `tools` as far as the turn's limit allows, the rest
+        declined (or stopped, by Ctrl-C)."""
+        allowed = max(0, self.offer.max_calls - self.calls_made)
+        self.rounds.append(tool_round)
+        try:
+            if tools is not None:
+                tools(tool_round, allowed, self.offer.max_calls)
+        except BaseException:
+            self._answer_the_rest(tool_round, CallResult(STOPPED, Outcome.CANCELLED))
+            raise
+        self._answer_the_rest(tool_round, CallResult(NOT_ASKED, Outcome.DECLINED))
 
     def _generate(self, prompt: list[int]) -> Generation:
         tokenizer = self.model.tokenizer

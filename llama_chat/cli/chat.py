@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING
 
 from llama_chat.chat.attachments import PendingFiles, read_into
 from llama_chat.repl.call_line import call_line
-from llama_chat.chat.call_text import CallText
 from llama_chat.chat.display import stats_line, visible
+from llama_chat.chat.events import Done, Text, ThoughtDone
 from llama_chat.chat.exchange import CallResult, Outcome
 from llama_chat.chat.session import Session
-from llama_chat.chat.thinking import ANSWER, ThinkingSplitter
 from llama_chat.chat.tool_runner import Answer
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import add_model_arguments, finite_float
@@ -309,41 +308,32 @@ def answer_once(
     """Stream the reply to stdout (nothing else goes there), without its thinking unless
     asked, nor the tool calls it writes; the calls (each declined unless --allow-tools
     allows it), the stats line and how long it thought to stderr."""
-    on_calls = None
+    runner = None
     if tools is not None:
         if tools.toolbox.servers is not None:  # a script's one reply waits for the servers' tools
             tools.toolbox.servers.wait_ready(tools.toolbox.servers.start_timeout_seconds)
         for note in tools.sync(session):
             print(f"llama-chat: {note}", file=sys.stderr)
-        on_calls = tools.runner(session, StderrCallView())
+        runner = tools.runner(session, StderrCallView())
     turn = session.send(prompt)
-    reply = ThinkingSplitter(opened=bool(turn.thinking_cue))
-    calls = CallText(turn.offer.syntax) if turn.offer is not None else None
     if show_thinking:
         sys.stdout.write(visible(turn.thinking_cue))
-
-    def write(piece) -> None:
-        text = piece.text if calls is None else calls.feed(piece.text)
-        if not show_thinking:
-            text = "".join(text for part, text in reply.feed(type(piece)(piece.token_id, text)) if part == ANSWER)
-        sys.stdout.write(visible(text))
-        sys.stdout.flush()
-
-    def run_calls(tool_round, allowed: int, limit: int) -> None:
-        calls.reset()
-        if on_calls is not None:
-            on_calls(tool_round, allowed, limit)
-
-    turn.run(write, run_calls)
-    if not show_thinking:
-        sys.stdout.write(visible("".join(text for part, text in reply.finish() if part == ANSWER)))
+    thought = None
+    for event in turn.events(runner, split_thinking=not show_thinking):
+        if isinstance(event, Text):
+            sys.stdout.write(visible(event.text))
+            sys.stdout.flush()
+        elif isinstance(event, ThoughtDone):
+            thought = event.thought
+        elif isinstance(event, Done):
+            done = event
     sys.stdout.write("\n")
-    for note in turn.notes:
+    for note in done.notes:
         print(f"llama-chat: {note}", file=sys.stderr)
     if show_stats:
-        if reply.thought is not None:
-            print(reply.thought.line(), file=sys.stderr)
-        print(stats_line(turn.stats, turn.calls_made, turn.tool_seconds), file=sys.stderr)
+        if thought is not None:
+            print(thought.line(), file=sys.stderr)
+        print(stats_line(done.stats, done.calls_made, done.tool_seconds), file=sys.stderr)
     return 0
 
 

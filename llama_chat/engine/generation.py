@@ -17,6 +17,7 @@ from llama_chat.engine.speculation import Speculation, SpeculativeStep
 from llama_chat.engine.steps import DecodeStep, PlainStep
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
+from llama_chat.text.held_prefix import HeldPrefix
 from llama_chat.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -83,36 +84,6 @@ class GenerationStats:
         return decoded / self.decode_seconds if decoded > 0 and self.decode_seconds else 0.0
 
 
-class StopStrings:
-    """Holds back text that might be the start of a stop string; cuts at the first match."""
-
-    def __init__(self, stop_strings: Iterable[str]) -> None:
-        self.stop_strings = [s for s in stop_strings if s]
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Text that is safe to show now, and whether a stop string was reached."""
-        self.pending += text
-        matches = [i for i in (self.pending.find(s) for s in self.stop_strings) if i >= 0]
-        if matches:
-            safe, self.pending = self.pending[: min(matches)], ""
-            return safe, True
-        held = max((self._partial_match(s) for s in self.stop_strings), default=0)
-        cut = len(self.pending) - held
-        safe, self.pending = self.pending[:cut], self.pending[cut:]
-        return safe, False
-
-    def _partial_match(self, stop: str) -> int:
-        for length in range(min(len(stop) - 1, len(self.pending)), 0, -1):
-            if self.pending.endswith(stop[:length]):
-                return length
-        return 0
-
-    def flush(self) -> str:
-        rest, self.pending = self.pending, ""
-        return rest
-
-
 class Generation:
     """An iterable of Pieces for one reply; `stats`, `tokens` and `text` fill in as it runs.
 
@@ -153,6 +124,7 @@ class Generation:
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.tokens: list[int] = []
         self.text = ""
+        self._first_token_at: float | None = None
 
     def __iter__(self) -> Iterator[Piece]:
         started = time.perf_counter()
@@ -160,23 +132,24 @@ class Generation:
         logits = self._prefill()
         self.stats.prefill_seconds = time.perf_counter() - started
         detokenizer = StreamingDetokenizer(self.tokenizer)
-        stops = StopStrings(self.stop_strings)
+        stops = HeldPrefix(self.stop_strings)  # text that may begin a stop string waits
         reason = StopReason.MAX_TOKENS
-        tokens = self._timed(self._next_tokens(logits), started)
+        tokens = self._next_tokens(logits)
         for _ in range(self._token_limit()):
             token = next(tokens, None)
             if token is None:
                 reason = StopReason.FORMAT_COMPLETE if self.processor.finished else StopReason.CONTEXT_FULL
                 break
+            self._time(started)
             if token in self.stop_ids:
                 reason = StopReason.STOP_TOKEN
                 break
             self.tokens.append(token)
             self.stats.generated_tokens += 1
-            text, hit_stop_string = stops.feed(detokenizer.add(token))
+            text, stop = stops.feed(detokenizer.add(token))
             self.text += text
             yield Piece(token, text)
-            if hit_stop_string:
+            if stop is not None:
                 reason = StopReason.STOP_STRING
                 break
         if reason == StopReason.MAX_TOKENS and self.processor.finished:  # with the last token allowed
@@ -186,8 +159,8 @@ class Generation:
         self.stats.constraint_masks = self.processor.masks
         self.stats.stop_reason = reason
         if reason != StopReason.STOP_STRING:
-            rest, _ = stops.feed(detokenizer.flush())
-            rest += stops.flush()
+            rest, stop = stops.feed(detokenizer.flush())
+            rest += stops.release() if stop is None else ""  # nothing after a stop string
             if rest:
                 self.text += rest
                 yield Piece(None, rest)
@@ -230,16 +203,13 @@ class Generation:
         limit, and the cache's room (where that token is fed first)."""
         return min(self._token_limit() - generated, self.cache.room())
 
-    def _timed(self, tokens: Iterator[int], started: float) -> Iterator[int]:
-        """The tokens as they come, timing the first from `started` and the decode from it on."""
-        first_token_at = None
-        for token in tokens:
-            now = time.perf_counter()
-            if first_token_at is None:
-                first_token_at = now
-                self.stats.time_to_first_token = now - started
-            self.stats.decode_seconds = now - first_token_at
-            yield token
+    def _time(self, started: float) -> None:
+        """A token has come: the first is timed from `started`, the decode from the first on."""
+        now = time.perf_counter()
+        if self._first_token_at is None:
+            self._first_token_at = now
+            self.stats.time_to_first_token = now - started
+        self.stats.decode_seconds = now - self._first_token_at
 
     def _token_limit(self) -> int:
         """max_tokens, and the tokens the processor may take past them to end whole."""

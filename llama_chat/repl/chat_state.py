@@ -39,12 +39,12 @@ class ChatState:
 
     def play(self, start: Callable[[], Turn]) -> None:
         """Start a turn with the tools on now offered, and stream it, its calls asked about."""
-        on_calls = None
+        tools = None
         if self.tools is not None:
             for note in self.tools.sync(self.session):
                 self.renderer.note(note)
-            on_calls = self.tools.runner(self.session, ChatCallView(self.renderer, self.ask_line))
-        self.renderer.play(start(), on_calls)
+            tools = self.tools.runner(self.session, ChatCallView(self.renderer, self.ask_line))
+        self.renderer.play(start(), tools)
 
 
 Handler = Callable[[ChatState, str], "bool | None"]

@@ -1,4 +1,5 @@
-"""What the chat shows, through rich: streamed replies, notes, errors, statistics.
+"""What the chat shows, through rich: a reply's events (chat/events) as they come, notes,
+errors, statistics. The turn streams and runs its calls; the renderer only shows.
 
 Model output is literal: pieces are written with markup and emoji codes off and control
 characters escaped by `chat.display.visible`, so "[bold]" or an escape sequence in a reply is shown as
@@ -19,7 +20,7 @@ does not print and keeps to a few rows, so its start is on screen when the quest
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
@@ -27,19 +28,18 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
-from llama_chat.repl.call_line import call_line
-from llama_chat.chat.call_text import CallText
+from llama_chat.chat import events
 from llama_chat.chat.display import literal, stats_line, visible
-from llama_chat.chat.exchange import CallResult, Outcome, ToolRound
-from llama_chat.chat.thinking import THINKING, ThinkingSplitter
-from llama_chat.engine.generation import Piece
+from llama_chat.chat.events import Done, Event
+from llama_chat.chat.exchange import CallResult, Outcome
+from llama_chat.chat.thinking import Thought
+from llama_chat.repl.call_line import call_line
 from llama_chat.text.tool_calls import ToolCall
 from llama_chat.tools.tool import ToolSpec
 
 if TYPE_CHECKING:
-    from llama_chat.chat.turn import Turn
+    from llama_chat.chat.turn import RunCalls, Turn
 
-OnCalls = Callable[[ToolRound, int, int], None]
 FOLDED_LINES = 3  # the lines of a tool's result shown unless /tools show
 CALL_ROWS = 6  # a call's line at most, with room below for the question on a screen of 24
 
@@ -76,37 +76,28 @@ class Renderer:
         self.console.file.flush()
         return True
 
-    def play(self, turn: Turn, on_calls: OnCalls | None = None) -> None:
-        """Stream a reply (its rounds of tool calls through `on_calls`); Ctrl-C stops it (the
-        partial reply stays); then the notes and the stats line."""
+    def play(self, turn: Turn, tools: RunCalls | None = None) -> None:
+        """Stream a reply, its rounds of calls run by `tools`; Ctrl-C stops it (the partial
+        reply stays); then the notes and the stats line."""
         if turn.dropped:
             plural = "s" if turn.dropped > 1 else ""
             self.note(f"context full: dropped the {turn.dropped} oldest exchange{plural} to make room")
-        reply = ThinkingSplitter(opened=bool(turn.thinking_cue))
+        reply = _MarkdownReply(self) if self.markdown and self.styled and turn.offer is None else _TextReply(self)
+        done = None
         try:
-            if self.markdown and self.styled and turn.offer is None:
-                self._stream_markdown(turn, reply)
-            else:
-                self._stream_text(turn, reply, on_calls)
+            with closing(turn.events(tools)) as stream:
+                for event in stream:
+                    reply.show(event)
+                    if isinstance(event, Done):
+                        done = event
         except KeyboardInterrupt:
             pass  # the turn has recorded what there is, marked interrupted
-        for note in turn.notes:
-            self.note(note)
-        self.note(stats_line(turn.stats, turn.calls_made, turn.tool_seconds))
-
-    def _stream_text(self, turn: Turn, reply: ThinkingSplitter, on_calls: OnCalls | None) -> None:
-        stream = _TextStream(self, reply, CallText(turn.offer.syntax) if turn.offer is not None else None)
-
-        def calls(tool_round: ToolRound, allowed: int, limit: int) -> None:
-            stream.end(before_calls=True)
-            if on_calls is not None:
-                on_calls(tool_round, allowed, limit)
-            stream.next_round()
-
-        try:
-            turn.run(stream.feed, calls)
         finally:
-            stream.end()
+            reply.close()
+        done = done or turn.done  # stopped while its calls ran, or while the reply was drawn
+        for note in done.notes:
+            self.note(note)
+        self.note(stats_line(done.stats, done.calls_made, done.tool_seconds))
 
     def tool_call(self, call: ToolCall, spec: ToolSpec, preview: str | None = None, whole: bool = False) -> None:
         """A call about to be asked about or run: what it would change (`preview`), then its
@@ -133,79 +124,46 @@ class Renderer:
         if folded:
             self.note(f"  … {folded} more line{'s' * (folded != 1)} (/tools show keeps results whole)")
 
-    def _stream_markdown(self, turn: Turn, reply: ThinkingSplitter) -> None:
-        # Live redraws the Markdown as it grows (cropped to the screen while streaming) and
-        # prints it in full when it stops. It parses the reply only when it redraws, 8 times
-        # a second, not after every token: parsing grows with the reply's length.
-        def view() -> RenderableType:
-            parts: list[RenderableType] = []
-            thought = reply.thought
-            if thought is not None:
-                folded = thought.finished or reply.ended
-                if self.show_thinking:
-                    parts.append(Text(visible(reply.thinking), style="dim"))
-                elif not folded:
-                    parts.append(thinking_tail(self.console, reply.thinking))
-                if folded:
-                    parts.append(Text(thought.line(), style="dim"))
-            return Group(*parts, Markdown(visible(reply.answer)))
-
-        with Live(console=self.console, refresh_per_second=8, vertical_overflow="ellipsis", get_renderable=view):
-            try:
-                turn.run(reply.feed)
-            finally:
-                reply.finish()
-
     def end_line(self, text: str) -> None:
         if not text.endswith("\n"):
             self.console.out("", highlight=False)
 
 
-class _TextStream:
-    """A reply's rounds on a plain stream: each round's text without its calls, its thinking
-    drawn as _ThinkingLines says, a line ended before the chat asks about calls."""
+class _TextReply:
+    """A reply's rounds on a plain stream: each round's text, its thinking drawn as
+    _ThinkingLines says, the line ended when the round ends (before the chat asks about its
+    calls; an empty one too where the round wrote nothing)."""
 
-    def __init__(self, renderer: Renderer, reply: ThinkingSplitter, calls: CallText | None) -> None:
+    def __init__(self, renderer: Renderer) -> None:
         self.renderer = renderer
-        self.calls = calls
-        self._start(reply)
+        self._start()
 
-    def _start(self, reply: ThinkingSplitter) -> None:
-        self.reply = reply
-        self.thinking = _ThinkingLines(self.renderer, reply)
+    def _start(self) -> None:
+        self.answer = ""
+        self.thinking = _ThinkingLines(self.renderer)
         self.ended = False
 
-    def feed(self, piece: Piece) -> None:
-        if self.calls is not None:
-            piece = Piece(piece.token_id, self.calls.feed(piece.text))
-        self._show(self.reply.feed(piece))
+    def show(self, event: Event) -> None:
+        if self.ended:  # the next round
+            self._start()
+        if isinstance(event, events.Text):
+            self.answer += event.text
+            self.renderer.console.out(visible(event.text), end="", highlight=False)
+        elif isinstance(event, events.Thinking):
+            self.thinking.add(event.text)
+        elif isinstance(event, events.ThoughtDone):
+            self.thinking.fold(event.thought)
+        else:  # ToolCalls, Done
+            self.close()
 
-    def end(self, before_calls: bool = False) -> None:
-        """The round's text is over: what was held back, the thinking folded, the line ended
-        (an empty one too, unless the calls' lines follow)."""
+    def close(self) -> None:
+        """The round is over (once)."""
         if self.ended:
             return
         self.ended = True
-        if self.calls is not None:
-            self._show(self.reply.feed(Piece(None, self.calls.flush())))
-        reply = self.reply
-        self._show(reply.finish())
-        self.thinking.fold()
-        if reply.answer or reply.thought is None:
-            self.renderer.end_line(reply.answer)
-
-    def next_round(self) -> None:
-        if self.calls is not None:
-            self.calls.reset()
-        self._start(ThinkingSplitter(opened=False))
-
-    def _show(self, parts: list[tuple[str, str]]) -> None:
-        for part, text in parts:
-            if part == THINKING:
-                self.thinking.add(text)
-            else:
-                self.thinking.fold()
-                self.renderer.console.out(visible(text), end="", highlight=False)
+        self.thinking.close()
+        if self.answer or not self.thinking.folded:
+            self.renderer.end_line(self.answer)
 
 
 class _ThinkingLines:
@@ -213,32 +171,72 @@ class _ThinkingLines:
     dim while it streams and erased (fold, on a terminal; elsewhere it is not drawn); then
     one line saying how long it took."""
 
-    def __init__(self, renderer: Renderer, reply: ThinkingSplitter) -> None:
+    def __init__(self, renderer: Renderer) -> None:
         self.renderer = renderer
-        self.reply = reply
+        self.text = ""
         self.live: Live | None = None
         self.folded = False
 
     def add(self, text: str) -> None:
         renderer = self.renderer
+        self.text += text
         if renderer.show_thinking:
             renderer.console.out(visible(text), end="", style="dim" if renderer.styled else None, highlight=False)
         elif renderer.styled and self.live is None:
             self.live = Live(console=renderer.console, refresh_per_second=8, transient=True,
-                             get_renderable=lambda: thinking_tail(renderer.console, self.reply.thinking))
+                             get_renderable=lambda: thinking_tail(renderer.console, self.text))
             self.live.start()
 
-    def fold(self) -> None:
-        """End the thinking (once): erase it unless shown, then the line it folds into."""
-        thought = self.reply.thought
-        if thought is None or self.folded:
-            return
+    def fold(self, thought: Thought) -> None:
+        """End the thinking: erase it unless shown, then the line it folds into."""
         self.folded = True
         if self.live is not None:
-            self.live.stop()
-        elif self.renderer.show_thinking and not self.reply.thinking.endswith("\n"):
+            self.close()
+        elif self.renderer.show_thinking and not self.text.endswith("\n"):
             self.renderer.console.out("", highlight=False)
         self.renderer.note(thought.line())
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+class _MarkdownReply:
+    """A reply drawn as Markdown while it streams: Live redraws it as it grows (cropped to the
+    screen while streaming) and prints it in full when it stops. It parses the reply only when
+    it redraws, 8 times a second, not after every token: parsing grows with the reply's length."""
+
+    def __init__(self, renderer: Renderer) -> None:
+        self.renderer = renderer
+        self.thinking = ""
+        self.answer = ""
+        self.thought: Thought | None = None
+        self.live = Live(console=renderer.console, refresh_per_second=8, vertical_overflow="ellipsis",
+                         get_renderable=self._view)
+        self.live.start()
+
+    def show(self, event: Event) -> None:
+        if isinstance(event, events.Text):
+            self.answer += event.text
+        elif isinstance(event, events.Thinking):
+            self.thinking += event.text
+        elif isinstance(event, events.ThoughtDone):
+            self.thought = event.thought
+
+    def close(self) -> None:
+        self.live.stop()
+
+    def _view(self) -> RenderableType:
+        parts: list[RenderableType] = []
+        if self.thinking or self.thought is not None:
+            if self.renderer.show_thinking:
+                parts.append(Text(visible(self.thinking), style="dim"))
+            elif self.thought is None:
+                parts.append(thinking_tail(self.renderer.console, self.thinking))
+            if self.thought is not None:
+                parts.append(Text(self.thought.line(), style="dim"))
+        return Group(*parts, Markdown(visible(self.answer)))
 
 
 def thinking_tail(console: Console, thinking: str) -> Text:
