@@ -12,12 +12,12 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat import Llama
-from llama_chat.cli.options import options_from_environment
 from llama_chat.engine import compiled
 from llama_chat.kernels import native
 from llama_chat.kernels.cache_attention import CacheAttention, use_cache_attention
 
 from .conftest import tiny_args
+from .loading_helpers import options_from_environment
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_runners import compiled_runner
 

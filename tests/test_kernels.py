@@ -18,7 +18,7 @@ from gguf import quants
 import llama_chat
 from llama_chat import environment
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.environment import kernel_options
 from llama_chat.kernels import native
 from llama_chat.kernels.block_linear import (
@@ -37,6 +37,7 @@ from llama_chat.kernels.weights_record import WeightsRecord
 
 from .block_layout_reference import BLOCK_SIZES, TILE_HALVES, TILE_ROWS, tile_rows
 from .conftest import tiny_args
+from .loading_helpers import file_blocks, options_from_environment
 from .test_gguf import tiny_hf_model, write_gguf
 
 TYPES = list(BLOCK_TYPES)
@@ -447,12 +448,12 @@ def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     stored = stored_blocks("Q6_K", 16, 256, 0)
     raw = stored.blocks(0, 16)
     layer = BlockLinear(stored, "Q6_K", native.variant_number("portable"))
-    assert torch.equal(layer.file_blocks(), raw)
+    assert torch.equal(file_blocks(layer), raw)
     assert layer.blocks.numel() == raw.numel()  # the file's size: rows rearranged, nothing added
     weight = torch.randn(15, 256)
     floats = BlockLinear(TensorMatrix.of(weight), "Q8_0", native.variant_number("portable"))
     assert floats.blocks.shape == (1, 16 * 256 // 32 * 34)  # a tile of 15 rows and one of zeros
-    assert torch.equal(floats.file_blocks(), q8_0_blocks(weight))
+    assert torch.equal(file_blocks(floats), q8_0_blocks(weight))
     x = torch.randn(1, 4, 256)
     assert layer(x).shape == (1, 4, 16)
 
@@ -525,7 +526,7 @@ def test_a_gguf_files_five_and_eight_bit_matrices_are_held_in_their_own_type(tmp
     def held_as_stored(layer, name):  # the file's bytes, rows padded to a whole tile (the table's 268 to 272)
         file_rows = torch.from_numpy(np.array(stored[name].data)).view(torch.uint8).view(layer.out_features, -1)
         padded_rows = -(-layer.out_features // TILE_ROWS) * TILE_ROWS
-        return layer.block_type == qtype.name and torch.equal(layer.file_blocks(), file_rows) \
+        return layer.block_type == qtype.name and torch.equal(file_blocks(layer), file_rows) \
             and layer.blocks.numel() == padded_rows * file_rows.shape[1]
 
     for variant in variants():
@@ -648,7 +649,7 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
     w2 = model.transformer.layers[1].feed_forward.w2
     info = gguf.GGUFReader(path).tensors
     stored = next(t for t in info if t.name == "blk.1.ffn_down.weight")
-    assert torch.equal(w2.file_blocks(), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
+    assert torch.equal(file_blocks(w2), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
 
 
 @pytest.mark.needs_kernels

@@ -16,7 +16,7 @@ import llama_chat
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf_blocks import int4_groups
 from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.engine.model import Transformer
 from llama_chat.environment import kernel_options
 from llama_chat.errors import LlamaChatError
@@ -32,6 +32,7 @@ from llama_chat.kernels.packed import (
 )
 from llama_chat.kernels.probe_times import Timing
 
+from .loading_helpers import options_from_environment
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
 
