@@ -20,8 +20,10 @@ import torch
 from torch import nn
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, options_from_environment
-from llama_chat.default_model import download_default_model
+from llama_chat.cli.options import configure_folders
+from llama_chat.default_model import DEFAULT_MODEL, download_model
+from llama_chat.environment import kernel_options
+from llama_chat.options import LoadOptions
 
 from fidelity import TEXT  # noqa: E402 (a sibling script)
 
@@ -66,8 +68,8 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=256)
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
-    environment = options_from_environment()
-    model = llama_chat.load(options.model or str(download_default_model()), environment, device="cpu",
+    environment = LoadOptions(kernels=kernel_options())
+    model = llama_chat.load(options.model or str(download_model(DEFAULT_MODEL)), environment, device="cpu",
                             dtype="float32")
     tokens = torch.tensor([model.tokenizer.encode(TEXT * 4)[: options.positions]])
     linears = {name: m for name, m in model.transformer.named_modules() if isinstance(m, nn.Linear)}

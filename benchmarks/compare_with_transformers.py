@@ -18,12 +18,14 @@ import torch
 from transformers import LlamaForCausalLM
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.cli.arguments import positive_int
 from llama_chat.cli.bench import random_prompt
 from llama_chat.cli.bench import run as run_llama_chat
 from llama_chat.default_model import require_default_model
 from llama_chat.engine.device import flush_denormals
+from llama_chat.environment import kernel_options
+from llama_chat.options import LoadOptions
 
 
 @torch.inference_mode()
@@ -54,7 +56,7 @@ def transformers_row(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tok
 
 
 def llama_chat_row(path: Path, prompt_tokens: int, new_tokens: int, repeats: int, **options) -> dict:
-    model = llama_chat.load(path, options_from_environment(), device="cpu", **options)
+    model = llama_chat.load(path, LoadOptions(kernels=kernel_options()), device="cpu", **options)
     model.runner.compile(wait=True)  # as `llama-chat bench` does: built once, then kept
     result = run_llama_chat(model, prompt_tokens, new_tokens, repeats)
     return {

@@ -32,9 +32,11 @@ from pathlib import Path
 import torch
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, options_from_environment
-from llama_chat.default_model import download_default_model
+from llama_chat.cli.options import configure_folders
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.device import cpu_model_name
+from llama_chat.environment import kernel_options
+from llama_chat.options import LoadOptions
 from llama_chat.process_memory import return_freed_memory
 
 from fidelity_stats import BLOCK, Agreement, Reference, block_for, peak_memory_mb  # noqa: E402 (a sibling module)
@@ -106,8 +108,8 @@ def main() -> None:
                         help="fast: prompt steps again with --prompt-math fast (8-bit activation blocks), a row of their own")
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
-    environment = options_from_environment()
-    path = options.model or str(download_default_model())
+    environment = LoadOptions(kernels=kernel_options())
+    path = options.model or str(download_model(DEFAULT_MODEL))
     rows: dict[str, dict] = {}
     peak_memory = {}  # MB resident at most, of each process
     with tempfile.TemporaryDirectory() as folder:

@@ -21,11 +21,13 @@ import time
 import torch
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, options_from_environment
-from llama_chat.default_model import download_default_model
+from llama_chat.cli.options import configure_folders
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.device import cpu_model_name, flush_denormals
+from llama_chat.environment import kernel_options
 from llama_chat.kernels.machine_limits import read_bandwidth_gb_per_second
+from llama_chat.options import LoadOptions
 
 from fidelity import TEXT  # noqa: E402 (a sibling script)
 
@@ -73,10 +75,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
-    environment = options_from_environment()
+    environment = LoadOptions(kernels=kernel_options())
     torch.set_num_threads(options.threads)
     flush_denormals()
-    path = options.model or str(download_default_model())
+    path = options.model or str(download_model(DEFAULT_MODEL))
     models = {}
     cases = {name: CASES[name] for name in [next(iter(CASES)), *options.cases]}
     for name, (kv_dtype, kernel) in cases.items():

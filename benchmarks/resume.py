@@ -17,11 +17,13 @@ from pathlib import Path
 import torch
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.chat.cache_file import cache_path
 from llama_chat.chat.session import Session
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.environment import kernel_options
+from llama_chat.options import LoadOptions
 
 from fidelity import TEXT  # noqa: E402 (a sibling script)
 
@@ -52,7 +54,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1000)
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
-    environment = options_from_environment()
+    environment = LoadOptions(kernels=kernel_options())
     model = llama_chat.load(options.model, environment)
     print(f"{cpu_model_name()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
           f"{model.name}: {model.describe_weights()}")

@@ -17,11 +17,13 @@ import json
 import torch
 
 import llama_chat
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.cli.bench import ECHO_REQUEST, PARAGRAPH, measure_speculation, speculation_line
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.device import cpu_model_name, flush_denormals
+from llama_chat.environment import kernel_options
 from llama_chat.kernels.machine_limits import read_bandwidth_gb_per_second
+from llama_chat.options import LoadOptions
 
 STORY_REQUEST = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -38,10 +40,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
-    environment = options_from_environment()
+    environment = LoadOptions(kernels=kernel_options())
     torch.set_num_threads(options.threads)
     flush_denormals()
-    path = options.model or str(download_default_model())
+    path = options.model or str(download_model(DEFAULT_MODEL))
     model = llama_chat.load(path, environment, quantize=options.quantize, dtype=options.dtype)
     model.runner.compile(wait=True)
     draft = None

@@ -17,10 +17,12 @@ import torch
 
 import llama_chat
 from llama_chat.cli.bench import kernel_variant, layer_matrices
-from llama_chat.cli.options import configure_folders, options_from_environment
-from llama_chat.default_model import download_default_model
+from llama_chat.cli.options import configure_folders
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.device import flush_denormals
+from llama_chat.environment import kernel_options
 from llama_chat.kernels.machine_limits import exact_prompt_peak_gops
+from llama_chat.options import LoadOptions
 
 
 def step_seconds(model: llama_chat.Llama, tokens: int, repeats: int) -> float:
@@ -45,10 +47,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     options = parser.parse_args()
     configure_folders()  # as the command line does, from the LLAMA_CHAT_* variables
-    environment = options_from_environment()
+    environment = LoadOptions(kernels=kernel_options())
     torch.set_num_threads(options.threads)
     flush_denormals()
-    model = llama_chat.load(options.model or str(download_default_model()), environment)
+    model = llama_chat.load(options.model or str(download_model(DEFAULT_MODEL)), environment)
     model.runner.compile(wait=True)
     single = step_seconds(model, 1, options.repeats)
     several = step_seconds(model, options.tokens, options.repeats)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from llama_chat.checkpoints.gguf import load_gguf
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.text import template_runner
 from llama_chat.text.format_choice import get_chat_format
@@ -90,7 +90,7 @@ def main() -> None:
     print(f"CPU: {cpu_model_name()}; a conversation of {len(messages)} messages, "
           f"{sum(len(m['content']) for m in messages):,} characters of text")
 
-    path = download_default_model()
+    path = download_model(DEFAULT_MODEL)
     checkpoint = load_gguf(path)
     chat = get_chat_format(None, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token,
                            checkpoint.eos_token, origin=path.name, context_length=checkpoint.args.max_seq_len)

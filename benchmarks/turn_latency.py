@@ -21,10 +21,12 @@ import torch
 import llama_chat
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.session import Session
-from llama_chat.cli.options import configure_folders, options_from_environment
-from llama_chat.default_model import download_default_model
+from llama_chat.cli.options import configure_folders
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.engine.sampling import SamplingSettings
+from llama_chat.environment import kernel_options
+from llama_chat.options import LoadOptions
 
 QUESTION = "Question {}: how do the tides behave near an estuary, and why does the shape of the coast matter?"
 REPLY = ("Answer {}: the moon and the sun pull the sea, and a narrowing estuary funnels the tide, so its range "
@@ -59,7 +61,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     options = parser.parse_args()
     configure_folders()
-    model = llama_chat.load(download_default_model(), options_from_environment())
+    model = llama_chat.load(download_model(DEFAULT_MODEL), LoadOptions(kernels=kernel_options()))
     print(f"{cpu_model_name()} ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads; "
           f"{model.name}: {model.describe_weights()}")
     session = long_session(model, options.turns)

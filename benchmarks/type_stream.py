@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 
-from llama_chat.kernels import native  # noqa: E402
+from llama_chat.kernels import native, native_state  # noqa: E402
 from llama_chat.kernels.machine_limits import read_bandwidth_gb_per_second  # noqa: E402
 
 COLUMNS = ROWS = 4096
@@ -82,7 +82,7 @@ def main() -> int:
     parser.add_argument("--types", default="Q4_0,Q8_0,Q4_K,Q5_K,Q6_K")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    status = native.status(wait=True)
+    status = native_state.load_or_build(wait=True)
     if not status.loaded:
         print(f"llama-chat's kernels are not in use: {status.detail}", file=sys.stderr)
         return 1

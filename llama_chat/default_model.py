@@ -81,11 +81,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_default_model() -> Path:
-    """Fetch and verify the default model unless it is already there; return its path."""
-    return download_model(DEFAULT_MODEL)
-
-
 def download_model(name: str) -> Path:
     """Fetch and verify the model llama-chat knows as `name` unless it is already there;
     return its path."""

@@ -4,7 +4,7 @@ An entry is found by a key made from everything it depends on, written whole or 
 all (under a temporary name, renamed into place), and checked when read: one that does
 not read back (truncated, edited by hand, left by older code) is removed and the reason
 given in one line, and its cache makes it again. The caches: the built kernels
-(kernels/native.py), the packed weights (kernels/packed_cache.py), the probe's
+(kernels/native_files.py), the packed weights (kernels/packed_cache.py), the probe's
 measurements (kernels/cpu_paths.py), the compiled packages (engine/compiled.py), the
 tokenizers built from model files (text/tokenizer_cache.py), and saved KV caches, which
 live beside their conversation files (chat/cache_file.py).

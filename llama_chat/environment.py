@@ -32,6 +32,8 @@ LEADER = "LLAMA_CHAT_LEADER"
 # The kernel library this process loaded, handed to its children (the decode step's
 # compiler): they load the same file, even where the sources on disk have changed since.
 LOADED_LIBRARY = "LLAMA_CHAT_KERNELS_LIBRARY"
+# Marks the processes of a command run under the guard (tools/guard_watch.py), a token a command.
+COMMAND_MARK = "LLAMA_CHAT_COMMAND"
 
 # The variables a tool's process (a command run_command runs, an MCP server) gets from the
 # chat's environment: where things are, who the user is, how to write text and times; never
@@ -164,6 +166,17 @@ def child_environment(**variables: str) -> dict[str, str]:
     """The environment a child process starts with: this one's, what this process hands
     down (the kernel library it loaded), and `variables`."""
     return {**os.environ, **_handed_down, **variables}
+
+
+def marked_environment(environment: Mapping[str, str], token: str) -> dict[str, str]:
+    """`environment` with the mark of a guarded command's processes, `token`, which every
+    process the command starts inherits."""
+    return {**environment, COMMAND_MARK: token}
+
+
+def bears_mark(process_environment: bytes, token: str) -> bool:
+    """Whether a process's environment, as /proc/PID/environ gives it, holds the mark `token`."""
+    return f"{COMMAND_MARK}={token}".encode() in process_environment.split(b"\0")
 
 
 def tool_environment(passed: Iterable[str] = (), environ: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -29,9 +29,9 @@ DEFAULT_CONTEXT = 4096
 
 def _kernels_building() -> int:
     """1 while a build of llama-chat's kernels this process started runs, else 0."""
-    from llama_chat.kernels import native  # the build's tooling loads only where one is asked about
+    from llama_chat.kernels import native_build  # the build's tooling loads only where one is asked about
 
-    return int(native.build_under_way() is not None)
+    return int(native_build.build_running())
 
 
 class Llama:

@@ -4,7 +4,7 @@ import pytest
 
 from llama_chat import Llama, ModelArgs, paths
 from llama_chat.cli.options import configure_folders
-from llama_chat.kernels import native
+from llama_chat.kernels import native, native_build
 from llama_chat.kernels.packed_cache_writer import finish_writes
 from llama_chat.options import Folders
 
@@ -37,7 +37,7 @@ def needs_compiler(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Without a compiler, the tests that need one cannot say anything: they are left out,
     and the run says how many and why. Any other failure to build stays a failure."""
-    reason = native.missing_tools()
+    reason = native_build.missing_tools()
     if reason is None:
         return
     if os.environ.get(REQUIRE_KERNELS) == "1":
@@ -67,11 +67,11 @@ def kernels_dir(tmp_path_factory):
     """llama-chat's kernels, built once for the whole run (as `scripts/setup` builds them);
     left empty on a machine without a compiler, so no build kept elsewhere is found."""
     directory = tmp_path_factory.mktemp("kernels")
-    if native.missing_tools() is not None:
+    if native_build.missing_tools() is not None:
         return directory
     previous = paths.configure(Folders(kernels=directory))
     try:
-        assert native.main([]) == 0, "llama-chat's kernels did not build, though a compiler was found"
+        assert native_build.main([]) == 0, "llama-chat's kernels did not build, though a compiler was found"
     finally:
         paths.configure(previous)
     return directory

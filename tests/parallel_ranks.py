@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.chat.session import Session
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.environment import group_timeout
 from llama_chat.errors import LlamaChatError
@@ -23,6 +23,8 @@ from llama_chat.loading import load
 from llama_chat.parallel.group_runner import ParallelLoader
 from llama_chat.parallel.ranks import Peers, follow, join
 from llama_chat.parallel.sharding import Shard
+
+from .loading_helpers import options_from_environment
 
 PROMPT = [5, 17, 33, 2, 41, 8, 29, 60, 11, 3]
 TURNS = ("hello there", "and then?", "one more")

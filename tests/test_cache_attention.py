@@ -12,12 +12,12 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat import Llama
-from llama_chat.cli.options import options_from_environment
 from llama_chat.engine import compiled
 from llama_chat.kernels import native
 from llama_chat.kernels.cache_attention import CacheAttention, use_cache_attention
 
 from .conftest import tiny_args
+from .loading_helpers import options_from_environment
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_runners import compiled_runner
 
@@ -39,17 +39,19 @@ SHAPES = [
 ]
 
 
-def reference(q, new_keys, new_values, past_keys, past_values, past_bias):
+def reference(q, new_keys, new_values, past_keys, past_values, position, past_mask=None):
     """PyTorch's float32 attention as Attention computes it over a cache: the cache read back into
-    float32, cached positions under past_bias, the new ones causal, one softmax."""
+    float32, the first `position` cached positions all visible or under past_mask, the new
+    ones causal, one softmax."""
     time, heads, head_dim = q.shape
-    kv_heads, position = new_keys.shape[1], past_bias.shape[0]
+    kv_heads = new_keys.shape[1]
+    past = torch.zeros(position) if past_mask is None else past_mask
     n_rep = heads // kv_heads
     grouped = q.view(time, kv_heads, n_rep, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, n_rep * time, head_dim)
     keys = torch.cat([past_keys[:, :position].float(), new_keys.transpose(0, 1)], dim=1)
     values = torch.cat([past_values[:, :position].float(), new_values.transpose(0, 1)], dim=1)
     future = torch.arange(time)[None, :] > torch.arange(time).repeat(n_rep)[:, None]
-    bias = torch.cat([past_bias.expand(n_rep * time, -1), torch.zeros(future.shape).masked_fill(future, -torch.inf)], 1)
+    bias = torch.cat([past.expand(n_rep * time, -1), torch.zeros(future.shape).masked_fill(future, -torch.inf)], 1)
     weights = torch.softmax(grouped @ keys.transpose(1, 2) * head_dim**-0.5 + bias, dim=-1)
     return (weights @ values).view(kv_heads, n_rep, time, head_dim).permute(2, 0, 1, 3).reshape(time, heads, head_dim)
 
@@ -64,16 +66,16 @@ def random_inputs(tokens, heads, kv_heads, head_dim, position, cache_dtype, with
     past_keys, past_values = (
         torch.randn(kv_heads, capacity, head_dim, generator=generator).to(cache_dtype) for _ in range(2)
     )
-    past_bias = torch.zeros(position)
+    past_mask = None  # every held position visible
     if with_bias and position:
-        past_bias = torch.randn(position, generator=generator)
-        past_bias[:: 3] = -torch.inf  # hidden positions
-    return q, new_keys, new_values, past_keys, past_values, past_bias
+        past_mask = torch.randn(position, generator=generator)
+        past_mask[:: 3] = -torch.inf  # hidden positions
+    return q, new_keys, new_values, past_keys, past_values, position, past_mask
 
 
-def attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias, window=0, softcap=0.0):
+def attend(variant, q, new_keys, new_values, past_keys, past_values, position, past_mask=None, window=0, softcap=0.0):
     return torch.ops.llama_chat.cache_attention(
-        q, new_keys, new_values, past_keys, past_values, past_bias, q.shape[-1] ** -0.5, window, softcap,
+        q, new_keys, new_values, past_keys, past_values, position, past_mask, q.shape[-1] ** -0.5, window, softcap,
         native.variant_number(variant),
     )
 
@@ -112,15 +114,15 @@ def test_a_prompt_chunk_on_the_tile_unit_is_far_closer_than_bfloat16(cache_dtype
     if "avx512-amx" not in native.runnable_variants():
         pytest.skip("this CPU (or its system) gives no AMX tiles: the avx512-amx variant cannot run here")
     tokens, position = shape[0], shape[-1]
-    q, new_keys, new_values, past_keys, past_values, _ = random_inputs(*shape, cache_dtype, False)
+    q, new_keys, new_values, past_keys, past_values, _, _ = random_inputs(*shape, cache_dtype, False)
     generator = torch.Generator().manual_seed(2)
-    past_bias = torch.randn(tokens, position, generator=generator)
-    past_bias[torch.rand(tokens, position, generator=generator) < 0.3] = -torch.inf
-    inputs = (q, new_keys, new_values, past_keys, past_values, past_bias)
+    past_mask = torch.randn(tokens, position, generator=generator)
+    past_mask[torch.rand(tokens, position, generator=generator) < 0.3] = -torch.inf
+    inputs = (q, new_keys, new_values, past_keys, past_values, position, past_mask)
     seen = window or tokens  # the reference's window: every new token where the kernel's is 0
     exact = windowed_reference(*inputs, seen, 0.0)
     got = attend("avx512-amx", *inputs, window=window)
-    rounded = windowed_reference(*(x.bfloat16().float() for x in inputs[:5]), past_bias, seen, 0.0)
+    rounded = windowed_reference(*(x.bfloat16().float() for x in inputs[:5]), position, past_mask, seen, 0.0)
     error, bfloat16_error = (got - exact).abs().max(), (rounded - exact).abs().max()
     assert error < TILE_TOLERANCE and error < bfloat16_error / 20, (error, bfloat16_error)
 
@@ -157,17 +159,20 @@ def test_a_tokens_attention_does_not_depend_on_the_tokens_sharing_its_step(posit
 
 
 def test_the_kernel_refuses_what_it_cannot_read():
-    q, new_keys, new_values, past_keys, past_values, past_bias = random_inputs(1, 4, 2, 64, 10, torch.float16, False)
+    q, new_keys, new_values, past_keys, past_values, position, _ = random_inputs(1, 4, 2, 64, 10, torch.float16,
+                                                                                  False)
     variant = native.runnable_variants()[-1]
     with pytest.raises(RuntimeError, match="float32, float16 or bfloat16, not Int"):
-        attend(variant, q, new_keys, new_values, past_keys.int(), past_values.int(), past_bias)
+        attend(variant, q, new_keys, new_values, past_keys.int(), past_values.int(), position)
     short_keys, short_values = past_keys[:, :8].contiguous(), past_values[:, :8].contiguous()
     with pytest.raises(RuntimeError, match="11 positions past a cache of 8"):
-        attend(variant, q, new_keys, new_values, short_keys, short_values, torch.zeros(11))
+        attend(variant, q, new_keys, new_values, short_keys, short_values, 11)
     with pytest.raises(RuntimeError, match="4 query heads do not share 3 key/value heads evenly"):
-        attend(variant, q, torch.zeros(1, 3, 64), torch.zeros(1, 3, 64), past_keys, past_values, past_bias)
-    with pytest.raises(RuntimeError, match="past_bias must be contiguous float32"):
-        attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias.half())
+        attend(variant, q, torch.zeros(1, 3, 64), torch.zeros(1, 3, 64), past_keys, past_values, position)
+    with pytest.raises(RuntimeError, match="past_mask must be contiguous float32"):
+        attend(variant, q, new_keys, new_values, past_keys, past_values, position, torch.zeros(position).half())
+    with pytest.raises(RuntimeError, match=r"past_mask must be contiguous float32 \[position\]"):
+        attend(variant, q, new_keys, new_values, past_keys, past_values, position, torch.zeros(position - 1))
 
 
 @pytest.mark.parametrize("n_kv_heads", [6, 2])
@@ -241,11 +246,11 @@ def test_a_model_on_llama_chats_kernels_attends_with_them_over_a_float16_cache(t
     assert all(layer.attention.cache_attention is None for layer in aten.transformer.layers)
 
 
-def windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bias, window, softcap):
-    """As reference, with a bias a token [time, position], the new tokens seeing at most the
+def windowed_reference(q, new_keys, new_values, past_keys, past_values, position, past_mask, window, softcap):
+    """As reference, with a mask a token [time, position], the new tokens seeing at most the
     last `window` of themselves and every score capped: a windowed layer's attention (Gemma)."""
     time, heads, head_dim = q.shape
-    kv_heads, position = new_keys.shape[1], past_bias.shape[-1]
+    kv_heads = new_keys.shape[1]
     n_rep = heads // kv_heads
     grouped = q.view(time, kv_heads, n_rep, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, n_rep * time, head_dim)
     keys = torch.cat([past_keys[:, :position].float(), new_keys.transpose(0, 1)], dim=1)
@@ -253,7 +258,7 @@ def windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bia
     tokens = torch.arange(time)
     hidden = (tokens[None, :] > tokens[:, None]) | (tokens[:, None] - tokens[None, :] >= window)
     new_bias = torch.zeros(hidden.shape).masked_fill(hidden, -torch.inf)
-    bias = torch.cat([past_bias, new_bias], dim=1).repeat(n_rep, 1)  # rows: the query heads, token by token
+    bias = torch.cat([past_mask, new_bias], dim=1).repeat(n_rep, 1)  # rows: the query heads, token by token
     scores = grouped @ keys.transpose(1, 2) * head_dim**-0.5
     scores = torch.tanh(scores / softcap) * softcap if softcap else scores
     weights = torch.softmax(scores + bias, dim=-1)
@@ -270,21 +275,22 @@ def test_a_windowed_layers_attention_matches_pytorchs(variant, shape, softcap):
     if variant not in native.runnable_variants():
         pytest.skip(f"this CPU cannot run {variant}")
     tokens, heads, kv_heads, head_dim, position = shape
-    q, new_keys, new_values, past_keys, past_values, _ = random_inputs(*shape, torch.float16, False)
+    q, new_keys, new_values, past_keys, past_values, _, _ = random_inputs(*shape, torch.float16, False)
     generator = torch.Generator().manual_seed(1)
-    past_bias = torch.randn(tokens, position, generator=generator)
-    past_bias[torch.rand(tokens, position, generator=generator) < 0.4] = -torch.inf
-    out = attend(variant, q, new_keys, new_values, past_keys, past_values, past_bias, window=16, softcap=softcap)
-    expected = windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bias, 16, softcap)
+    past_mask = torch.randn(tokens, position, generator=generator)
+    past_mask[torch.rand(tokens, position, generator=generator) < 0.4] = -torch.inf
+    out = attend(variant, q, new_keys, new_values, past_keys, past_values, position, past_mask, window=16,
+                 softcap=softcap)
+    expected = windowed_reference(q, new_keys, new_values, past_keys, past_values, position, past_mask, 16, softcap)
     # Capped scores stay on the vector kernel (its tanh); the tile unit takes the others.
     atol = TILE_TOLERANCE if on_tiles(variant, tokens) and not softcap else 2e-5
     assert torch.allclose(out, expected, atol=atol, rtol=1e-4)
     if softcap:  # the cap changes the result: the kernel does not ignore it
-        uncapped = windowed_reference(q, new_keys, new_values, past_keys, past_values, past_bias, 16, 0.0)
+        uncapped = windowed_reference(q, new_keys, new_values, past_keys, past_values, position, past_mask, 16, 0.0)
         assert (out - uncapped).abs().max() > 1e-2
 
 
 def test_a_bias_a_token_must_have_a_row_for_each_token():
-    q, new_keys, new_values, past_keys, past_values, _ = random_inputs(3, 4, 2, 64, 10, torch.float16, False)
+    q, new_keys, new_values, past_keys, past_values, _, _ = random_inputs(3, 4, 2, 64, 10, torch.float16, False)
     with pytest.raises(RuntimeError, match=r"\[position\] or \[tokens, position\]"):
-        attend(native.runnable_variants()[-1], q, new_keys, new_values, past_keys, past_values, torch.zeros(2, 10))
+        attend(native.runnable_variants()[-1], q, new_keys, new_values, past_keys, past_values, 10, torch.zeros(2, 10))

@@ -13,7 +13,7 @@ import llama_chat.cli.chat
 from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.constraint import Format, FormatError, engine_tokenizer
 from llama_chat.engine.sampling import Sampler
 from llama_chat.engine.speculation import Speculation
@@ -271,7 +271,7 @@ def test_the_validator_follows_json_schema_not_python_types():
 
 @pytest.fixture(scope="module")
 def default_model() -> Llama:
-    return llama_chat.load(download_default_model(), device="cpu")
+    return llama_chat.load(download_model(DEFAULT_MODEL), device="cpu")
 
 
 @pytest.mark.needs_kernels  # llama-chat's kernels: twenty replies in seconds, not minutes
@@ -336,7 +336,7 @@ def test_the_default_model_answers_within_a_grammar_given_on_the_command_line(de
     unformatted = free.send("Name three colours.")
     unformatted.run()
     assert not re.fullmatch(THREE_COLOURS, unformatted.text)  # the test can fail: the grammar must act
-    code = main(["--model", str(download_default_model()), "-p", "Name three colours.", "--grammar", str(grammar),
+    code = main(["--model", str(download_model(DEFAULT_MODEL)), "-p", "Name three colours.", "--grammar", str(grammar),
                  "--temperature", "0", "--max-tokens", "40", "--compile", "off", "--stats"])
     out, err = capsys.readouterr()
     assert code == 0, err

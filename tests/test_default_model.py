@@ -18,9 +18,9 @@ from llama_chat.chat.session import Session
 from llama_chat.checkpoints.contents import Checkpoint
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.cli import main
-from llama_chat.cli.options import options_from_environment
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 
+from .loading_helpers import options_from_environment
 from .terminal import Terminal
 from .test_runners import compiled_runner
 
@@ -39,7 +39,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def default_gguf() -> Path:
-    return download_default_model()
+    return download_model(DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -65,11 +65,11 @@ def ends_within(group: int, seconds: float) -> bool:
 STARTS_A_BUILD = (
     "import time\n"
     "from llama_chat import environment\n"
-    "from llama_chat.kernels import native\n"
+    "from llama_chat.kernels import native_build, native_state\n"
     "from llama_chat.paths import configure\n"
     "configure(environment.folders())\n"
-    "native.status()\n"
-    "print(native.build_under_way().pid, flush=True)\n"
+    "native_state.load_or_build()\n"
+    "print(native_build.started_build()[1].pid, flush=True)\n"
     "time.sleep(600)\n"
 )
 

@@ -15,12 +15,12 @@ from gguf import GGMLQuantizationType as QType
 import llama_chat
 from llama_chat.checkpoints.detect import read_checkpoint
 from llama_chat.checkpoints.gguf_tensors import GGUFMatrix
-from llama_chat.cli.options import options_from_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.packed_cache_writer import finish_writes
 from llama_chat.model_info import model_info
 
+from .loading_helpers import options_from_environment
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
 PER_PART = 8  # tensors: the tiny model's 21 make three parts

@@ -18,9 +18,9 @@ from gguf import quants
 import llama_chat
 from llama_chat import environment
 from llama_chat.checkpoints.stored import StackedRows, TensorMatrix
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.environment import kernel_options
-from llama_chat.kernels import native
+from llama_chat.kernels import native, native_build, native_files, native_state
 from llama_chat.kernels.block_linear import (
     BLOCK_TYPES,
     BlockEmbedding,
@@ -37,6 +37,7 @@ from llama_chat.kernels.weights_record import WeightsRecord
 
 from .block_layout_reference import BLOCK_SIZES, TILE_HALVES, TILE_ROWS, tile_rows
 from .conftest import tiny_args
+from .loading_helpers import file_blocks, options_from_environment
 from .test_gguf import tiny_hf_model, write_gguf
 
 TYPES = list(BLOCK_TYPES)
@@ -447,12 +448,12 @@ def test_block_linear_keeps_file_blocks_byte_for_byte_and_quantises_floats():
     stored = stored_blocks("Q6_K", 16, 256, 0)
     raw = stored.blocks(0, 16)
     layer = BlockLinear(stored, "Q6_K", native.variant_number("portable"))
-    assert torch.equal(layer.file_blocks(), raw)
+    assert torch.equal(file_blocks(layer), raw)
     assert layer.blocks.numel() == raw.numel()  # the file's size: rows rearranged, nothing added
     weight = torch.randn(15, 256)
     floats = BlockLinear(TensorMatrix.of(weight), "Q8_0", native.variant_number("portable"))
     assert floats.blocks.shape == (1, 16 * 256 // 32 * 34)  # a tile of 15 rows and one of zeros
-    assert torch.equal(floats.file_blocks(), q8_0_blocks(weight))
+    assert torch.equal(file_blocks(floats), q8_0_blocks(weight))
     x = torch.randn(1, 4, 256)
     assert layer(x).shape == (1, 4, 16)
 
@@ -525,7 +526,7 @@ def test_a_gguf_files_five_and_eight_bit_matrices_are_held_in_their_own_type(tmp
     def held_as_stored(layer, name):  # the file's bytes, rows padded to a whole tile (the table's 268 to 272)
         file_rows = torch.from_numpy(np.array(stored[name].data)).view(torch.uint8).view(layer.out_features, -1)
         padded_rows = -(-layer.out_features // TILE_ROWS) * TILE_ROWS
-        return layer.block_type == qtype.name and torch.equal(layer.file_blocks(), file_rows) \
+        return layer.block_type == qtype.name and torch.equal(file_blocks(layer), file_rows) \
             and layer.blocks.numel() == padded_rows * file_rows.shape[1]
 
     for variant in variants():
@@ -551,7 +552,7 @@ def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypat
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "none-built"))
     monkeypatch.setenv("CXX", "no-such-compiler")
     configure_folders()
-    state = native.status(wait=True, kernels=kernel_options())
+    state = native_state.load_or_build(kernel_options(), wait=True)
     assert not state.loaded and state.wanting  # worth a line at start-up
     assert state.detail == "no C++ compiler (no-such-compiler) found; install g++ or clang to build llama-chat's kernels"
     from llama_chat.kernels.cpu_paths import choose_native
@@ -559,7 +560,7 @@ def test_without_a_compiler_the_aten_kernels_run_and_say_why(tmp_path, monkeypat
     variant, reason = choose_native(tiny_args(), kernel_options())
     assert variant is None and "no C++ compiler" in reason
     monkeypatch.setenv("LLAMA_CHAT_KERNELS", "aten")
-    assert not native.status(kernels=kernel_options()).wanting  # off by choice: nothing to say at start-up
+    assert not native_state.status(kernel_options()).wanting  # off by choice: nothing to say at start-up
 
 
 def test_a_chat_without_a_compiler_answers_on_pytorch_kernels_with_one_line(tmp_path):
@@ -582,6 +583,18 @@ def test_a_chat_without_a_compiler_answers_on_pytorch_kernels_with_one_line(tmp_
     assert "Traceback" not in result.stdout
 
 
+def test_the_status_query_builds_and_loads_nothing(tmp_path, monkeypatch):
+    """Asked where nothing is built, the status says so (or why nothing can be), and no
+    build starts: only load_or_build starts one."""
+    monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "kernels"))
+    configure_folders()
+    native_build._started_build.cache_clear()
+    monkeypatch.setattr(native, "loaded", lambda: False)  # as in a process that has loaded no build
+    state = native_state.status()
+    assert not state.loaded and state.detail == (native_build.missing_tools() or "not built yet")
+    assert native_build.started_build() is None and not (tmp_path / "kernels").exists()
+
+
 def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     """A compiler that fails: one line naming the failure, recorded so later runs do not
     build again; the aten kernels run meanwhile."""
@@ -591,17 +604,17 @@ def test_a_failed_build_is_one_line_and_remembered(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CHAT_KERNELS_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", str(compiler))
     configure_folders()
-    first = native.status(wait=True)
+    first = native_state.load_or_build(wait=True)
     assert not first.loaded and first.detail.startswith("build failed: ") and first.wanting
     assert "\n" not in first.detail
-    again = native.status(wait=True)
+    again = native_state.load_or_build(wait=True)
     assert again.detail.startswith("build failed: ") and "to try again now" in again.detail and again.wanting
     # A day later it is tried again (and fails again, with this compiler).
     marker = next((tmp_path / "kernels").glob("*/build-failed.txt"))
-    old = marker.stat().st_mtime - native.RETRY_FAILED_BUILD_SECONDS - 1
+    old = marker.stat().st_mtime - native_files.RETRY_FAILED_BUILD_SECONDS - 1
     os.utime(marker, (old, old))
-    native._started_build.cache_clear()
-    retried = native.status(wait=True)
+    native_build._started_build.cache_clear()
+    retried = native_state.load_or_build(wait=True)
     assert retried.detail.startswith("build failed: ") and marker.stat().st_mtime > old + 3600
 
 
@@ -610,14 +623,14 @@ def test_a_damaged_build_is_removed_and_built_again(kernels_dir, tmp_path):
     """A truncated library in the kernels folder (loading it would kill the process): one
     line says so, and a new build replaces it (in a new process: this one has loaded the
     good build already)."""
-    build = next(folder for folder in kernels_dir.iterdir() if native.library_file(folder).exists())
+    build = next(folder for folder in kernels_dir.iterdir() if native_files.library_file(folder).exists())
     shutil.copytree(build, tmp_path / build.name)
-    library = native.library_file(tmp_path / build.name)
+    library = native_files.library_file(tmp_path / build.name)
     library.write_bytes(library.read_bytes()[:4096])
     variables = {**os.environ, "LLAMA_CHAT_KERNELS_DIR": str(tmp_path)}
     variables.pop(environment.LOADED_LIBRARY, None)
-    script = ("from llama_chat.cli.options import configure_folders; from llama_chat.kernels import native; "
-              "configure_folders(); s = native.status(wait=True); print(s.loaded, s.detail)")
+    script = ("from llama_chat.cli.options import configure_folders; from llama_chat.kernels import native_state; "
+              "configure_folders(); s = native_state.load_or_build(wait=True); print(s.loaded, s.detail)")
     result = subprocess.run([sys.executable, "-c", script], env=variables, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr
@@ -648,7 +661,7 @@ def test_a_gguf_file_keeps_its_blocks_and_is_read_once_in_bounded_pieces(tmp_pat
     w2 = model.transformer.layers[1].feed_forward.w2
     info = gguf.GGUFReader(path).tensors
     stored = next(t for t in info if t.name == "blk.1.ffn_down.weight")
-    assert torch.equal(w2.file_blocks(), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
+    assert torch.equal(file_blocks(w2), torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1))
 
 
 @pytest.mark.needs_kernels
@@ -672,7 +685,7 @@ def test_a_child_process_loads_the_library_its_parent_loaded(tmp_path):
 def test_the_probe_times_one_matrix_of_random_blocks_on_both_families():
     """The probe's layer is random Q4_1 blocks read as a file's: our kernels and PyTorch's
     packed ones multiply the same weights as gguf's own dequantisation gives them."""
-    from llama_chat.kernels.cpu_paths import RandomBlocks
+    from llama_chat.kernels.cpu_probe import RandomBlocks
     from llama_chat.kernels.packed import PackedLinear, Scratch, int4_layout
 
     source = RandomBlocks(64, 128)

@@ -6,6 +6,7 @@ under TYPE_CHECKING, and module names handed to importlib as strings.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,27 @@ def test_only_the_environment_module_reads_llama_chat_variables():
     }
     assert readers[ENVIRONMENT_MODULE]  # the reads are seen where they are
     assert {name: reads for name, reads in readers.items() if reads and name != ENVIRONMENT_MODULE} == {}
+
+
+def variable_names(tree: ast.AST) -> set[str]:
+    """The LLAMA_CHAT_* variables a module names as strings of their own (to read them, or to
+    pass them on to a child), not within messages."""
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and re.fullmatch(r"LLAMA_CHAT_[A-Z0-9_]+", node.value)}
+
+
+def test_only_the_environment_module_names_llama_chat_variables():
+    """Another module passes a variable on to a child through environment.py's helpers, and
+    names none itself."""
+    named = {module_name(path): sorted(variable_names(ast.parse(path.read_text(encoding="utf-8"))))
+             for path in PACKAGE.rglob("*.py")}
+    assert named[ENVIRONMENT_MODULE]  # the names are seen where they are
+    assert {name: found for name, found in named.items() if found and name != ENVIRONMENT_MODULE} == {}
+
+
+def test_the_attention_kernel_counts_held_positions_by_an_integer():
+    """No bias tensor whose length carries the position: the kernel takes the position, and
+    a mask only where one hides something."""
+    users = [module_name(path) for path in sorted(PACKAGE.rglob("*")) if path.suffix in (".py", ".cpp", ".h")
+             and "past_bias" in path.read_text(encoding="utf-8")]
+    assert users == []

@@ -10,7 +10,7 @@ import llama_chat
 from llama_chat.chat.display import visible
 from llama_chat.cli import main
 from llama_chat.errors import LlamaChatError
-from llama_chat.kernels import native
+from llama_chat.kernels import native_state
 
 from .test_gguf import tiny_hf_model, write_gguf
 
@@ -84,7 +84,7 @@ def test_one_prompt_prints_only_the_reply(gguf_file, capsys):
     list(expected)
     assert captured.out == visible(expected.text) + "\n"
     # Nothing on stderr but, on a machine where llama-chat's kernels cannot be built, the line saying why.
-    kernels = native.status()
+    kernels = native_state.status()
     assert captured.err == (f"llama-chat: PyTorch's kernels run: {kernels.detail}\n" if kernels.wanting else "")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llama_chat.cli import main
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.kernels.packed_cache_writer import finish_writes
 from llama_chat.loading import load
 from llama_chat.process_memory import memory_now_mb
@@ -27,7 +27,7 @@ SYSTEM = "You answer questions about places."
 
 @pytest.fixture(scope="module")
 def default_bytes() -> bytes:
-    return download_default_model().read_bytes()
+    return download_model(DEFAULT_MODEL).read_bytes()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import llama_chat
 from llama_chat import Llama
 from llama_chat.checkpoints.gguf_blocks import int4_groups
 from llama_chat.checkpoints.stored import Int4Groups, TensorMatrix
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.engine.model import Transformer
 from llama_chat.environment import kernel_options
 from llama_chat.errors import LlamaChatError
@@ -32,6 +32,7 @@ from llama_chat.kernels.packed import (
 )
 from llama_chat.kernels.probe_times import Timing
 
+from .loading_helpers import options_from_environment
 from .test_gguf import IDS, tiny_hf_model, write_gguf
 
 
@@ -229,13 +230,13 @@ def test_a_four_bit_file_packs_into_int4_and_keeps_its_levels(q4_file):
 
 
 def test_forced_paths_skip_the_probe_and_say_so(monkeypatch):
-    from llama_chat.kernels import cpu_paths
+    from llama_chat.kernels import cpu_probe
 
     def no_measuring(*_):
         raise AssertionError("measured although every choice was forced")
 
-    monkeypatch.setattr(cpu_paths, "measure_dtypes", no_measuring)
-    monkeypatch.setattr(cpu_paths, "measure_rows", no_measuring)
+    monkeypatch.setattr(cpu_probe, "measure_dtypes", no_measuring)
+    monkeypatch.setattr(cpu_probe, "measure_rows", no_measuring)
     monkeypatch.setenv("LLAMA_CHAT_DTYPE", "float32")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_DTYPE", "bfloat16")
     monkeypatch.setenv("LLAMA_CHAT_KERNEL_ROWS", "7")
@@ -256,7 +257,7 @@ def tiny_args_for_probe():
 
 
 def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch, tmp_path, capsys):
-    from llama_chat.kernels import cpu_paths
+    from llama_chat.kernels import cpu_probe
 
     monkeypatch.setenv("LLAMA_CHAT_CACHE", str(tmp_path))
     configure_folders()
@@ -274,8 +275,8 @@ def test_the_probe_is_measured_once_and_its_choices_follow_the_times(monkeypatch
         return {Timing("kernel", 16): 1.6, Timing("kernel", 256): 25.6, Timing("dequantise", 16): 2.32,
                 Timing("dequantise", 256): 7.12}
 
-    monkeypatch.setattr(cpu_paths, "measure_dtypes", fake_dtypes)
-    monkeypatch.setattr(cpu_paths, "measure_rows", fake_rows)
+    monkeypatch.setattr(cpu_probe, "measure_dtypes", fake_dtypes)
+    monkeypatch.setattr(cpu_probe, "measure_rows", fake_rows)
     first = choose_cpu_paths(tiny_args_for_probe(), "int4")
     second = choose_cpu_paths(tiny_args_for_probe(), "int4")
     assert calls == ["int4", (torch.float32, torch.bfloat16)]  # the second came from the cache file
@@ -333,7 +334,7 @@ def test_a_probe_file_nested_past_parsing_is_measured_again(monkeypatch, tmp_pat
 
 
 def test_real_probe_times_every_candidate():
-    from llama_chat.kernels.cpu_paths import measure_dtypes, measure_rows
+    from llama_chat.kernels.cpu_probe import measure_dtypes, measure_rows
 
     mode = "int4" if int4_layout() else "int8"
     times = measure_dtypes(tiny_args_for_probe(), mode)

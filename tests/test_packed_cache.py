@@ -24,12 +24,13 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.cli import main
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed_cache_writer import EntryWrite, finish_writes, writes_under_way
 
+from .loading_helpers import file_blocks, options_from_environment
 from .test_gguf import tiny_hf_model, write_gguf
 
 
@@ -158,7 +159,7 @@ def test_a_second_load_maps_the_first_loads_packing(tmp_path, tmp_cache):
     # The weights used are the file's bytes, in the kernels' order.
     stored = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
     file_bytes = torch.from_numpy(np.array(stored.data)).view(torch.uint8).view(w2.out_features, -1)
-    assert torch.equal(w2.file_blocks(), file_bytes)
+    assert torch.equal(file_blocks(w2), file_bytes)
     ids = list(range(3, 15))
     assert torch.equal(first.logits(ids), second.logits(ids))
 
@@ -290,8 +291,10 @@ def test_a_second_load_while_the_first_is_written_shares_its_memory(tmp_path, tm
 WRITES_A_PIECE_THEN_HANGS = (
     "import os, sys, time\n"
     "import llama_chat\n"
-    "from llama_chat.cli.options import configure_folders, options_from_environment\n"
+    "from llama_chat.cli.options import configure_folders\n"
+    "from llama_chat.environment import kernel_options\n"
     "from llama_chat.kernels import packed_cache\n"
+    "from llama_chat.options import LoadOptions\n"
     "configure_folders()  # the test's cache and kernels, as the command line takes them\n"
     "packed_cache.WRITE_PIECE = 4096\n"
     "write = os.pwrite\n"
@@ -301,7 +304,7 @@ WRITES_A_PIECE_THEN_HANGS = (
     "        time.sleep(600)\n"
     "    return write(descriptor, data, offset)\n"
     "os.pwrite = hangs_after_a_piece\n"
-    "model = llama_chat.load(sys.argv[1], options_from_environment(), device='cpu')\n"
+    "model = llama_chat.load(sys.argv[1], LoadOptions(kernels=kernel_options()), device='cpu')\n"
     "model.logits([3, 4, 5])\n"
     "print('answered', flush=True)\n"
     "time.sleep(600)\n"

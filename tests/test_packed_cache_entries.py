@@ -12,12 +12,13 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.cli import main
-from llama_chat.cli.options import configure_folders, options_from_environment
+from llama_chat.cli.options import configure_folders
 from llama_chat.environment import PACKED_CACHE_GB, kernel_options
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import packed_cache
 from llama_chat.kernels.packed_cache_entries import bound_bytes, entries, make_room
 
+from .loading_helpers import options_from_environment
 from .test_gguf import tiny_hf_model, write_gguf
 from .test_packed_cache import write_entry, written
 

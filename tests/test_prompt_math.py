@@ -9,10 +9,10 @@ from gguf import GGMLQuantizationType as QType
 
 import llama_chat
 from llama_chat.cli import main
-from llama_chat.cli.options import options_from_environment
 from llama_chat.errors import UsageError
 from llama_chat.kernels.block_linear import PROMPT_ROWS, BlockLinear
 
+from .loading_helpers import options_from_environment
 from .test_cli import typed_chats
 from .test_gguf import tiny_hf_model, write_gguf
 

@@ -11,7 +11,7 @@ from tokenizers import AddedToken, processors
 
 import llama_chat
 from llama_chat.cli import main
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 
 from .hf_reference import random_hf_model
 from .test_default_model import reference_tokenizer
@@ -70,7 +70,7 @@ def test_raw_mode_feeds_and_continues_as_transformers_does(smollm2_directory, tm
     from transformers import AutoTokenizer
 
     directory, model = smollm2_directory
-    write_smollm2_tokenizer(download_default_model(), directory, bos_first)
+    write_smollm2_tokenizer(download_model(DEFAULT_MODEL), directory, bos_first)
     reference = AutoTokenizer.from_pretrained(directory)
     expected_prompt = reference(TEXT)["input_ids"]
     # As published, SmolLM2's tokenizer puts no <|im_start|> (id 1) before a text.

@@ -18,7 +18,7 @@ from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.consent import Consent
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_runner import ToolRunner
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.engine.generation import GenerationStats, Piece
 from llama_chat.errors import LlamaChatError
 from llama_chat.options import DraftLength
@@ -439,7 +439,7 @@ def test_toolbar_shows_model_device_temperature_and_context():
 
 @pytest.fixture(scope="module")
 def default_model():
-    return llama_chat.load(download_default_model(), device="cpu", dtype="float32")
+    return llama_chat.load(download_model(DEFAULT_MODEL), device="cpu", dtype="float32")
 
 
 def test_two_turns_with_the_default_model_reuse_the_cache(default_model):

@@ -15,12 +15,12 @@ import torch.multiprocessing as mp
 from gguf import GGMLQuantizationType as QType
 
 import llama_chat
-from llama_chat.cli.options import options_from_environment
 from llama_chat.errors import LlamaChatError
 from llama_chat.kernels import native
 from llama_chat.parallel.sharding import Shard, check_divisible
 
 from . import parallel_ranks
+from .loading_helpers import options_from_environment
 from .terminal import Terminal
 from .test_gguf import tiny_hf_model, write_gguf
 

@@ -8,7 +8,7 @@ from llama_chat.chat.conversation_ids import assistant_message, exchange_ids, pl
 from llama_chat.chat.session import Session
 from llama_chat.chat.turn_encoder import TurnEncoder
 from llama_chat.checkpoints.gguf import load_gguf
-from llama_chat.default_model import download_default_model
+from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.text.format_choice import get_chat_format
 
 from .test_session import chat_model
@@ -79,7 +79,7 @@ def test_turns_send_what_the_whole_rendering_sends(monkeypatch, format_name, sys
 
 @pytest.fixture(scope="module")
 def default_model_format():
-    checkpoint = load_gguf(download_default_model())
+    checkpoint = load_gguf(download_model(DEFAULT_MODEL))
     return get_chat_format(None, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token,
                            checkpoint.eos_token, context_length=checkpoint.args.max_seq_len), checkpoint.tokenizer
 

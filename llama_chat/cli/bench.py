@@ -20,7 +20,7 @@ from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.engine.speculation import DraftModel, Speculation, check_same_vocabulary
 from llama_chat.environment import group_timeout
 from llama_chat.errors import UsageError
-from llama_chat.kernels import native
+from llama_chat.kernels import native, native_state
 from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.machine_limits import (
     PROMPT_INSTRUCTIONS,
@@ -309,7 +309,7 @@ def add_memory(result: dict, model: Llama) -> None:
 
 def measure_and_report(flags: argparse.Namespace, options: LoadOptions, loader: Callable[[str], Llama]) -> int:
     # A first build is measured with the kernels it makes.
-    kernels = native.status(wait=True, kernels=options.kernels)
+    kernels = native_state.load_or_build(options.kernels, wait=True)
     model, loading = load_and_compile(flags, loader)
     group = model.runner.group
     peers = group.peers if group is not None else None  # the other ranks, under --tp

@@ -31,7 +31,7 @@ from llama_chat.default_model import require_default_model
 from llama_chat.engine.sampling import SETTING_HELP, SamplingSettings
 from llama_chat.environment import group_timeout
 from llama_chat.errors import SettingError, UsageError
-from llama_chat.kernels import native
+from llama_chat.kernels import native_state
 from llama_chat.llama import Llama
 from llama_chat.options import DraftLength, KernelOptions, LoadOptions
 from llama_chat.parallel.group_runner import run_in_group
@@ -298,7 +298,7 @@ def kernels_wanting(model: Llama, kernels: KernelOptions) -> str | None:
     a model packed for the cpu; None where they run, are off by choice or are being built."""
     if not model.weights.packed or model.device.type != "cpu":
         return None
-    state = native.status(kernels=kernels)
+    state = native_state.status(kernels)
     return state.detail if state.wanting else None
 
 

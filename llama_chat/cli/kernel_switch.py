@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from llama_chat.kernels import native
+from llama_chat.kernels import native_build, native_state
 from llama_chat.kernels.packed_cache_writer import finish_writes, write_failures
 
 if TYPE_CHECKING:  # the chat's modules load only for a chat, not for a one-shot reply
@@ -22,9 +22,9 @@ def move_onto_built_kernels(state: ChatState, loader: CompilingLoader) -> None:
     `loader`, which compiles its step), now on the kernels where they measure faster, and
     go on with the conversation, as /load does. A build that ended without kernels (it
     failed) lets the compiles that waited for it start."""
-    if native.build_under_way() is not None:
+    if native_build.build_running():
         return
-    if not native.finished_build():
+    if not native_state.load_finished_build():
         loader.compile_deferred()
         return
     from llama_chat.repl.model_commands import describe_briefly
@@ -49,12 +49,12 @@ def note_packed_cache_failures(state: ChatState) -> None:
 
 def finish_kernel_build() -> None:
     """After a one-shot reply: the build it started, waited for (once; the next run loads it)."""
-    if native.build_under_way() is None:
+    if not native_build.build_running():
         return
     print("llama-chat: finishing the build of llama-chat's kernels, once (Ctrl-C leaves it for the next run)",
           file=sys.stderr)
     try:
-        native.wait_for_build()
+        native_build.wait_for_build()
     except KeyboardInterrupt:
         pass
 

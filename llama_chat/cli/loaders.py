@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llama_chat.cli.load_progress import LoadProgress
-from llama_chat.kernels import native
+from llama_chat.kernels import native_build
 from llama_chat.llama import Llama
 from llama_chat.loading import load
 from llama_chat.options import LoadOptions
@@ -49,7 +49,7 @@ class CompilingLoader:
                 earlier.runner.cancel()
             self.deferred.clear()
             self.loaded.append(model)
-            if self.mode == "auto" and self.background and native.build_under_way() is not None:
+            if self.mode == "auto" and self.background and native_build.build_running():
                 self.deferred.append(model)
             else:
                 model.runner.compile(wait=self.mode == "wait", background=self.background or self.mode == "wait")

@@ -19,12 +19,6 @@ def configure_folders(environ: Mapping[str, str] = os.environ) -> Folders:
     return paths.configure(environment.folders(environ))
 
 
-def options_from_environment(environ: Mapping[str, str] = os.environ) -> LoadOptions:
-    """The load options of a program that has no model flags (a script, a test): every
-    flag's default, and the environment's kernel settings."""
-    return LoadOptions(kernels=environment.kernel_options(environ))
-
-
 def load_options(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LoadOptions:
     """The model's load options: its flags (cli/arguments.add_model_arguments, which checks
     them), and the kernel settings of the environment (--kernel-dtype, when given, over

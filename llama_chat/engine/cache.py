@@ -66,7 +66,6 @@ class CacheCall:
             self._kinds[True] = tuple(held[2:])
         self._new_keys: list[torch.Tensor] = []
         self._new_values: list[torch.Tensor] = []
-        self._all_visible: torch.Tensor | None = None
 
     def update_and_fetch(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
@@ -77,13 +76,6 @@ class CacheCall:
         windowed, index = self.sources[layer]
         bias, held_keys, held_values = self._kinds[windowed]
         return held_keys[index], held_values[index], bias
-
-    def all_visible(self) -> torch.Tensor:
-        """Zeros over the held positions: a global layer's bias for a kernel that counts the
-        positions by its length. Made once a call, for every layer."""
-        if self._all_visible is None:
-            self._all_visible = torch.zeros(self.position, device=self._kinds[False][1].device)
-        return self._all_visible
 
     def new_entries(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer's new keys and values, [n_layers, time, kv_heads, head_dim] each."""

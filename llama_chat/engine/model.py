@@ -86,14 +86,14 @@ class Attention(nn.Module):
         if cache is None:
             out = self._attend_within(q, k, v, mask)
         else:
-            past_keys, past_values, past_bias = cache.update_and_fetch(self.layer, k[0], v[0])
+            past_keys, past_values, past_mask = cache.update_and_fetch(self.layer, k[0], v[0])
+            # The slots scored: the first `position` (all visible), or a windowed layer's whole ring under its bias.
+            held = cache.position if past_mask is None else past_mask.shape[-1]
             if self.cache_attention is not None:  # mask: the causal (windowed) one, which the kernel applies itself
-                if past_bias is None:  # the kernel counts the held positions by its bias: all visible
-                    past_bias = cache.all_visible()
-                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, past_bias, self.scale,
-                                           self.window, self.softcap)
+                out = self.cache_attention(q[0], k[0], v[0], past_keys, past_values, held, self.scale,
+                                           self.window, self.softcap, past_mask)
             else:
-                out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_bias, cache.position)
+                out = self._attend_after(q[0], k[0], v[0], mask, past_keys, past_values, past_mask, held)
         return self.wo(out.reshape(x.shape[0], x.shape[1], -1))
 
     def _attend_within(self, q, k, v, mask):
@@ -114,18 +114,17 @@ class Attention(nn.Module):
     def _capped(self, scores: torch.Tensor) -> torch.Tensor:
         return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
 
-    def _attend_after(self, q, k, v, mask, past_keys, past_values, past_bias, position):
+    def _attend_after(self, q, k, v, mask, past_keys, past_values, past_mask, held):
         """Attention of new tokens (q [time, heads, head_dim], k and v [time, kv_heads,
-        head_dim]) over the positions held in past_keys and past_values [kv_heads, capacity,
-        head_dim] and over themselves under mask: with past_bias None, the first `position`
-        slots, all visible; else every slot (a windowed layer's ring, see engine/cache), with
-        past_bias [time, ring] added to each token's scores.
+        head_dim]) over the first `held` slots of past_keys and past_values [kv_heads,
+        capacity, head_dim] and over themselves under mask: with past_mask None, all visible;
+        else with past_mask [time, held] added to each token's scores (a windowed layer's
+        ring, see engine/cache).
 
         The cached positions and the new ones are scored apart and weighed by one softmax,
         so the new tokens are attended in the model's precision whatever the cache's.
         """
         time = q.shape[0]
-        held = position if past_bias is None else past_bias.shape[-1]
         # [kv_heads, n_rep * time, head_dim]: the query heads sharing a key/value head side by side.
         q = q.view(time, self.n_kv_heads, self.n_rep, self.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(self.n_kv_heads, self.n_rep * time, self.head_dim) * self.scale
@@ -134,8 +133,8 @@ class Attention(nn.Module):
         # (narrow, not slices: an exported call's position is a value, which a slice's clamping cannot bound)
         past_keys, past_values = past_keys.narrow(1, 0, held).to(q.dtype), past_values.narrow(1, 0, held).to(q.dtype)
         past_scores = self._capped(torch.matmul(q, past_keys.transpose(1, 2)))
-        if past_bias is not None:  # a token's row for each of its query heads (rows head-major, as q's)
-            past_scores = past_scores + past_bias.to(q.dtype).repeat(self.n_rep, 1)
+        if past_mask is not None:  # a token's row for each of its query heads (rows head-major, as q's)
+            past_scores = past_scores + past_mask.to(q.dtype).repeat(self.n_rep, 1)
         new_scores = self._capped(torch.matmul(q, k.transpose(1, 2)))
         if mask is not None:
             new_scores = new_scores + mask

@@ -214,10 +214,6 @@ class BlockLinear(nn.Module):
             arranged = self.blocks[start // self.unit : -(-stop // self.unit)]
             torch.ops.llama_chat.arrange_blocks(rows.contiguous(), self.type_number, arranged)
 
-    def file_blocks(self) -> torch.Tensor:
-        """The blocks in the file's order, [out_features, bytes a row]."""
-        return untile_rows(self.blocks, self.block_type, self.out_features)
-
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of the matrix in float32 [n, in_features]: an embedding's lookup,
         dequantised by gguf's own reference code from the file's blocks (a few rows a step,

@@ -23,7 +23,8 @@ CACHE_DTYPE = torch.float16  # the cache's dtype where this kernel reads it (aut
 
 class CacheAttention(nn.Module):
     """softmax(scale q k^T) v of a step's tokens over the cached positions (under
-    past_bias) and over themselves (causally): what Attention computes over a cache, in one call."""
+    past_mask, where one is given) and over themselves (causally): what Attention computes
+    over a cache, in one call."""
 
     def __init__(self, variant: int) -> None:
         super().__init__()
@@ -41,19 +42,21 @@ class CacheAttention(nn.Module):
         new_values: torch.Tensor,
         past_keys: torch.Tensor,
         past_values: torch.Tensor,
-        past_bias: torch.Tensor,
+        position: int,
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        past_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [time, heads, head_dim], new_keys and new_values [time, kv_heads, head_dim],
-        past_keys and past_values [kv_heads, capacity, head_dim] whose first past_bias.shape[-1]
-        positions are scored, past_bias [position] or [time, position] added to those scores,
-        the scores scaled by `scale`, the new tokens seeing at most the last `window` of
-        themselves, every score capped by `softcap`; the attended values [time, heads, head_dim]."""
+        past_keys and past_values [kv_heads, capacity, head_dim] whose first `position`
+        positions are scored, all visible, or with past_mask [position] or [time, position]
+        added to those scores (a windowed layer's ring), the scores scaled by `scale`, the new
+        tokens seeing at most the last `window` of themselves, every score capped by
+        `softcap`; the attended values [time, heads, head_dim]."""
         out = torch.ops.llama_chat.cache_attention(
-            q.float(), new_keys.float(), new_values.float(), past_keys, past_values, past_bias.float(),
-            scale, window or 0, softcap or 0.0, self.variant,
+            q.float(), new_keys.float(), new_values.float(), past_keys, past_values, position,
+            None if past_mask is None else past_mask.float(), scale, window or 0, softcap or 0.0, self.variant,
         )
         return out.to(q.dtype)
 

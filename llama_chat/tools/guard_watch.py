@@ -19,9 +19,9 @@ import subprocess
 import time
 from collections.abc import Mapping
 
+from llama_chat.environment import bears_mark, marked_environment
 from llama_chat.tools.guard import children, descendants, guarded, kill_trees, set_subreaper, start_time, state
 
-MARK = "LLAMA_CHAT_COMMAND"  # the variable that marks a command's processes
 _COLLECT_SECONDS = 2.0  # for processes killed to be gone; one the kernel holds (a stuck disk) is left to it
 _COLLECT_TICK = 0.005
 
@@ -31,14 +31,13 @@ class GuardedCommand:
     chat's; its input empty, its output and errors together in `output`."""
 
     def __init__(self, command: list[str], cwd: str, environment: Mapping[str, str]) -> None:
-        token = secrets.token_hex(8)
-        self._mark = f"{MARK}={token}".encode()
+        self._token = secrets.token_hex(8)  # the mark in the environment of the command's processes
         self._seen: dict[int, int] = {}  # pid: start time, of the processes below the guard at the last look
         self._looked = _now_in_ticks()  # when the guard was last seen alive, in /proc's start-time ticks
         set_subreaper(True)
         try:
             self.process = subprocess.Popen(
-                guarded(command), cwd=cwd, env={**environment, MARK: token},
+                guarded(command), cwd=cwd, env=marked_environment(environment, self._token),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except BaseException:
             set_subreaper(False)
@@ -76,7 +75,7 @@ class GuardedCommand:
             return True
         try:
             with open(f"/proc/{pid}/environ", "rb") as environ:
-                return self._mark in environ.read().split(b"\0")
+                return bears_mark(environ.read(), self._token)
         except OSError:  # gone, or not the user's to read
             return False
 

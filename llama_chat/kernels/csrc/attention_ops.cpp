@@ -14,6 +14,7 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "attention.h"
 
@@ -59,13 +60,16 @@ static void check_rows(const at::Tensor& t, const char* name, int64_t head_dim) 
 
 // q [T, heads, head_dim], new_keys and new_values [T, kv_heads, head_dim] (float32),
 // past_keys and past_values [kv_heads, capacity, head_dim] (float32, float16 or bfloat16)
-// whose first P positions are scored, past_bias added to those scores: [P] alike for every
-// token, or [T, P] a row a token (a windowed layer's ring); softmax(q k^T scale) v over every
-// position, [T, heads, head_dim] float32. Among themselves the new tokens attend causally,
-// each to the last `window` of them at most (0: all); softcap > 0 caps every score.
+// whose first `position` positions are scored: all visible, or with past_mask added to their
+// scores where one is given (0 seen, -inf hidden): [position] alike for every token, or
+// [T, position] a row a token (a windowed layer's ring); softmax(q k^T scale) v over every
+// position, [T, heads, head_dim] float32.
+// Among themselves the new tokens attend causally, each to the last `window` of them at most
+// (0: all); softcap > 0 caps every score.
 at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, const at::Tensor& new_values,
-                           const at::Tensor& past_keys, const at::Tensor& past_values, const at::Tensor& past_bias,
-                           double scale, int64_t window, double softcap, int64_t variant) {
+                           const at::Tensor& past_keys, const at::Tensor& past_values, int64_t position,
+                           const std::optional<at::Tensor>& past_mask, double scale, int64_t window, double softcap,
+                           int64_t variant) {
     const AttentionKernels& kernels = attention_kernels(variant);
     TORCH_CHECK(q.dim() == 3, "llama_chat: q must be [tokens, heads, head_dim]");
     const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -84,13 +88,21 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
                     past_values.is_contiguous(),
                 "llama_chat: past_keys and past_values must be contiguous, of one dtype");
     const int type = cache_type(past_keys);
-    TORCH_CHECK(past_bias.scalar_type() == at::kFloat && past_bias.is_contiguous() &&
-                    (past_bias.dim() == 1 || (past_bias.dim() == 2 && past_bias.size(0) == tokens)),
-                "llama_chat: past_bias must be contiguous float32 [position] or [tokens, position]");
     TORCH_CHECK(window >= 0 && softcap >= 0, "llama_chat: window and softcap must not be negative");
-    const int64_t position = past_bias.size(-1), capacity = past_keys.size(1);
-    const int64_t bias_stride = past_bias.dim() == 2 ? position : 0;
-    TORCH_CHECK(position <= capacity, "llama_chat: ", position, " positions past a cache of ", capacity);
+    const int64_t capacity = past_keys.size(1);
+    TORCH_CHECK(position >= 0 && position <= capacity, "llama_chat: ", position, " positions past a cache of ",
+                capacity);
+    const float* bias = nullptr;  // none: every held position visible
+    int64_t bias_stride = 0;
+    if (past_mask.has_value()) {
+        const at::Tensor& given = *past_mask;
+        TORCH_CHECK(given.scalar_type() == at::kFloat && given.is_contiguous() &&
+                        (given.dim() == 1 || (given.dim() == 2 && given.size(0) == tokens)) &&
+                        given.size(-1) == position,
+                    "llama_chat: past_mask must be contiguous float32 [position] or [tokens, position]");
+        bias = given.const_data_ptr<float>();
+        bias_stride = given.dim() == 2 ? position : 0;
+    }
 
     at::Tensor out = at::empty({tokens, heads, head_dim}, q.options());
     const int64_t n_rep = heads / kv_heads, rows = tokens * n_rep, state_size = state_floats(head_dim);
@@ -112,7 +124,6 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
     const int64_t element_bytes = past_keys.element_size();
     const char* keys = static_cast<const char*>(past_keys.const_data_ptr());
     const char* values = static_cast<const char*>(past_values.const_data_ptr());
-    const float* bias = past_bias.const_data_ptr<float>();
 
     at::parallel_for(0, kv_heads * chunks * runs, 1, [&](int64_t begin, int64_t end) {
         for (int64_t piece = begin; piece < end; ++piece) {
@@ -134,8 +145,8 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
             const int64_t first = std::min(position, chunk * chunk_length);
             const int64_t offset = (head * capacity + first) * head_dim * element_bytes;
             const KeyValueSpan past{keys + offset, values + offset, type, head_dim, head_dim,
-                                    std::min(position, first + chunk_length) - first, bias + first, bias_stride,
-                                    false, 0};
+                                    std::min(position, first + chunk_length) - first, bias ? bias + first : nullptr,
+                                    bias_stride, false, 0};
             kernels.attend_span(query, past, state);
             if (chunk == chunks - 1) {  // the new tokens up to the run's last
                 const KeyValueSpan fresh{new_keys.const_data_ptr<float>() + head * head_dim,
@@ -176,7 +187,7 @@ at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& new_keys, cons
 
 TORCH_LIBRARY_FRAGMENT(llama_chat, m) {
     m.def("cache_attention(Tensor q, Tensor new_keys, Tensor new_values, Tensor past_keys, Tensor past_values, "
-          "Tensor past_bias, float scale, int window, float softcap, int variant) -> Tensor");
+          "SymInt position, Tensor? past_mask, float scale, int window, float softcap, int variant) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llama_chat, CPU, m) { m.impl("cache_attention", &llama_chat_kernels::cache_attention); }
