@@ -22,22 +22,23 @@ def users(exchanges) -> list[str]:
 
 def ids_before(session: Session, number: int) -> int:
     """How many ids the conversation holds before user message `number` (from 1)."""
-    return len(session.head_ids) + sum(len(e.user_ids) + len(e.reply_ids) for e in session.exchanges[: number - 1])
+    spans = [session.transcript.span(e) for e in session.exchanges[: number - 1]]
+    return len(session.transcript.head) + sum(len(span.user) + len(span.reply) for span in spans)
 
 
 def test_edit_of_the_last_message_replaces_its_reply_and_reuses_the_cache_before_it():
     model = chat_model()
     session = replay(model, ["one", "two"])
-    before, old = ids_before(session, 2), session.exchanges[1]
+    before, old = ids_before(session, 2), session.transcript.span(session.exchanges[1])
     turn = session.edit(2, "deux")
     turn.run()
     assert users(session.exchanges) == ["one", "deux"]
-    new = session.exchanges[1]
+    new = session.transcript.span(session.exchanges[1])
     # Every position before the message, and its start that did not change: <|im_start|> "user\n".
-    assert common_length(old.user_ids, new.user_ids) == 1 + len("user\n")
-    assert turn.stats.reused_tokens == before + common_length(old.user_ids, new.user_ids)
+    assert common_length(old.user, new.user) == 1 + len("user\n")
+    assert turn.stats.reused_tokens == before + common_length(old.user, new.user)
     assert turn.stats.prefilled_tokens == len(turn.prompt) - turn.stats.reused_tokens
-    assert session.ids == replay(model, ["one", "deux"]).ids
+    assert session.transcript.ids == replay(model, ["one", "deux"]).transcript.ids
     assert_consistent(session)
 
 
@@ -49,7 +50,7 @@ def test_edit_of_an_earlier_message_drops_the_exchanges_after_it():
     turn.run()
     assert users(session.exchanges) == ["one", "zwei"]
     assert turn.stats.reused_tokens >= before
-    assert session.ids == replay(model, ["one", "zwei"]).ids
+    assert session.transcript.ids == replay(model, ["one", "zwei"]).transcript.ids
     # The dropped exchanges stay as the other version at message 2.
     assert [(v.number, v.position, users(v.exchanges), v.current) for v in session.versions()] == [
         (1, 1, ["two", "three"], False), (2, 1, ["zwei"], True)]
@@ -60,12 +61,12 @@ def test_an_edit_that_is_refused_changes_nothing():
     session = Session(chat_model(max_seq_len=128), GREEDY, context_size=128)
     say(session, "one")
     say(session, "two")
-    before = (list(session.ids), list(session.cache.tokens), users(session.exchanges))
+    before = (list(session.transcript.ids), list(session.cache.tokens), users(session.exchanges))
     with pytest.raises(ContextOverflowError):
         session.edit(1, "x" * 200)
     with pytest.raises(LlamaChatError, match="no message 3: the user messages are numbered from 1 to 2"):
         session.edit(3, "three")
-    assert (session.ids, session.cache.tokens, users(session.exchanges)) == before
+    assert (session.transcript.ids, session.cache.tokens, users(session.exchanges)) == before
     assert session.versions() == []
 
 
@@ -86,25 +87,25 @@ def test_retry_keeps_the_earlier_reply_as_another_version():
 def test_switching_versions_gives_their_messages_and_ids_and_keeps_the_common_cache():
     model = chat_model()
     session = replay(model, ["one", "two", "three"])
-    kept_ids, kept_replies = list(session.ids), [e.reply for e in session.exchanges]
+    kept_ids, kept_replies = list(session.transcript.ids), [e.reply for e in session.exchanges]
     session.edit(2, "zwei").run()
-    zwei_ids = list(session.ids)
+    zwei_ids = list(session.transcript.ids)
     session.switch_version(1)
     assert users(session.exchanges) == ["one", "two", "three"]
-    assert [e.reply for e in session.exchanges] == kept_replies and session.ids == kept_ids
+    assert [e.reply for e in session.exchanges] == kept_replies and session.transcript.ids == kept_ids
     assert session.cache.tokens == kept_ids[: len(session.cache.tokens)]
     assert len(session.cache.tokens) >= ids_before(session, 2)  # the positions before the fork stay
     # The numbers stay with the versions; the followed one is marked.
     assert [(v.number, users(v.exchanges), v.current) for v in session.versions()] == [
         (1, ["two", "three"], True), (2, ["zwei"], False)]
     session.switch_version(2)
-    assert users(session.exchanges) == ["one", "zwei"] and session.ids == zwei_ids
+    assert users(session.exchanges) == ["one", "zwei"] and session.transcript.ids == zwei_ids
     assert_consistent(session)
     # The next turn is what a conversation that only ever had this version gives.
     turn = say(session, "four")
     fresh = replay(model, ["one", "zwei", "four"])
-    assert turn.generation.tokens == fresh.exchanges[-1].reply_ids[:len(turn.generation.tokens)]
-    assert session.ids == fresh.ids
+    assert turn.generation.tokens == fresh.transcript.span(fresh.exchanges[-1]).reply[:len(turn.generation.tokens)]
+    assert session.transcript.ids == fresh.transcript.ids
     with pytest.raises(LlamaChatError, match="no version 3: the versions are from 1 to 2"):
         session.switch_version(3)
 
@@ -130,7 +131,7 @@ def test_versions_take_new_ids_after_the_system_prompt_changes():
     session.edit(1, "uno").run()
     session.set_system("Be kind.")
     session.switch_version(1)
-    assert session.ids == model.chat_format.encode(session.messages(), False)
+    assert session.transcript.ids == model.chat_format.encode(session.conversation.messages(), False)
     assert_consistent(session)
 
 
@@ -147,12 +148,13 @@ def test_save_then_open_keeps_every_version(tmp_path):
 
     opened = Session(model, GREEDY, model_path=tmp_path / "m.gguf")
     assert opened.open(path) is None
-    assert opened.messages() == session.messages() and opened.ids == session.ids
+    assert opened.conversation.messages() == session.conversation.messages()
+    assert opened.transcript.ids == session.transcript.ids
     assert opened.versions() == session.versions()
     opened.switch_version(1)
     session.switch_version(1)
     assert opened.versions() == session.versions() and len(opened.versions()) == 4
-    assert opened.ids == session.ids and users(opened.exchanges) == ["one", "two", "drei"]
+    assert opened.transcript.ids == session.transcript.ids and users(opened.exchanges) == ["one", "two", "drei"]
 
 
 def test_a_file_without_branches_opens_with_one_version(tmp_path):
@@ -164,7 +166,7 @@ def test_a_file_without_branches_opens_with_one_version(tmp_path):
     path.write_text(json.dumps(data))
     opened = Session(session.model, GREEDY)
     opened.open(path)
-    assert opened.messages() == session.messages() and opened.versions() == []
+    assert opened.conversation.messages() == session.conversation.messages() and opened.versions() == []
 
 
 @pytest.mark.parametrize("branches, reason", [
@@ -187,7 +189,8 @@ def test_a_malformed_branches_field_is_one_line_and_the_text_kept(tmp_path, bran
     opened = Session(session.model, GREEDY)
     note = opened.open(path)
     assert note == f"{path}: its other versions were not opened ('branches': {reason})"
-    assert opened.messages() == session.messages() and opened.ids == session.ids
+    assert opened.conversation.messages() == session.conversation.messages()
+    assert opened.transcript.ids == session.transcript.ids
     assert opened.versions() == []
 
 
@@ -220,13 +223,13 @@ def test_edit_in_the_chat_resends_the_changed_message_and_shows_the_cache_reused
 def test_ctrl_c_or_an_empty_line_at_the_edit_prompt_changes_nothing():
     session = Session(chat_model(), GREEDY)
     chat(session, "one", "/quit")
-    kept = (list(session.ids), list(session.cache.tokens))
+    kept = (list(session.transcript.ids), list(session.cache.tokens))
     code, output = chat(session, "/edit", keys=CTRL_C + "/edit 1" + "\r" + CTRL_U + "\r/edit 2\r/edit x\r/quit\r")
     assert code == 0 and output.count("edit cancelled") == 2
     assert "there is no message 2: the user messages are numbered from 1 to 1" in output
     assert "/edit needs a whole number, got 'x'" in output
     assert users(session.exchanges) == ["one"] and session.versions() == []
-    assert (session.ids, session.cache.tokens) == kept
+    assert (session.transcript.ids, session.cache.tokens) == kept
 
 
 def test_edit_and_edit_n_on_a_terminal_show_the_cache_reused(tmp_path):
@@ -300,6 +303,6 @@ def test_a_version_followed_after_open_in_the_chat_answers_as_a_fresh_run(tmp_pa
     assert "at message 2:\n*  1  'two' -> " in output and "(then 2 exchanges)\n   2  'zwei' -> " in output
     assert users(reopened.exchanges) == ["one", "two", "three", "four"]
     fresh = replay(model, ["one", "two", "three", "four"])  # the saved settings (greedy) came back with /open
-    assert reopened.exchanges[-1].reply == fresh.exchanges[-1].reply and reopened.ids == fresh.ids
+    assert reopened.exchanges[-1].reply == fresh.exchanges[-1].reply and reopened.transcript.ids == fresh.transcript.ids
     assert reopened.last_stats.reused_tokens >= ids_before(reopened, 2)
     assert_consistent(reopened)

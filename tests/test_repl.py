@@ -222,15 +222,17 @@ def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     code, output = chat(session, "hello", "go on", "/quit")
     assert code == 0
     first, second = session.exchanges
-    assert first.interrupted and len(first.reply_ids) == 3 + 2  # three tokens, then <|im_end|> "\n"
+    # three tokens, then <|im_end|> "\n"
+    assert first.interrupted and len(session.transcript.span(first).reply) == 3 + 2
     assert "[interrupted] 3 tokens" in output
     assert not second.interrupted and second.user == "go on"
     assert_consistent(session)
     # The reply after the interruption is what a fresh cache gives for the same conversation.
-    prompt = first.user_ids + first.reply_ids + second.user_ids
+    spans = session.transcript.span(first), session.transcript.span(second)
+    prompt = spans[0].user + spans[0].reply + spans[1].user
     fresh = model.generate(prompt, session.settings, cache=model.new_cache())
     list(fresh)
-    assert second.reply_ids[:-2] == fresh.tokens
+    assert spans[1].reply[:-2] == fresh.tokens
 
 
 def test_retry_undo_and_clear_leave_the_conversation_as_a_fresh_run_would():
@@ -240,18 +242,18 @@ def test_retry_undo_and_clear_leave_the_conversation_as_a_fresh_run_would():
     fresh = replay(model, ["one", "two"], SamplingSettings(temperature=1.0, seed=4, max_tokens=6), system="Be brief.")
     fresh.settings = GREEDY
     fresh.retry().run()
-    assert session.ids == fresh.ids
+    assert session.transcript.ids == fresh.transcript.ids
     assert_consistent(session)
 
     chat(session, "three", "/undo", "four", "/quit")
     fresh_turn = fresh.send("four")
     fresh_turn.run()
-    assert session.exchanges[-1].reply == fresh_turn.text and session.ids == fresh.ids
+    assert session.exchanges[-1].reply == fresh_turn.text and session.transcript.ids == fresh.transcript.ids
     assert [e.user for e in session.exchanges] == ["one", "two", "four"]
 
     chat(session, "/clear", "five", "/quit")
     assert [e.user for e in session.exchanges] == ["five"] and session.system == "Be brief."
-    assert session.ids == replay(model, ["five"], system="Be brief.").ids
+    assert session.transcript.ids == replay(model, ["five"], system="Be brief.").transcript.ids
     assert_consistent(session)
 
 
@@ -264,7 +266,7 @@ def test_context_overflow_drops_old_turns_and_keeps_going():
     assert "context full: dropped the" in output
     assert "that message is 3" in output and "more than the context of 128 tokens" in output
     assert session.exchanges[-1].user == "still here?" and len(session.exchanges) < 7
-    assert session.messages()[0]["content"] == "Be kind."
+    assert session.conversation.messages()[0]["content"] == "Be kind."
     assert_consistent(session)
 
 
@@ -276,7 +278,8 @@ def test_save_then_open_restores_the_conversation(tmp_path):
     other = Session(model, SamplingSettings(), model_path=tmp_path / "m.gguf")
     code, output = chat(other, "/temperature 0.9", f"/open {path}", "/quit")
     assert f"opened {path}: 2 exchanges" in output
-    assert other.messages() == session.messages() and other.ids == session.ids and other.settings == GREEDY
+    assert other.conversation.messages() == session.conversation.messages()
+    assert other.transcript.ids == session.transcript.ids and other.settings == GREEDY
 
 
 def test_failed_load_keeps_the_old_model_and_the_conversation(tmp_path):
@@ -416,12 +419,13 @@ def test_two_turns_with_the_default_model_reuse_the_cache(default_model):
     first, second = session.exchanges
     assert "Paris" in first.reply and "Berlin" in second.reply
     chat_format = default_model.chat_format
-    history = session.messages()[:2]
+    history = session.conversation.messages()[:2]
     asked = chat_format.encode(history + [{"role": "user", "content": "And of Germany?"}])
     new_turn = asked[len(chat_format.encode(history, False)):]
     im_end_and_newline = 2
     stats = session.last_stats
-    assert stats.reused_tokens == len(first.user_ids) + len(first.reply_ids) - im_end_and_newline
+    span = session.transcript.span(first)
+    assert stats.reused_tokens == len(span.user) + len(span.reply) - im_end_and_newline
     assert stats.prefilled_tokens == im_end_and_newline + len(new_turn)
     assert f"prompt {stats.prefilled_tokens} new + {stats.reused_tokens} cached tokens" in output
 

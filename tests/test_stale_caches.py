@@ -31,7 +31,7 @@ def answered(monkeypatch):
     answer_once = llama_chat.cli.chat.answer_once
 
     def recording(session, *arguments):
-        seen.append(([message["content"] for message in session.messages()], len(session.cache)))
+        seen.append(([message["content"] for message in session.conversation.messages()], len(session.cache)))
         return answer_once(session, *arguments)
 
     monkeypatch.setattr(llama_chat.cli.chat, "answer_once", recording)

@@ -128,14 +128,14 @@ def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing
     session = Session(model, GREEDY)
     say(session, "one")
     say(session, "two")
-    kept = (session.messages(), list(session.cache.tokens))
+    kept = (session.conversation.messages(), list(session.cache.tokens))
     with pytest.raises(UnusableTemplateError, match="ran for more than 0.5 s"):
         session.send("three")
-    assert (session.messages(), list(session.cache.tokens)) == kept
+    assert (session.conversation.messages(), list(session.cache.tokens)) == kept
     with pytest.raises(UnusableTemplateError, match="ran for more than 0.5 s"):
         session.send("four")  # refused at once: the worker is not started again
     assert model.chat_format.runner._worker is None
-    assert session.messages() == kept[0]
+    assert session.conversation.messages() == kept[0]
 
 
 
@@ -261,7 +261,7 @@ def test_a_renderer_that_does_not_start_refuses_one_turn_and_the_next_starts_it(
     assert code == 0 and "Traceback" not in output
     assert [line for line in output.splitlines() if "renderer" in line] == [message]
     assert [e.user for e in session.exchanges] == ["two"]  # the turn refused left nothing behind
-    assert session.exchanges[0].reply_ids and session.ids is not None
+    assert session.transcript.span(session.exchanges[0]).reply and session.transcript.ids is not None
 
 
 def test_a_renderer_that_dies_is_one_line_and_the_chat_goes_on_with_another_model():

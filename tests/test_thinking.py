@@ -75,12 +75,13 @@ def test_a_template_that_drops_earlier_thinking_is_followed_and_the_cache_reused
     second.run()
     rendered = model.tokenizer.decode(second.prompt)
     assert rendered.count("why") == 0 and rendered.count("Hi") == 1  # the first reply's answer only
-    assert second.prompt == model.chat_format.encode(session.messages()[:-1])
+    assert second.prompt == model.chat_format.encode(session.conversation.messages()[:-1])
     # Reused: everything up to the first reply's cue ("<|im_start|>assistant\n"), not its thinking.
     cue = model.chat_format.encode([{"role": "user", "content": "hello"}])
     assert second.stats.reused_tokens == len(cue) - 2 and cached[:len(cue)] == cue
     # The kept ids are the template's: the second reply's thinking (and its cue) gone too.
-    assert session.ids == model.chat_format.encode(session.messages(), add_generation_prompt=False)
+    messages = session.conversation.messages()
+    assert session.transcript.ids == model.chat_format.encode(messages, add_generation_prompt=False)
 
 
 def test_a_template_that_keeps_thinking_reuses_the_whole_cache(thinking_models):

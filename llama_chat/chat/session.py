@@ -1,12 +1,13 @@
-"""A chat session: the conversation (see conversation), the model it runs on (see
-running_model), the sampling settings, and what holds them together: turns, context
-overflow, versions, switching models, saving and opening (see session_file).
+"""A chat session: the conversation (see conversation) and its token ids (see transcript),
+the model it runs on (see running_model), the sampling settings, and what holds them
+together: turns, context overflow, versions, switching models, saving and opening (see
+session_file).
 
 Context
 -------
 A turn needs its prompt plus room for the reply: a reserve of min(max_tokens, capacity // 4)
 tokens. When the prompt and the reserve do not fit, the oldest exchanges are dropped (the
-system prompt stays) until they do, and the kept ids are rebuilt by rendering. A message
+system prompt stays) until they do, and the ids are rendered anew. A message
 that leaves no room even with every earlier exchange dropped is refused; a message that
 fits but leaves less than the reserve gets the room there is.
 
@@ -35,8 +36,8 @@ from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.session_file import open_session, save_session
 from llama_chat.chat.tool_offer import MAX_CALLS, ToolOffer
+from llama_chat.chat.transcript import Transcript
 from llama_chat.chat.turn import Turn
-from llama_chat.chat.turn_encoder import TurnEncoder
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.generation import GenerationStats
 from llama_chat.engine.sampling import SamplingSettings
@@ -67,13 +68,13 @@ class Session:
         self.running = RunningModel(model, model_path, context_size)
         self.conversation = Conversation(system)
         self.offer: ToolOffer | None = None  # the tools replies may call
-        self.encoder = TurnEncoder(model.chat_format)
+        self.transcript = Transcript(self.conversation, model.chat_format)
         self.settings = settings or SamplingSettings()
         # Where each setting that is not llama-chat's default came from, for /settings.
         self.setting_sources: dict[str, str] = {}
         self.recommended: dict[str, str] = {}  # the settings taken from the model's recommendations, by source
         self.last_stats: GenerationStats | None = None
-        self.rebuild_ids()
+        self.transcript.rerender()
 
     # What the parts hold, by the names the chat and the command line use
 
@@ -109,30 +110,13 @@ class Session:
     def exchanges(self) -> list[Exchange]:
         return self.conversation.exchanges
 
-    @exchanges.setter
-    def exchanges(self, exchanges: list[Exchange]) -> None:
-        self.conversation.exchanges = exchanges
-
-    @property
-    def head_ids(self) -> list[int] | None:
-        return self.conversation.head_ids
-
-    @property
-    def ids(self) -> list[int] | None:
-        """The conversation's token ids as fed and generated, or None while not known."""
-        return self.conversation.ids
-
-    def messages(self) -> list[dict[str, str]]:
-        """System prompt (if any) and every exchange, as chat-format messages."""
-        return self.conversation.messages()
-
     @property
     def capacity(self) -> int:
         return self.running.capacity
 
     def context_used(self) -> int:
         """Tokens the conversation takes in the context."""
-        ids = self.ids
+        ids = self.transcript.ids
         return len(ids) if ids is not None else len(self.cache)
 
     def reserve(self) -> int:
@@ -162,7 +146,7 @@ class Session:
         try:
             return self._start(text, replaced)
         except BaseException:
-            self.exchanges += replaced
+            self.exchanges.extend(replaced)
             raise
 
     def no_message(self, number: int) -> str:
@@ -170,19 +154,18 @@ class Session:
         return self.conversation.no_message(number)
 
     def _start(self, text: str, replaced: list[Exchange] | None = None) -> Turn:
-        plan = self.encoder.plan(self.conversation, text)
-        room = self.capacity - self.reserve()
+        prompt = self.transcript.prompt_for(text)
+        remaining = self.capacity - self.reserve()
         dropped = 0
-        if len(plan.prompt) > room:
-            dropped = self.encoder.exchanges_to_drop(self.conversation, text, room, self.capacity)
+        if len(prompt.ids) > remaining:
+            dropped = self.transcript.oldest_to_drop(text, remaining, self.capacity)
             if dropped:
-                del self.exchanges[:dropped]
-                self.rebuild_ids()
-                plan = self.encoder.plan(self.conversation, text)
+                self.transcript.drop_oldest(dropped)
+                prompt = self.transcript.prompt_for(text)
         calls_before = sum(len(tool_round.calls) for exchange in self.exchanges for tool_round in exchange.rounds)
         return Turn(
-            self.running, self.settings, self._record, text, plan, dropped, replaced,
-            chat_format=self.chat_format, offer=self.offer, first_call=calls_before + 1,
+            self.running, self.settings, self._record, text, prompt, dropped, replaced,
+            transcript=self.transcript, offer=self.offer, first_call=calls_before + 1,
         )
 
     def _record(self, exchange: Exchange, stats: GenerationStats) -> None:
@@ -200,8 +183,9 @@ class Session:
         """Follow version `number` instead (LlamaChatError for one there is not, nothing
         changed); the cache keeps what the two versions have in common."""
         self.conversation.follow_version(number)
-        if not self.ids_hold_the_text():  # unknown, or saved by hand: rendered anew
-            self.rebuild_ids()
+        tokenizer = self.model.tokenizer
+        if not self.transcript.holds_the_text(tokenizer.vocab_size, tokenizer.decode):  # unknown, or by hand
+            self.transcript.rerender()
         self.trim_cache()
 
     def undo(self) -> Exchange:
@@ -213,30 +197,22 @@ class Session:
     def clear(self) -> None:
         """Start over; the system prompt stays."""
         self.exchanges.clear()
-        self.rebuild_ids()
+        self.transcript.rerender()
         self.trim_cache()
 
     def set_system(self, text: str | None) -> None:
         self.conversation.system = text or None
-        self.rebuild_ids()
+        self.transcript.rerender()
         self.trim_cache()
 
     @property
     def chat_format(self) -> ChatFormat:
         """What the conversation is rendered with: the model's format, with the tools offered."""
-        return self.encoder.chat_format
-
-    def rebuild_ids(self) -> None:
-        """The conversation's ids rendered anew by its chat format (see conversation)."""
-        self.conversation.rebuild_ids(self.chat_format)
-
-    def ids_hold_the_text(self) -> bool:
-        tokenizer = self.model.tokenizer
-        return self.conversation.ids_hold_the_text(tokenizer.vocab_size, tokenizer.decode)
+        return self.transcript.chat_format
 
     def trim_cache(self) -> None:
         """Forget cached positions past what the conversation still holds."""
-        ids = self.ids
+        ids = self.transcript.ids
         if ids is not None:
             self.cache.keep_common_prefix(ids)
 
@@ -299,11 +275,11 @@ class Session:
         return self.offer.names() if self.offer is not None and self.format is None else []
 
     def _render_with_the_tools(self) -> None:
-        """The encoder for the format the conversation is now rendered with, and its ids."""
+        """The transcript in the format the conversation is now rendered with."""
         base = self.model.chat_format
         chosen = self.offer.chat_format(base) if self.offer is not None and self.format is None else base
-        self.encoder = TurnEncoder(chosen)
-        self.rebuild_ids()
+        self.transcript = Transcript(self.conversation, chosen)
+        self.transcript.rerender()
         self.trim_cache()
 
     # Saving and opening
@@ -311,13 +287,11 @@ class Session:
     def save(self, path: str | Path, cache_limit_bytes: int | None = None) -> tuple[Path, int]:
         """Write the conversation and beside it its cache (see session_file)."""
         return save_session(
-            self.conversation, self.running, self.settings, path, cache_limit_bytes, self.offered_names()
+            self.transcript, self.running, self.settings, path, cache_limit_bytes, self.offered_names()
         )
 
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation, settings and cache with saved ones (see session_file)."""
-        self.settings, note = open_session(
-            self.conversation, self.running, path, self.chat_format, self.offered_names()
-        )
+        self.settings, note = open_session(self.transcript, self.running, path, self.offered_names())
         self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
         return note
