@@ -109,7 +109,7 @@ def test_ids_for_other_text_are_rebuilt_from_the_text_with_one_line(tmp_path, sa
     assert note == (f"{tmp_path / 'chat.json'}: its token ids do not hold its text; they were rebuilt from the text; "
                     "its saved cache was not used (chat.kv.safetensors holds other tokens than the conversation): "
                     "the conversation is read again")
-    assert [exchange.user for exchange in session.exchanges] == ["one", "three"]
+    assert [exchange.user for exchange in session.conversation.exchanges] == ["one", "three"]
     assert session.transcript.ids == session.model.chat_format.encode(session.conversation.messages(), False)
 
 

@@ -151,7 +151,7 @@ def test_ctrl_c_while_a_call_runs_keeps_the_round_and_the_chat_goes_on():
     turn = session.send(QUESTION)
     with pytest.raises(KeyboardInterrupt):
         turn.run(None, runner(Interrupted(), ScriptedView(Answer.YES)))
-    exchange = session.exchanges[-1]
+    exchange = session.conversation.exchanges[-1]
     assert exchange.interrupted and exchange.reply == ""
     assert exchange.rounds[0].results == [CallResult(STOPPED, Outcome.CANCELLED)]
     assert session.transcript.ids is None  # rendered anew for the next turn
@@ -169,12 +169,13 @@ def test_a_conversation_with_calls_saves_reopens_and_branches(tmp_path):
     assert note is None  # the ids and the cache were used as saved
     assert reopened.conversation.messages() == session.conversation.messages()
     assert reopened.transcript.ids == session.transcript.ids
-    assert reopened.exchanges[0].rounds == session.exchanges[0].rounds
+    assert reopened.conversation.exchanges[0].rounds == session.conversation.exchanges[0].rounds
     retried = reopened.retry().run(None, runner(weather, ScriptedView(Answer.YES)))
-    assert retried.reply == ANSWER and [version.number for version in reopened.versions()] == [1, 2]
-    assert reopened.exchanges[0] is retried
+    assert retried.reply == ANSWER and [version.number for version in reopened.conversation.versions()] == [1, 2]
+    assert reopened.conversation.exchanges[0] is retried
     reopened.switch_version(1)  # the reopened version, its calls with it
-    assert reopened.exchanges[0] is not retried and reopened.exchanges[0].rounds == session.exchanges[0].rounds
+    assert reopened.conversation.exchanges[0] is not retried
+    assert reopened.conversation.exchanges[0].rounds == session.conversation.exchanges[0].rounds
 
 
 ROUND_REFUSALS = {
@@ -207,7 +208,7 @@ def test_a_conversation_file_with_a_malformed_round_is_refused_in_one_line(tmp_p
     with pytest.raises(LlamaChatError) as refused:
         reopened.open(path)
     assert message in str(refused.value) and "\n" not in str(refused.value)
-    assert reopened.exchanges == []  # nothing of the file taken
+    assert reopened.conversation.exchanges == []  # nothing of the file taken
 
 
 def test_a_saved_conversation_opened_with_other_tools_offered_is_rendered_anew(tmp_path):

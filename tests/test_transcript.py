@@ -49,7 +49,7 @@ class WholeRenderCheck:
         whole, transcript = self.prompts[-1][1:]
         chat_format = transcript.chat_format
         expected = reply_span(chat_format, chat_format.stop_ids, whole, turn.exchange, turn.generation.tokens)
-        assert transcript.span(turn.exchange) == expected
+        assert transcript.spans.get(turn.exchange) == expected
 
 
 def converse(session: Session, check: WholeRenderCheck) -> None:
@@ -113,11 +113,11 @@ def reference_drop_count(session: Session, text: str) -> int:
     """The fewest oldest exchanges to drop, each candidate rendered whole (as before)."""
     chat_format, system = session.model.chat_format, session.conversation.system_messages()
     room = session.capacity - session.reserve()
-    for count in range(1, len(session.exchanges) + 1):
+    for count in range(1, len(session.conversation.exchanges) + 1):
         history = system + session.conversation.messages()[len(system) + 2 * count:]
         if len(chat_format.encode(history + [user_message(text)])) <= room:
             return count
-    return len(session.exchanges)
+    return len(session.conversation.exchanges)
 
 
 @pytest.mark.parametrize("format_name", ["chatml", "llama2", "template"])

@@ -21,7 +21,7 @@ def added(shorter: Sequence[int] | None, longer: Sequence[int] | None) -> list[i
     return list(longer[len(shorter):])
 
 
-def rendered(chat_format: ChatFormat, messages: Sequence[Message], generation_prompt: bool) -> list[int] | None:
+def render(chat_format: ChatFormat, messages: Sequence[Message], generation_prompt: bool) -> list[int] | None:
     """The format's ids for these messages, or None if it cannot render them (yet)."""
     try:
         return chat_format.encode(messages, add_generation_prompt=generation_prompt)
@@ -32,7 +32,7 @@ def rendered(chat_format: ChatFormat, messages: Sequence[Message], generation_pr
 def closed_ids(chat_format: ChatFormat, messages: list[dict[str, str]]) -> list[int] | None:
     """Ids of a conversation without the generation prompt. A format that cannot render a
     system prompt on its own (llama2 folds it into the first user turn) gives []."""
-    ids = rendered(chat_format, messages, generation_prompt=False)
+    ids = render(chat_format, messages, generation_prompt=False)
     if ids is None and all(message["role"] == "system" for message in messages):
         return []
     return ids

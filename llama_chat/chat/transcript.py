@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from llama_chat.chat.conversation import Conversation
 from llama_chat.chat.exchange import Exchange, ToolRound, exchange_messages, messages_of, round_messages, user_message
 from llama_chat.chat.overflow import Overflow
-from llama_chat.chat.prefix import added, closed_ids, rendered
+from llama_chat.chat.prefix import added, closed_ids, render
 from llama_chat.engine.cache import common_length
 from llama_chat.text.chat_format import THINKING_CLOSE, ChatFormat
 
@@ -105,10 +105,6 @@ class Transcript:
             ids += span.user + span.reply
         return ids
 
-    def span(self, exchange: Exchange) -> Span | None:
-        """The ids `exchange` added, or None where not known."""
-        return self.spans.get(exchange)
-
     def take(self, head: list[int] | None, spans: Spans) -> None:
         """Ids from elsewhere (a saved conversation), in place of these."""
         self.head, self.spans = head, spans
@@ -122,14 +118,14 @@ class Transcript:
         self.head, self.spans = None, Spans()
         spans = Spans()
         for exchange in self.conversation.exchanges:
-            cued = rendered(self.chat_format, messages + [user_message(exchange.user)], generation_prompt=True)
+            rendered = render(self.chat_format, messages + [user_message(exchange.user)], generation_prompt=True)
             messages = messages + exchange_messages(exchange)
             closed = closed_ids(self.chat_format, messages)
-            if added(done, cued) is None or added(done, closed) is None:
+            if added(done, rendered) is None or added(done, closed) is None:
                 return
             # The user's ids end where the generation prompt and the closed reply part (at
             # its end unless the template writes earlier replies otherwise than generated).
-            split = common_length(closed, cued)
+            split = common_length(closed, rendered)
             spans[exchange] = Span(closed[len(done):split], closed[split:])
             done = closed
         self.head, self.spans = head, spans
@@ -185,11 +181,11 @@ def prompt_after(chat_format: ChatFormat, history: list[dict], text: str, ids: l
     """The prompt for `text` after `history`, whose kept ids are `ids` (None: not known): the
     kept ids and what the message adds, or the whole conversation rendered."""
     messages = history + [user_message(text)]
-    cued = chat_format.encode(messages)
+    rendered = chat_format.encode(messages)
     closed = closed_ids(chat_format, history)
-    user_ids = added(closed, cued) if ids is not None else None
-    prompt = cued if user_ids is None else ids + user_ids
-    return Prompt(prompt, history, messages, cued, user_ids, len(prompt))
+    user_ids = added(closed, rendered) if ids is not None else None
+    prompt = rendered if user_ids is None else ids + user_ids
+    return Prompt(prompt, history, messages, rendered, user_ids, len(prompt))
 
 
 def next_round(
@@ -199,14 +195,14 @@ def next_round(
     that close them and what the results add; else the whole conversation rendered."""
     answered = round_messages(tool_round)
     messages = prompt.messages + answered
-    cued = chat_format.encode(messages)
+    rendered = chat_format.encode(messages)
     closed = closed_ids(chat_format, prompt.messages + answered[:1])
     closing = closing_ids(prompt, closed, stop_ids)
-    results = added(closed, cued) if closing is not None else None
+    results = added(closed, rendered) if closing is not None else None
     if results is None:
-        return Prompt(cued, prompt.history, messages, cued, None, len(cued), prompt.rounds + 1)
+        return Prompt(rendered, prompt.history, messages, rendered, None, len(rendered), prompt.rounds + 1)
     ids = prompt.ids + list(generated) + closing + results
-    return Prompt(ids, prompt.history, messages, cued, prompt.user_ids, prompt.reply_start, prompt.rounds + 1)
+    return Prompt(ids, prompt.history, messages, rendered, prompt.user_ids, prompt.reply_start, prompt.rounds + 1)
 
 
 def reply_span(
