@@ -4,9 +4,10 @@ and sends the model exactly the ids rendering the whole conversation gives."""
 import pytest
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
-from llama_chat.chat.exchange import user_message
+from llama_chat.chat.exchange import Exchange, user_message
+from llama_chat.chat.prefix import added
 from llama_chat.chat.session import Session
-from llama_chat.chat.transcript import Transcript, prompt_after, reply_span
+from llama_chat.chat.transcript import Span, Spans, Transcript, prompt_after, reply_span
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.default_model import download_default_model
 from llama_chat.text.format_choice import get_chat_format
@@ -146,3 +147,17 @@ def test_overflow_drops_as_many_exchanges_as_whole_renders_say_without_rendering
         recording[0] = False
         assert max(encoded) <= 4  # the system prompt, one exchange and the new message at most
         assert dropped == reference_drop_count(session, text)
+
+
+def test_the_prefix_rule_keeps_the_shorter_ids_only_where_the_longer_begin_with_them():
+    assert added([1, 2], [1, 2, 3, 4]) == [3, 4] and added([1, 2], [1, 2]) == []
+    assert added([1, 2], [1, 3, 4]) is None and added([1, 2], [1]) is None
+    assert added(None, [1]) is None and added([1], None) is None
+
+
+def test_two_exchanges_of_the_same_text_keep_their_own_ids():
+    first, retried = Exchange("hi", "hello"), Exchange("hi", "hello")
+    spans = Spans()
+    spans[first], spans[retried] = Span([1], [2]), Span([3], [4])
+    assert first == retried and spans.get(first) == Span([1], [2]) and spans.get(retried) == Span([3], [4])
+    assert spans.get(Exchange("hi", "hello")) is None
