@@ -69,7 +69,7 @@ def main() -> None:
             _, cached = session.save(conversation)
             seconds = time.perf_counter() - started
             size = cache_path(conversation).stat().st_size
-            print(f"/save of {len(session.ids)} tokens: {seconds:.3f} s; cache file {size / 1e6:.1f} MB for "
+            print(f"/save of {len(session.transcript.ids)} tokens: {seconds:.3f} s; cache file {size / 1e6:.1f} MB for "
                   f"{cached} positions (their own size {cached * own_bytes / 1e6:.1f} MB); conversation file "
                   f"{conversation.stat().st_size / 1e3:.0f} KB")
             line, whole = reopen(options.model, conversation)

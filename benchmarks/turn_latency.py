@@ -40,7 +40,7 @@ def long_session(model: llama_chat.Llama, turns: int) -> Session:
     settings = SamplingSettings(temperature=0, max_tokens=1)
     session = Session(model, settings, system="You are a careful assistant.", context_size=8192)
     for number in range(1, turns):
-        session.exchanges.append(Exchange(QUESTION.format(number), REPLY.format(number)))
+        session.conversation.exchanges.append(Exchange(QUESTION.format(number), REPLY.format(number)))
     session.send(QUESTION.format(turns)).run()
     return session
 
@@ -67,7 +67,8 @@ def main() -> None:
     session = long_session(model, options.turns)
     text = QUESTION.format(options.turns + 1)
     times = [first_token_seconds(session, text) for _ in range(options.repeats)]
-    print(f"{len(session.ids)} tokens in {len(session.exchanges)} exchanges; turn {options.turns + 1}: "
+    ids, exchanges = session.transcript.ids, session.conversation.exchanges
+    print(f"{len(ids)} tokens in {len(exchanges)} exchanges; turn {options.turns + 1}: "
           f"send to first token, median of {options.repeats}: {statistics.median(times) * 1000:.1f} ms "
           f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})")
 

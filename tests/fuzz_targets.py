@@ -231,7 +231,7 @@ def conversation_target(directory: Path) -> Target:
             opened.open(path)
         except LlamaChatError:
             return
-        if opened.ids is not None:
+        if opened.transcript.ids is not None:
             assert_consistent(opened)
 
     inputs = st.one_of(json_mutations(json.loads(seed)), byte_mutations(seed, hot=len(seed)))

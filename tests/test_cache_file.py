@@ -55,7 +55,7 @@ def test_a_malformed_cache_is_refused_in_one_line_and_the_text_kept(tmp_path, sa
     rewritten(tmp_path / "chat.kv.safetensors", change_tensors, change_metadata)
     opened, note = restored_session(chat_model(), saved, tmp_path / "model.gguf")
     assert note.startswith(f"its saved cache was not used ({reason}") and "\n" not in note
-    assert [exchange.user for exchange in opened.exchanges] == ["one"] and len(opened.cache) == 0
+    assert [exchange.user for exchange in opened.conversation.exchanges] == ["one"] and len(opened.cache) == 0
     assert say(opened, "two").stats.reused_tokens == 0  # read again
 
 
@@ -69,4 +69,4 @@ def test_a_header_the_safetensors_library_refuses_is_one_line(tmp_path, saved, h
     (tmp_path / "chat.kv.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(4))
     opened, note = restored_session(chat_model(), saved, tmp_path / "model.gguf")
     assert note.startswith("its saved cache was not used (chat.kv.safetensors does not read back (")
-    assert "\n" not in note and [exchange.user for exchange in opened.exchanges] == ["one"]
+    assert "\n" not in note and [exchange.user for exchange in opened.conversation.exchanges] == ["one"]

@@ -172,10 +172,10 @@ def test_flags_reach_the_interactive_chat(loads, monkeypatch, tmp_path):
     session = sessions[0]
     assert session.settings == SamplingSettings(temperature=0.1, top_k=3, top_p=0.8, min_p=0.2, repeat_penalty=1.2,
                                                 repeat_last_n=8, max_tokens=4, seed=9)
-    assert session.system == "Be brief." and session.capacity == 256
+    assert session.conversation.system == "Be brief." and session.capacity == 256
     assert "temperature = 0.1" in shown.getvalue() and "context = 256 tokens" in shown.getvalue()
     assert "think = show" in shown.getvalue()
-    assert [e.user for e in session.exchanges] == ["hello"]
+    assert [e.user for e in session.conversation.exchanges] == ["hello"]
     # /load goes through the same loader, with the command line's device, dtype and format.
     assert loads[1] == ("other.gguf", {"device": "cpu", "dtype": "float32", "chat_format": "chatml", "quantize": "auto",
                                        "kernel_dtype": "auto", "shard": None, "progress": LoadProgress,
@@ -243,7 +243,8 @@ def test_resume_reopens_the_conversation_kept_by_the_chat(loads, monkeypatch, ca
     assert "no conversation kept yet" in capsys.readouterr().err
     assert main(["--model", "tiny.gguf", "--resume", "--temperature", "0"]) == 0
     first, resumed = seen
-    assert [e.user for e in resumed.exchanges] == ["hello"] and resumed.exchanges[0].reply == first.exchanges[0].reply
+    assert [e.user for e in resumed.conversation.exchanges] == ["hello"]
+    assert resumed.conversation.exchanges[0].reply == first.conversation.exchanges[0].reply
     assert resumed.cache.tokens == first.cache.tokens[: len(resumed.cache.tokens)] and len(resumed.cache) > 10
     assert "resumed" in capsys.readouterr().err
 

@@ -199,7 +199,7 @@ def test_the_format_is_chosen_shown_and_measured_in_the_chat():
                         "/format regex [a-", "/format yaml", "/format", "/format json", "/format off", "/quit")
     assert code == 0
     assert "format: regex '[a-c]{3}'" in output and "format = regex '[a-c]{3}'" in output
-    assert re.fullmatch("[a-c]{3}", session.exchanges[0].reply)
+    assert re.fullmatch("[a-c]{3}", session.conversation.exchanges[0].reply)
     assert re.search(r"format \d+\.\d\d ms/token \(\d+\.\d% of a step\)", output)
     assert "cannot read the JSON schema file nope.json (No such file or directory): give a readable file" in output
     assert "the regex '[a-' cannot be used" in output
@@ -353,7 +353,7 @@ def test_the_default_model_answers_a_json_object_after_format_json_in_the_chat(d
     session = Session(default_model, settings, context_size=512)
     code, output = chat(session, "/format json", "Describe a cat as JSON.", "/stats", "/quit")
     assert code == 0 and "format: json (any JSON object)" in output
-    reply = session.exchanges[0].reply
+    reply = session.conversation.exchanges[0].reply
     answer = json.loads(reply)
     assert isinstance(answer, dict) and answer, reply  # an object, and not an empty one
     assert reply in output and "ended by format_complete" in output  # shown as it streamed; ended by the format

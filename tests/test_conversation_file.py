@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from llama_chat.chat.conversation_file import ids_hold_text
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.session import Session
+from llama_chat.chat.transcript import Span, ids_hold_text
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tokenizer import ByteTokenizer
 
@@ -109,15 +109,15 @@ def test_ids_for_other_text_are_rebuilt_from_the_text_with_one_line(tmp_path, sa
     assert note == (f"{tmp_path / 'chat.json'}: its token ids do not hold its text; they were rebuilt from the text; "
                     "its saved cache was not used (chat.kv.safetensors holds other tokens than the conversation): "
                     "the conversation is read again")
-    assert [exchange.user for exchange in session.exchanges] == ["one", "three"]
-    assert session.ids == session.model.chat_format.encode(session.messages(), False)
+    assert [exchange.user for exchange in session.conversation.exchanges] == ["one", "three"]
+    assert session.transcript.ids == session.model.chat_format.encode(session.conversation.messages(), False)
 
 
 def test_ids_past_the_vocabulary_are_rebuilt_with_one_line(tmp_path, saved):
     edited = with_message(2, token_ids=[10**6, 5])(saved)
     session, note = opened(tmp_path, edited)
     assert "chat.json: its token ids do not hold its text; they were rebuilt from the text; " in note
-    assert session.ids == session.model.chat_format.encode(session.messages(), False)
+    assert session.transcript.ids == session.model.chat_format.encode(session.conversation.messages(), False)
     assert len(session.cache) == 0 and "\n" not in note  # the saved cache held the ids that were not kept
 
 
@@ -130,14 +130,15 @@ def test_ids_a_chat_saved_are_kept_on_open(tmp_path, format_name):
     session.save(tmp_path / "chat.json")
     reopened = Session(model, GREEDY, model_path=tmp_path / "model.gguf")
     assert reopened.open(tmp_path / "chat.json") is None
-    assert reopened.ids == session.ids and reopened.ids == replay(model, ["one", "two"], system="Be brief.").ids
+    assert reopened.transcript.ids == session.transcript.ids
+    assert reopened.transcript.ids == replay(model, ["one", "two"], system="Be brief.").transcript.ids
 
 
 def test_ids_hold_the_answer_after_thinking_a_template_left_out():
     tokenizer = ByteTokenizer()
-    exchange = Exchange(user="hi", reply="<think>\nplan\n</think>\n\nHello!", user_ids=tokenizer.encode("User: hi\n"),
-                        reply_ids=tokenizer.encode("Assistant: Hello!\n"))
-    assert ids_hold_text("Be brief.", [exchange], tokenizer.encode("System: Be brief.\n"), tokenizer.decode)
-    assert not ids_hold_text("Be long.", [exchange], tokenizer.encode("System: Be brief.\n"), tokenizer.decode)
-    exchange.reply_ids = tokenizer.encode("Assistant: Goodbye!\n")
-    assert not ids_hold_text("Be brief.", [exchange], tokenizer.encode("System: Be brief.\n"), tokenizer.decode)
+    exchange = Exchange(user="hi", reply="<think>\nplan\n</think>\n\nHello!")
+    span = Span(tokenizer.encode("User: hi\n"), tokenizer.encode("Assistant: Hello!\n"))
+    assert ids_hold_text("Be brief.", [(exchange, span)], tokenizer.encode("System: Be brief.\n"), tokenizer.decode)
+    assert not ids_hold_text("Be long.", [(exchange, span)], tokenizer.encode("System: Be brief.\n"), tokenizer.decode)
+    span = Span(span.user, tokenizer.encode("Assistant: Goodbye!\n"))
+    assert not ids_hold_text("Be brief.", [(exchange, span)], tokenizer.encode("System: Be brief.\n"), tokenizer.decode)

@@ -310,7 +310,7 @@ def test_a_reopened_conversation_with_its_cache_continues_as_one_read_again(defa
     turn.run()
     assert turn.stats.reused_tokens == cached
     first.send("And an animal?").run()
-    assert turn.text == first.exchanges[-1].reply
+    assert turn.text == first.conversation.exchanges[-1].reply
 
 
 def test_info_tells_what_the_default_model_file_holds(default_gguf, capsys):

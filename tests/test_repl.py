@@ -112,7 +112,7 @@ def test_bad_values_are_refused_and_nothing_changes(line, message):
     code, output = chat(session, line, "/exit")
     assert code == 0
     assert message in output
-    assert session.settings == settings and session.exchanges == []
+    assert session.settings == settings and session.conversation.exchanges == []
 
 
 def test_speculation_is_set_from_the_chat():
@@ -129,7 +129,7 @@ def test_speculation_is_set_from_the_chat():
     assert "(the draft model drafts instead)" in output
     assert "draft model off; prompt lookup: up to 5 tokens" in output and "prompt lookup: off" in output
     assert session.speculation.draft is None and session.speculation.lookup == DraftLength(0)
-    assert session.exchanges and session.exchanges[0].reply
+    assert session.conversation.exchanges and session.conversation.exchanges[0].reply
 
 
 def test_help_lists_every_command():
@@ -159,7 +159,7 @@ def test_multi_line_input_and_ctrl_c_at_the_prompt():
     keys = "line one" + ESCAPE + ENTER + "line two" + ENTER + "typed then" + CTRL_C + "hello" + ENTER + "/quit" + ENTER
     code, _ = chat(session, keys=keys)
     assert code == 0
-    assert [e.user for e in session.exchanges] == ["line one\nline two", "hello"]
+    assert [e.user for e in session.conversation.exchanges] == ["line one\nline two", "hello"]
 
 
 def test_tab_then_enter_takes_a_completion_without_sending(monkeypatch):
@@ -201,7 +201,7 @@ def test_tab_then_enter_takes_a_completion_without_sending(monkeypatch):
 def test_ctrl_d_at_an_empty_prompt_leaves_with_code_0():
     session = Session(chat_model(), GREEDY)
     assert chat(session, "hi", keys=CTRL_D)[0] == 0
-    assert len(session.exchanges) == 1
+    assert len(session.conversation.exchanges) == 1
 
 
 def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
@@ -231,16 +231,18 @@ def test_ctrl_c_during_streaming_keeps_the_session_alive(monkeypatch):
     monkeypatch.setattr(model, "runner", UntilCtrlC(model.runner))
     code, output = chat(session, "hello", "go on", "/quit")
     assert code == 0
-    first, second = session.exchanges
-    assert first.interrupted and len(first.reply_ids) == 3 + 2  # three tokens, then <|im_end|> "\n"
+    first, second = session.conversation.exchanges
+    # three tokens, then <|im_end|> "\n"
+    assert first.interrupted and len(session.transcript.spans.get(first).reply) == 3 + 2
     assert "[interrupted] 3 tokens" in output
     assert not second.interrupted and second.user == "go on"
     assert_consistent(session)
     # The reply after the interruption is what a fresh cache gives for the same conversation.
-    prompt = first.user_ids + first.reply_ids + second.user_ids
+    spans = session.transcript.spans.get(first), session.transcript.spans.get(second)
+    prompt = spans[0].user + spans[0].reply + spans[1].user
     fresh = model.generate(prompt, session.settings, cache=model.new_cache())
     list(fresh)
-    assert second.reply_ids[:-2] == fresh.tokens
+    assert spans[1].reply[:-2] == fresh.tokens
 
 
 def test_a_reply_with_calls_and_thinking_is_drawn_round_by_round(monkeypatch):
@@ -273,18 +275,19 @@ def test_retry_undo_and_clear_leave_the_conversation_as_a_fresh_run_would():
     fresh = replay(model, ["one", "two"], SamplingSettings(temperature=1.0, seed=4, max_tokens=6), system="Be brief.")
     fresh.settings = GREEDY
     fresh.retry().run()
-    assert session.ids == fresh.ids
+    assert session.transcript.ids == fresh.transcript.ids
     assert_consistent(session)
 
     chat(session, "three", "/undo", "four", "/quit")
     fresh_turn = fresh.send("four")
     fresh_turn.run()
-    assert session.exchanges[-1].reply == fresh_turn.text and session.ids == fresh.ids
-    assert [e.user for e in session.exchanges] == ["one", "two", "four"]
+    assert session.conversation.exchanges[-1].reply == fresh_turn.text
+    assert session.transcript.ids == fresh.transcript.ids
+    assert [e.user for e in session.conversation.exchanges] == ["one", "two", "four"]
 
     chat(session, "/clear", "five", "/quit")
-    assert [e.user for e in session.exchanges] == ["five"] and session.system == "Be brief."
-    assert session.ids == replay(model, ["five"], system="Be brief.").ids
+    assert [e.user for e in session.conversation.exchanges] == ["five"] and session.conversation.system == "Be brief."
+    assert session.transcript.ids == replay(model, ["five"], system="Be brief.").transcript.ids
     assert_consistent(session)
 
 
@@ -296,8 +299,8 @@ def test_context_overflow_drops_old_turns_and_keeps_going():
     assert code == 0
     assert "context full: dropped the" in output
     assert "that message is 3" in output and "more than the context of 128 tokens" in output
-    assert session.exchanges[-1].user == "still here?" and len(session.exchanges) < 7
-    assert session.messages()[0]["content"] == "Be kind."
+    assert session.conversation.exchanges[-1].user == "still here?" and len(session.conversation.exchanges) < 7
+    assert session.conversation.messages()[0]["content"] == "Be kind."
     assert_consistent(session)
 
 
@@ -309,7 +312,8 @@ def test_save_then_open_restores_the_conversation(tmp_path):
     other = Session(model, SamplingSettings(), model_path=tmp_path / "m.gguf")
     code, output = chat(other, "/temperature 0.9", f"/open {path}", "/quit")
     assert f"opened {path}: 2 exchanges" in output
-    assert other.messages() == session.messages() and other.ids == session.ids and other.settings == GREEDY
+    assert other.conversation.messages() == session.conversation.messages()
+    assert other.transcript.ids == session.transcript.ids and other.settings == GREEDY
 
 
 def test_failed_load_keeps_the_old_model_and_the_conversation(tmp_path):
@@ -323,7 +327,7 @@ def test_failed_load_keeps_the_old_model_and_the_conversation(tmp_path):
     assert code == 0
     assert output.count("could not load") == 2 and "still chatting with tiny" in output
     assert "no such file or directory" in output
-    assert session.model is model and [e.user for e in session.exchanges] == ["one", "two"]
+    assert session.model is model and [e.user for e in session.conversation.exchanges] == ["one", "two"]
     assert_consistent(session)
 
 
@@ -340,7 +344,7 @@ def test_load_of_a_real_file_switches_weights_and_keeps_the_conversation(tmp_pat
     weights = session.model.weights.packing
     assert weights in ("Q8_0", "int8")  # Q8_0 blocks on llama-chat's kernels, int8 rows on PyTorch's
     assert f"loaded tiny.gguf on cpu, {weights} weights, decode step eager, context 128 tokens" in output
-    assert [e.user for e in session.exchanges] == ["one", "two"]
+    assert [e.user for e in session.conversation.exchanges] == ["one", "two"]
     assert_consistent(session)
 
 
@@ -350,7 +354,7 @@ def test_load_switches_weights_and_keeps_the_conversation():
     code, output = chat(session, "one", "/load other.gguf", "two", "/device", "/quit", load_model=lambda path: other)
     assert session.model is other and "loaded other on cpu, float32 weights, decode step eager, context" in output
     assert re.search(r"cpu \(float32; decode step eager; \d+ of \d+ threads", output)  # /device says it all
-    assert [e.user for e in session.exchanges] == ["one", "two"]
+    assert [e.user for e in session.conversation.exchanges] == ["one", "two"]
     assert_consistent(session)
     # /device: the device line, then memory held now, resident and the process's own
     resident, own = re.search(r"memory: (\d+) MB resident, (\d+) MB of it this process's own", output).groups()
@@ -368,7 +372,7 @@ def test_model_output_is_displayed_literally(monkeypatch):
     assert "[bold]not bold[/bold] :smile: \\x1b[31mred?\\x07" in output
     assert "\x1b[31m" not in output and "\x07" not in output
     assert "\x1b[2m" in output  # the stats line is dim on a terminal
-    assert session.exchanges[0].reply == reply
+    assert session.conversation.exchanges[0].reply == reply
 
 
 def test_plain_output_when_not_a_terminal_or_no_color(monkeypatch):
@@ -404,7 +408,7 @@ def test_stats_and_settings_show_the_state():
 def test_slash_slash_sends_a_message_starting_with_a_slash():
     session = Session(chat_model(), GREEDY)
     chat(session, "//etc/hosts is a file", "/quit")
-    assert session.exchanges[0].user == "/etc/hosts is a file"
+    assert session.conversation.exchanges[0].user == "/etc/hosts is a file"
 
 
 def test_history_is_kept_in_the_xdg_state_directory(monkeypatch, tmp_path):
@@ -446,15 +450,16 @@ def test_two_turns_with_the_default_model_reuse_the_cache(default_model):
     session = Session(default_model, SamplingSettings(temperature=0, max_tokens=40))
     code, output = chat(session, "What is the capital of France?", "And of Germany?", "/quit")
     assert code == 0
-    first, second = session.exchanges
+    first, second = session.conversation.exchanges
     assert "Paris" in first.reply and "Berlin" in second.reply
     chat_format = default_model.chat_format
-    history = session.messages()[:2]
+    history = session.conversation.messages()[:2]
     asked = chat_format.encode(history + [{"role": "user", "content": "And of Germany?"}])
     new_turn = asked[len(chat_format.encode(history, False)):]
     im_end_and_newline = 2
     stats = session.last_stats
-    assert stats.reused_tokens == len(first.user_ids) + len(first.reply_ids) - im_end_and_newline
+    span = session.transcript.spans.get(first)
+    assert stats.reused_tokens == len(span.user) + len(span.reply) - im_end_and_newline
     assert stats.prefilled_tokens == im_end_and_newline + len(new_turn)
     assert f"prompt {stats.prefilled_tokens} new + {stats.reused_tokens} cached tokens" in output
 
@@ -463,7 +468,8 @@ def test_typed_text_that_is_not_utf8_is_read_with_replacement_characters(tmp_pat
     session = Session(chat_model(), GREEDY)
     code, output = chat(session, b"hi \xff there", b"/system be \xfe brief", "/quit")
     assert code == 0 and output.count("not UTF-8 text; each is read as U+FFFD") == 2
-    assert session.exchanges[0].user == "hi \ufffd there" and session.system == "be \ufffd brief"
+    assert session.conversation.exchanges[0].user == "hi \ufffd there"
+    assert session.conversation.system == "be \ufffd brief"
 
 
 def test_a_conversation_file_with_lone_surrogates_is_refused_in_one_line(tmp_path):
@@ -474,7 +480,7 @@ def test_a_conversation_file_with_lone_surrogates_is_refused_in_one_line(tmp_pat
     other = Session(chat_model(), GREEDY, model_path=tmp_path / "m.gguf")
     code, output = chat(other, f"/open {path}", "/quit")
     assert "message 1 holds characters that are not text (lone surrogates); not opened" in output
-    assert other.exchanges == []
+    assert other.conversation.exchanges == []
 
 
 def test_the_start_up_line_is_one_short_line():

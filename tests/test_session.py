@@ -39,7 +39,7 @@ def say(session: Session, text: str):
 
 def assert_consistent(session: Session) -> None:
     """The kept ids are known and the cache holds a prefix of them."""
-    ids = session.ids
+    ids = session.transcript.ids
     assert ids is not None
     assert session.cache.tokens == ids[: len(session.cache.tokens)]
 
@@ -69,7 +69,7 @@ def new_turn_ids(format_name: str, tokenizer: ByteTokenizer, text: str) -> tuple
 def test_a_later_turn_prefills_only_its_own_message(format_name):
     session = Session(chat_model(format_name), GREEDY, system="Be brief.")
     first = say(session, "hello")
-    kept = session.ids
+    kept = session.transcript.ids
     cached = len(session.cache.tokens)
     second = say(session, "world")
     closing, user_turn = new_turn_ids(format_name, session.model.tokenizer, "world")
@@ -80,7 +80,7 @@ def test_a_later_turn_prefills_only_its_own_message(format_name):
     assert second.stats.prefilled_tokens == unfed + len(closing) + len(user_turn)
     assert second.prompt == kept + user_turn
     # The reply is kept as generated, then the format's end of turn.
-    assert session.exchanges[0].reply_ids == first.generation.tokens + closing
+    assert session.transcript.spans.get(session.conversation.exchanges[0]).reply == first.generation.tokens + closing
     assert_consistent(session)
 
 
@@ -109,15 +109,15 @@ def test_a_template_that_rewrites_history_gets_the_whole_conversation_rendered()
     messages = [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]
     assert second.prompt == model.chat_format.encode(messages)
     assert second.stats.reused_tokens > 0  # the common prefix still comes from the cache
-    assert len(session.exchanges) == 2 and session.ids is None
+    assert len(session.conversation.exchanges) == 2 and session.transcript.ids is None
 
 
 def test_plain_format_rerenders_and_keeps_going():
     session = Session(chat_model("plain"), GREEDY)
     say(session, "Once upon")
     turn = say(session, " a time")
-    assert turn.prompt == session.model.chat_format.encode(session.messages()[:3])
-    assert len(session.exchanges) == 2
+    assert turn.prompt == session.model.chat_format.encode(session.conversation.messages()[:3])
+    assert len(session.conversation.exchanges) == 2
 
 
 def test_ctrl_c_keeps_the_partial_reply_and_a_consistent_cache():
@@ -130,7 +130,7 @@ def test_ctrl_c_keeps_the_partial_reply_and_a_consistent_cache():
             shown.append(event)
             if len(shown) == 3:
                 raise KeyboardInterrupt
-    exchange = session.exchanges[-1]
+    exchange = session.conversation.exchanges[-1]
     assert exchange.interrupted and exchange.user == "hello"
     # Nothing was generated past what was shown, and all of it is kept.
     assert model.tokenizer.decode(turn.generation.tokens) == exchange.reply == "".join(event.text for event in shown)
@@ -153,9 +153,9 @@ def test_overflow_drops_the_oldest_exchanges_and_keeps_the_system_prompt():
         assert len(turn.prompt) + session.reserve() <= session.capacity
         assert_consistent(session)
     assert sum(dropped) > 0 and dropped[0] == 0
-    assert [e.user for e in session.exchanges][-1] == "message number 7"
-    assert len(session.exchanges) == 8 - sum(dropped)
-    assert session.messages()[0] == {"role": "system", "content": "Be kind."}
+    assert [e.user for e in session.conversation.exchanges][-1] == "message number 7"
+    assert len(session.conversation.exchanges) == 8 - sum(dropped)
+    assert session.conversation.messages()[0] == {"role": "system", "content": "Be kind."}
     # After dropping, the prompt is the rendering of what is left.
     assert session.context_used() <= session.capacity
 
@@ -163,11 +163,11 @@ def test_overflow_drops_the_oldest_exchanges_and_keeps_the_system_prompt():
 def test_a_message_longer_than_the_context_is_refused_and_nothing_changes():
     session = Session(chat_model(max_seq_len=128), GREEDY, context_size=128)
     say(session, "hi")
-    before = (list(session.ids), list(session.cache.tokens))
+    before = (list(session.transcript.ids), list(session.cache.tokens))
     with pytest.raises(ContextOverflowError, match="more than the context of 128 tokens"):
         session.send("x" * 200)
-    assert (session.ids, session.cache.tokens) == before
-    assert [e.user for e in session.exchanges] == ["hi"]
+    assert (session.transcript.ids, session.cache.tokens) == before
+    assert [e.user for e in session.conversation.exchanges] == ["hi"]
 
 
 def test_retry_regenerates_from_the_truncated_cache():
@@ -181,7 +181,7 @@ def test_retry_regenerates_from_the_truncated_cache():
     assert retried.prompt == original.prompt
     assert retried.stats.reused_tokens == cached_before_reply - 1  # the cue's last token is fed again
     assert retried.generation.tokens == original.generation.tokens  # greedy: the same reply
-    assert [e.user for e in session.exchanges] == ["one", "two"]
+    assert [e.user for e in session.conversation.exchanges] == ["one", "two"]
     assert_consistent(session)
 
 
@@ -192,10 +192,10 @@ def test_undo_clear_and_system_keep_ids_and_cache_consistent():
     say(session, "two")
     assert session.undo().user == "two"
     assert_consistent(session)
-    assert session.ids == replay(model, ["one"], system="Be brief.").ids
+    assert session.transcript.ids == replay(model, ["one"], system="Be brief.").transcript.ids
     session.clear()
-    assert session.exchanges == [] and session.system == "Be brief."
-    assert session.ids == model.chat_format.encode([{"role": "system", "content": "Be brief."}], False)
+    assert session.conversation.exchanges == [] and session.conversation.system == "Be brief."
+    assert session.transcript.ids == model.chat_format.encode([{"role": "system", "content": "Be brief."}], False)
     assert_consistent(session)
     with pytest.raises(LlamaChatError, match="nothing to undo"):
         session.undo()
@@ -208,8 +208,8 @@ def test_changing_the_system_prompt_rebuilds_the_ids():
     session = Session(model, GREEDY)
     say(session, "one")
     session.set_system("Answer in French.")
-    expected = model.chat_format.encode(session.messages(), False)
-    assert session.ids == expected  # replies re-tokenised: byte tokens stand for themselves...
+    expected = model.chat_format.encode(session.conversation.messages(), False)
+    assert session.transcript.ids == expected  # replies re-tokenised: byte tokens stand for themselves...
     turn = say(session, "two")
     assert turn.prompt[: len(expected)] == expected
 
@@ -224,10 +224,10 @@ def test_save_then_open_restores_the_conversation_exactly(tmp_path):
 
     opened = Session(model, SamplingSettings(), model_path=tmp_path / "model.gguf")
     assert opened.open(path) is None
-    assert opened.messages() == session.messages()
+    assert opened.conversation.messages() == session.conversation.messages()
     assert opened.settings == settings
-    assert opened.ids == session.ids
-    assert [e.interrupted for e in opened.exchanges] == [False, False]
+    assert opened.transcript.ids == session.transcript.ids
+    assert [e.interrupted for e in opened.conversation.exchanges] == [False, False]
     assert say(opened, "three").generation.tokens == say(session, "three").generation.tokens
 
 
@@ -238,8 +238,8 @@ def test_open_of_another_models_file_says_so_and_rebuilds_the_ids(tmp_path):
     other = Session(chat_model(seed=1), GREEDY, model_path=tmp_path / "b.gguf")
     note = other.open(tmp_path / "chat.json")
     assert "a.gguf" in note and "rebuilt" in note
-    assert other.messages() == session.messages()
-    assert other.ids == other.model.chat_format.encode(other.messages(), False)
+    assert other.conversation.messages() == session.conversation.messages()
+    assert other.transcript.ids == other.model.chat_format.encode(other.conversation.messages(), False)
 
 
 def test_open_of_another_models_system_prompt_encodes_it_for_this_model(tmp_path):
@@ -247,7 +247,7 @@ def test_open_of_another_models_system_prompt_encodes_it_for_this_model(tmp_path
     session.save(tmp_path / "chat.json")
     other = Session(chat_model("llama3"), GREEDY, model_path=tmp_path / "b.gguf")
     assert "rebuilt" in other.open(tmp_path / "chat.json")
-    assert other.ids == other.model.chat_format.encode(other.messages(), False)
+    assert other.transcript.ids == other.model.chat_format.encode(other.conversation.messages(), False)
 
 
 @pytest.mark.parametrize("contents, message", [
@@ -263,11 +263,11 @@ def test_open_of_another_models_system_prompt_encodes_it_for_this_model(tmp_path
 def test_bad_conversation_files_are_refused_and_nothing_changes(tmp_path, contents, message):
     session = Session(chat_model(), GREEDY)
     say(session, "one")
-    before = session.messages()
+    before = session.conversation.messages()
     (tmp_path / "bad.json").write_text(contents)
     with pytest.raises(LlamaChatError, match=message):
         session.open(tmp_path / "bad.json")
-    assert session.messages() == before and session.settings == GREEDY
+    assert session.conversation.messages() == before and session.settings == GREEDY
 
 
 def test_saved_file_is_readable_json(tmp_path):
@@ -285,9 +285,9 @@ def test_switching_models_keeps_the_conversation():
     other = chat_model(seed=3, max_seq_len=256, name="other")
     session.set_model(other, "other.gguf")
     assert session.model is other and session.capacity == 256
-    assert [e.user for e in session.exchanges] == ["one"]
+    assert [e.user for e in session.conversation.exchanges] == ["one"]
     turn = say(session, "two")
-    assert turn.stats.reused_tokens == 0 and len(session.exchanges) == 2
+    assert turn.stats.reused_tokens == 0 and len(session.conversation.exchanges) == 2
 
 
 def restored_session(model, path, model_path):
@@ -308,7 +308,8 @@ def test_a_saved_cache_is_restored_and_continues_as_reading_the_conversation_aga
     turn = say(opened, "three")
     assert turn.stats.reused_tokens == cached  # nothing read again
     reread = replay(model, ["one", "two", "three"], system="Be brief.")
-    assert turn.generation.tokens == reread.exchanges[-1].reply_ids[: len(turn.generation.tokens)]
+    reread_reply = reread.transcript.spans.get(reread.conversation.exchanges[-1]).reply
+    assert turn.generation.tokens == reread_reply[: len(turn.generation.tokens)]
     # The cache takes about its own size on disk: keys and values of the held positions.
     args = model.args
     own_size = 2 * args.n_layers * args.n_kv_heads * args.head_dim * 4 * cached
@@ -380,7 +381,7 @@ def test_a_cache_that_does_not_fit_is_refused_in_one_line_and_the_text_kept(tmp_
         cache_file.mkdir()
     opened, note = restored_session(model, path, tmp_path / "model.gguf")
     assert note.startswith("its saved cache was not used (") and reason in note and "\n" not in note
-    assert [e.user for e in opened.exchanges] == ["one"] and len(opened.cache) == 0
+    assert [e.user for e in opened.conversation.exchanges] == ["one"] and len(opened.cache) == 0
     assert say(opened, "two").stats.reused_tokens == 0  # read again
 
 
@@ -404,7 +405,7 @@ def test_a_narrower_cache_dtype_is_kept_and_saved_in_it(tmp_path):
     with safe_open(str(tmp_path / "chat.kv.safetensors"), framework="pt") as saved:
         assert saved.get_tensor("keys").dtype == torch.bfloat16 and cached > 0
     opened, note = restored_session(wide, path, tmp_path / "model.gguf")
-    assert "its saved cache was not used" in note and [e.user for e in opened.exchanges] == ["one"]
+    assert "its saved cache was not used" in note and [e.user for e in opened.conversation.exchanges] == ["one"]
 
 
 def test_a_float32_cache_file_restores_into_a_float16_cache_rounded_as_a_step_writes(tmp_path):

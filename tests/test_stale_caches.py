@@ -31,7 +31,7 @@ def answered(monkeypatch):
     answer_once = llama_chat.cli.chat.answer_once
 
     def recording(session, *arguments):
-        seen.append(([message["content"] for message in session.messages()], len(session.cache)))
+        seen.append(([message["content"] for message in session.conversation.messages()], len(session.cache)))
         return answer_once(session, *arguments)
 
     monkeypatch.setattr(llama_chat.cli.chat, "answer_once", recording)
@@ -164,5 +164,5 @@ def test_more_saved_positions_than_a_smaller_context_holds(tmp_path, capsys, mon
     reason = f"chat.kv.safetensors holds {held} positions, too many for a context of {held} tokens"
     assert f"its saved cache was not used ({reason}): {READ_AGAIN}" in text
     assert text.count("its saved cache was not used") == 1 and text.count(f"opened {conversation}: 1 exchange") == 2
-    assert [exchange.user for exchange in small.exchanges] == [FIRST] and len(small.cache) == 0
-    assert [exchange.user for exchange in roomy.exchanges] == [FIRST] and len(roomy.cache) == held
+    assert [exchange.user for exchange in small.conversation.exchanges] == [FIRST] and len(small.cache) == 0
+    assert [exchange.user for exchange in roomy.conversation.exchanges] == [FIRST] and len(roomy.cache) == held

@@ -119,7 +119,7 @@ def test_load_of_a_file_with_a_hostile_template_keeps_the_model_and_the_conversa
                         load_model=lambda path: llama_chat.load(path, device="cpu"))
     assert code == 0
     assert "the chat template of loops.gguf ran for more than 0.5 s" in output
-    assert session.model is model and [e.user for e in session.exchanges] == ["one", "two"]
+    assert session.model is model and [e.user for e in session.conversation.exchanges] == ["one", "two"]
 
 
 def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing(short_time_limit):
@@ -128,14 +128,14 @@ def test_a_template_that_hangs_late_in_a_chat_refuses_the_turn_and_loses_nothing
     session = Session(model, GREEDY)
     say(session, "one")
     say(session, "two")
-    kept = (session.messages(), list(session.cache.tokens))
+    kept = (session.conversation.messages(), list(session.cache.tokens))
     with pytest.raises(UnusableTemplateError, match="ran for more than 0.5 s"):
         session.send("three")
-    assert (session.messages(), list(session.cache.tokens)) == kept
+    assert (session.conversation.messages(), list(session.cache.tokens)) == kept
     with pytest.raises(UnusableTemplateError, match="ran for more than 0.5 s"):
         session.send("four")  # refused at once: the worker is not started again
     assert model.chat_format.runner._worker is None
-    assert session.messages() == kept[0]
+    assert session.conversation.messages() == kept[0]
 
 
 
@@ -260,8 +260,8 @@ def test_a_renderer_that_does_not_start_refuses_one_turn_and_the_next_starts_it(
     code, output = chat(session, "one", "two", "/quit")
     assert code == 0 and "Traceback" not in output
     assert [line for line in output.splitlines() if "renderer" in line] == [message]
-    assert [e.user for e in session.exchanges] == ["two"]  # the turn refused left nothing behind
-    assert session.exchanges[0].reply_ids and session.ids is not None
+    assert [e.user for e in session.conversation.exchanges] == ["two"]  # the turn refused left nothing behind
+    assert session.transcript.spans.get(session.conversation.exchanges[0]).reply and session.transcript.ids is not None
 
 
 def test_a_renderer_that_dies_is_one_line_and_the_chat_goes_on_with_another_model():
@@ -279,7 +279,7 @@ def test_a_renderer_that_dies_is_one_line_and_the_chat_goes_on_with_another_mode
     crashed = f"the chat template of the model crashed its renderer, so llama-chat stopped it; {PICK}"
     assert [line for line in output.splitlines() if "renderer" in line] == [crashed, crashed]
     assert model.chat_format.runner._worker is None  # refused at once the second time: no new renderer
-    assert session.model is other and [e.user for e in session.exchanges] == ["one", "four"]
+    assert session.model is other and [e.user for e in session.conversation.exchanges] == ["one", "four"]
     assert_consistent(session)
 
 
@@ -295,4 +295,4 @@ def test_a_template_that_does_not_compile_is_refused_at_load_and_the_chat_goes_o
     refused = [line for line in output.splitlines() if "could not load" in line]
     assert refused == [f"could not load {path}: the chat template of deep.gguf is invalid: RecursionError: "
                        f"maximum recursion depth exceeded in comparison; {PICK}; still chatting with tiny"]
-    assert session.model is model and [e.user for e in session.exchanges] == ["one", "two"]
+    assert session.model is model and [e.user for e in session.conversation.exchanges] == ["one", "two"]

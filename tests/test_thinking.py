@@ -69,18 +69,19 @@ def test_a_template_that_drops_earlier_thinking_is_followed_and_the_cache_reused
     first = session.send("hello")
     first.run()
     assert first.thinking_cue == "<think>\n" and first.text == "why</think>Hi"
-    assert session.exchanges[0].reply == "<think>\nwhy</think>Hi"  # kept whole
+    assert session.conversation.exchanges[0].reply == "<think>\nwhy</think>Hi"  # kept whole
     cached = list(session.cache.tokens)
     second = session.send("again")
     second.run()
     rendered = model.tokenizer.decode(second.prompt)
     assert rendered.count("why") == 0 and rendered.count("Hi") == 1  # the first reply's answer only
-    assert second.prompt == model.chat_format.encode(session.messages()[:-1])
+    assert second.prompt == model.chat_format.encode(session.conversation.messages()[:-1])
     # Reused: everything up to the first reply's cue ("<|im_start|>assistant\n"), not its thinking.
     cue = model.chat_format.encode([{"role": "user", "content": "hello"}])
     assert second.stats.reused_tokens == len(cue) - 2 and cached[:len(cue)] == cue
     # The kept ids are the template's: the second reply's thinking (and its cue) gone too.
-    assert session.ids == model.chat_format.encode(session.messages(), add_generation_prompt=False)
+    messages = session.conversation.messages()
+    assert session.transcript.ids == model.chat_format.encode(messages, add_generation_prompt=False)
 
 
 def test_a_template_that_keeps_thinking_reuses_the_whole_cache(thinking_models):
@@ -88,7 +89,7 @@ def test_a_template_that_keeps_thinking_reuses_the_whole_cache(thinking_models):
     session = Session(model, GREEDY)
     first = session.send("hello")
     first.run()
-    assert first.thinking_cue == "" and session.exchanges[0].reply == "<think>why</think>Hi"
+    assert first.thinking_cue == "" and session.conversation.exchanges[0].reply == "<think>why</think>Hi"
     held = len(session.cache.tokens)
     second = session.send("again")
     second.run()
@@ -104,7 +105,7 @@ def test_save_keeps_the_thinking(thinking_models, tmp_path):
     assert saved["messages"][-1] == {**saved["messages"][-1], "role": "assistant", "content": "<think>\nwhy</think>Hi"}
     reopened = Session(load(thinking_models[1], quantize="none", dtype="float32"), GREEDY)
     reopened.open(path)
-    assert reopened.exchanges[0].reply == "<think>\nwhy</think>Hi"
+    assert reopened.conversation.exchanges[0].reply == "<think>\nwhy</think>Hi"
 
 
 @pytest.mark.parametrize("show", [False, True])

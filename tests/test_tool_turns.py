@@ -99,9 +99,9 @@ def test_a_call_runs_on_yes_and_its_result_reaches_the_model(lookup):
     assert exchange.reply == ANSWER  # what the model learned to say with that result
     # The kept ids are the conversation as its format renders it, calls and results included,
     # and the cache holds them.
-    rendered = session.chat_format.encode(session.messages(), add_generation_prompt=False)
-    assert session.ids == rendered
-    assert session.cache.tokens == session.ids[: len(session.cache.tokens)]
+    rendered = session.chat_format.encode(session.conversation.messages(), add_generation_prompt=False)
+    assert session.transcript.ids == rendered
+    assert session.cache.tokens == session.transcript.ids[: len(session.cache.tokens)]
 
 
 def test_a_turn_with_calls_streams_its_rounds_as_events():
@@ -125,7 +125,7 @@ def test_no_is_told_to_the_model_and_always_asks_no_more():
     exchange = turn.run(runner(weather, view))
     assert weather.calls == []
     assert exchange.rounds[0].results == [CallResult(DECLINED, Outcome.DECLINED)]
-    assert DECLINED in session.model.tokenizer.decode(turn.plans[1].prompt)
+    assert DECLINED in session.model.tokenizer.decode(turn.prompts[1].ids)
     consent = Consent()
     session.clear()  # the model learned to call at a conversation's start
     session.send(QUESTION).run(runner(weather, ScriptedView(Answer.ALWAYS), consent))
@@ -166,10 +166,10 @@ def test_ctrl_c_while_a_call_runs_keeps_the_round_and_the_chat_goes_on():
     turn = session.send(QUESTION)
     with pytest.raises(KeyboardInterrupt):
         turn.run(runner(Interrupted(), ScriptedView(Answer.YES)))
-    exchange = session.exchanges[-1]
+    exchange = session.conversation.exchanges[-1]
     assert exchange.interrupted and exchange.reply == ""
     assert exchange.rounds[0].results == [CallResult(STOPPED, Outcome.CANCELLED)]
-    assert session.ids is None  # rendered anew for the next turn
+    assert session.transcript.ids is None  # rendered anew for the next turn
     after = session.retry().run(runner(weather, ScriptedView(Answer.YES)))
     assert after.reply == ANSWER and weather.calls == [PARIS]
 
@@ -182,13 +182,15 @@ def test_a_conversation_with_calls_saves_reopens_and_branches(tmp_path):
     reopened, _ = session_with_weather()
     note = reopened.open(path)
     assert note is None  # the ids and the cache were used as saved
-    assert reopened.messages() == session.messages() and reopened.ids == session.ids
-    assert reopened.exchanges[0].rounds == session.exchanges[0].rounds
+    assert reopened.conversation.messages() == session.conversation.messages()
+    assert reopened.transcript.ids == session.transcript.ids
+    assert reopened.conversation.exchanges[0].rounds == session.conversation.exchanges[0].rounds
     retried = reopened.retry().run(runner(weather, ScriptedView(Answer.YES)))
-    assert retried.reply == ANSWER and [version.number for version in reopened.versions()] == [1, 2]
-    assert reopened.exchanges[0] is retried
+    assert retried.reply == ANSWER and [version.number for version in reopened.conversation.versions()] == [1, 2]
+    assert reopened.conversation.exchanges[0] is retried
     reopened.switch_version(1)  # the reopened version, its calls with it
-    assert reopened.exchanges[0] is not retried and reopened.exchanges[0].rounds == session.exchanges[0].rounds
+    assert reopened.conversation.exchanges[0] is not retried
+    assert reopened.conversation.exchanges[0].rounds == session.conversation.exchanges[0].rounds
 
 
 ROUND_REFUSALS = {
@@ -221,7 +223,7 @@ def test_a_conversation_file_with_a_malformed_round_is_refused_in_one_line(tmp_p
     with pytest.raises(LlamaChatError) as refused:
         reopened.open(path)
     assert message in str(refused.value) and "\n" not in str(refused.value)
-    assert reopened.exchanges == []  # nothing of the file taken
+    assert reopened.conversation.exchanges == []  # nothing of the file taken
 
 
 def test_a_saved_conversation_opened_with_other_tools_offered_is_rendered_anew(tmp_path):
@@ -231,7 +233,8 @@ def test_a_saved_conversation_opened_with_other_tools_offered_is_rendered_anew(t
     without_tools = Session(trained_caller(), GREEDY)
     note = without_tools.open(path)
     assert "cache was not used" in note
-    assert without_tools.ids == without_tools.chat_format.encode(without_tools.messages(), add_generation_prompt=False)
+    messages = without_tools.conversation.messages()
+    assert without_tools.transcript.ids == without_tools.chat_format.encode(messages, add_generation_prompt=False)
 
 
 @pytest.mark.parametrize("lookup", [0, 8])

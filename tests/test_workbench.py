@@ -124,7 +124,7 @@ def test_read_puts_each_file_into_the_next_message_with_its_name(files):
     assert code == 0
     assert re.search(r"read \S*notes.txt: \d+ tokens for the next message; \d+ tokens of room left", shown)
     assert "read for the next message: " in shown and "code.py (" in shown
-    sent = session.exchanges[0].user
+    sent = session.conversation.exchanges[0].user
     assert sent.startswith(f"{files}/notes.txt:\n```\nthe sky is blue\n```\n")
     # A fence longer than the backticks inside the file.
     assert f"{files}/code.py:\n````\nx = '```'\nprint(x)\n````\n" in sent and sent.endswith("\nwhat is in them?")
@@ -132,7 +132,7 @@ def test_read_puts_each_file_into_the_next_message_with_its_name(files):
     blocks = [Attachment(str(files / name), (files / name).read_text(), 0).block() for name in ("notes.txt", "code.py")]
     assert tokens == [len(session.model.tokenizer.encode(block)) for block in blocks]
     _, shown = chat(session, "/read", "again", "/quit")
-    assert "no files read for the next message" in shown and session.exchanges[1].user == "again"
+    assert "no files read for the next message" in shown and session.conversation.exchanges[1].user == "again"
 
 
 @pytest.mark.parametrize("name, message", [
@@ -149,7 +149,7 @@ def test_read_refuses_in_one_line_and_nothing_is_added(files, name, message):
     session = Session(chat_model(), GREEDY, context_size=512)
     code, shown = chat(session, f"/read {files}/{name}", "hello", "/quit")
     assert code == 0 and re.search(message, shown), shown
-    assert session.exchanges[0].user == "hello" and "Traceback" not in shown
+    assert session.conversation.exchanges[0].user == "hello" and "Traceback" not in shown
 
 
 def test_read_refuses_a_file_past_its_byte_cap_without_reading_it(files, monkeypatch):
@@ -168,7 +168,7 @@ def test_read_refuses_a_file_past_its_byte_cap_without_reading_it(files, monkeyp
     assert f"{over_cap} is {(MAX_FILE_BYTES + 1) / 1e6:.1f} MB, more than any context holds" in shown
     assert f"{at_cap} holds NUL bytes: it is a binary file, not text" in shown
     assert read == ["at_cap.txt"]  # the file over the cap was never read
-    assert session.exchanges[0].user == "hello"
+    assert session.conversation.exchanges[0].user == "hello"
 
 
 def test_read_of_a_file_it_may_not_open_is_one_line_and_the_chat_goes_on(files, monkeypatch):
@@ -191,7 +191,7 @@ def test_read_of_a_file_it_may_not_open_is_one_line_and_the_chat_goes_on(files, 
     code, shown = chat(session, f"/read {secret}", f"/read {files}/notes.txt", "hello", "/quit")
     assert code == 0 and "Traceback" not in shown
     assert f"{secret}: cannot be read (Permission denied)" in shown
-    assert session.exchanges[0].user == f"{files}/notes.txt:\n```\nthe sky is blue\n```\n\nhello"
+    assert session.conversation.exchanges[0].user == f"{files}/notes.txt:\n```\nthe sky is blue\n```\n\nhello"
 
 
 def test_read_takes_globs_and_quoted_paths_and_clear_lets_go(files):
@@ -199,14 +199,15 @@ def test_read_takes_globs_and_quoted_paths_and_clear_lets_go(files):
     session = Session(chat_model(), GREEDY, context_size=512)
     _, shown = chat(session, f"/read {files}/*.py '{files}/with space.txt'", "/read clear", "hi", "/quit")
     assert shown.count("for the next message;") == 2 and "no files read for the next message" in shown
-    assert session.exchanges[0].user == "hi"
+    assert session.conversation.exchanges[0].user == "hi"
 
 
 def test_a_message_refused_for_length_keeps_the_files_read(files):
     session = Session(chat_model(), GREEDY, context_size=128)
     _, shown = chat(session, f"/read {files}/notes.txt", "x " * 400, "short", "/quit")
     assert "more than the context" in shown
-    assert session.exchanges[0].user.startswith(f"{files}/notes.txt:") and session.exchanges[0].user.endswith("short")
+    user = session.conversation.exchanges[0].user
+    assert user.startswith(f"{files}/notes.txt:") and user.endswith("short")
 
 
 def test_paths_complete_for_the_last_word_of_read(files):

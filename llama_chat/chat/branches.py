@@ -9,7 +9,7 @@ conversation followed, in order: that is what /branches lists and switches to.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llama_chat.chat.exchange import Exchange
@@ -65,10 +65,3 @@ def switched(exchanges: list[Exchange], number: int) -> list[Exchange]:
     chosen.exchanges[0].version = place
     return exchanges[:position] + chosen.exchanges
 
-
-def all_exchanges(exchanges: Sequence[Exchange]) -> Iterator[Exchange]:
-    """Every exchange of every version."""
-    for exchange in exchanges:
-        yield exchange
-        for version in exchange.others:
-            yield from all_exchanges(version)

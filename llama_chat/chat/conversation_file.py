@@ -20,24 +20,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
+from llama_chat.chat.transcript import Span, Spans
 from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, parse_json
 from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.checkpoints.values import shown
 from llama_chat.disk_cache import staged
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
-from llama_chat.text.chat_format import THINKING_CLOSE
 from llama_chat.text.tool_calls import ToolCall
 from llama_chat.text.undecodable import has_undecodable
 
 FILE_KIND = "llama-chat conversation"
 FILE_VERSION = 1
-_WHITESPACE = re.compile(r"\s+")
 
 
 @dataclasses.dataclass
@@ -45,6 +43,7 @@ class SavedConversation:
     system: str | None
     exchanges: list[Exchange]
     head_ids: list[int] | None  # the ids before the first exchange; None: not known
+    spans: Spans  # the ids of each exchange (other versions' too) where known
     settings: SamplingSettings
     model: dict  # path, name, chat_format and vocab_size of the model it was made with
     note: str | None = None  # why the other versions were not opened, when they were not
@@ -60,8 +59,8 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         "settings": dataclasses.asdict(saved.settings),
         "head_ids": saved.head_ids,
         **({"tools": saved.tools} if saved.tools else {}),
-        "messages": messages + _messages_of(saved.exchanges),
-        "branches": _branches_of(saved.exchanges),
+        "messages": messages + _messages_of(saved.exchanges, saved.spans),
+        "branches": _branches_of(saved.exchanges, saved.spans),
     }
     try:
         with staged(path) as staging:  # whole or not at all: a crash mid-write keeps the file before
@@ -70,12 +69,13 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
 
 
-def _messages_of(exchanges: Sequence[Exchange]) -> list[dict]:
+def _messages_of(exchanges: Sequence[Exchange], spans: Spans) -> list[dict]:
     messages = []
     for exchange in exchanges:
-        messages.append({"role": "user", "content": exchange.user, "token_ids": exchange.user_ids})
+        span = spans.get(exchange)
+        messages.append({"role": "user", "content": exchange.user, "token_ids": span and span.user})
         reply = {"role": "assistant", "content": exchange.reply, "interrupted": exchange.interrupted,
-                 "token_ids": exchange.reply_ids}
+                 "token_ids": span and span.reply}
         if exchange.rounds:
             reply["tool_rounds"] = [_round_of(tool_round) for tool_round in exchange.rounds]
         messages.append(reply)
@@ -90,11 +90,12 @@ def _round_of(tool_round: ToolRound) -> dict:
     }
 
 
-def _branches_of(exchanges: Sequence[Exchange]) -> list[dict]:
+def _branches_of(exchanges: Sequence[Exchange], spans: Spans) -> list[dict]:
     """The forks of these exchanges, with every other version (and the forks in it)."""
     return [
         {"exchange": number, "version": exchange.version, "others": [
-            {"messages": _messages_of(version), "branches": _branches_of(version)} for version in exchange.others
+            {"messages": _messages_of(version, spans), "branches": _branches_of(version, spans)}
+            for version in exchange.others
         ]}
         for number, exchange in enumerate(exchanges, 1) if exchange.others
     ]
@@ -104,12 +105,13 @@ def read_conversation(path: Path) -> SavedConversation:
     """A saved conversation, every part checked; one clear error for a file that is not one.
     Malformed "branches" leave the conversation without its other versions, and a note."""
     data = _read_json(path)
-    system, exchanges, head_ids = _conversation_from(data, path)
+    spans = Spans()
+    system, exchanges, head_ids = _conversation_from(data, path, spans)
     settings = _settings_from(data.get("settings"), path)
     model = _model_from(data.get("model"), path)
     note = None
     try:
-        forks = _forks_from(data.get("branches", []), len(exchanges), path)
+        forks = _forks_from(data.get("branches", []), len(exchanges), path, spans)
     except LlamaChatError as error:
         reason = str(error).removeprefix(f"{path}: ")
         note = f"{path}: its other versions were not opened ('branches': {reason})"
@@ -119,38 +121,7 @@ def read_conversation(path: Path) -> SavedConversation:
     tools = data.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(name, str) for name in tools):
         raise LlamaChatError(f"{path}: 'tools' must be a list of tool names")
-    return SavedConversation(system, exchanges, head_ids, settings, model, note, tools)
-
-
-def ids_hold_text(
-    system: str | None, exchanges: Sequence[Exchange], head_ids: Sequence[int], decode: Callable[[list[int]], str]
-) -> bool:
-    """Whether saved token ids (all known, all in the vocabulary) hold the saved text, so
-    that the model reads what the conversation shows: each exchange's ids decode to text
-    holding its user message, then its reply's answer (what follows any thinking, which a
-    template may leave out); the first exchange's, with the head ids, hold the system
-    prompt before them. Whitespace is not compared: templates trim it. Ids with more in
-    them than the text pass."""
-    for number, exchange in enumerate(exchanges):
-        ids = exchange.user_ids + exchange.reply_ids
-        expected = [exchange.user, exchange.reply.rpartition(THINKING_CLOSE)[2]]
-        if number == 0:
-            ids, expected = [*head_ids, *ids], [system or "", *expected]
-        if not _holds_in_order(decode(ids), expected):
-            return False
-    return True
-
-
-def _holds_in_order(text: str, parts: Sequence[str]) -> bool:
-    text = _WHITESPACE.sub("", text)
-    position = 0
-    for part in parts:
-        part = _WHITESPACE.sub("", part)
-        found = text.find(part, position)
-        if found < 0:
-            return False
-        position = found + len(part)
-    return True
+    return SavedConversation(system, exchanges, head_ids, spans, settings, model, note, tools)
 
 
 def _dumps(data: dict) -> str:
@@ -194,14 +165,17 @@ def _token_ids(value: object, path: Path) -> list[int] | None:
     raise LlamaChatError(f"{path}: token_ids must be a list of whole numbers from 0 up")
 
 
-def _conversation_from(data: dict, path: Path) -> tuple[str | None, list[Exchange], list[int] | None]:
-    """System prompt, exchanges and head ids from a saved conversation, checked."""
+def _conversation_from(
+    data: dict, path: Path, spans: Spans
+) -> tuple[str | None, list[Exchange], list[int] | None]:
+    """System prompt, exchanges and head ids from a saved conversation, checked (the
+    exchanges' ids into `spans`)."""
     messages = data.get("messages")
     _check_messages(messages, path)
     system = None
     if messages and messages[0].get("role") == "system":
         system, messages = messages[0]["content"], messages[1:]
-    return system, _exchanges_from(messages, path), _token_ids(data.get("head_ids"), path)
+    return system, _exchanges_from(messages, path, spans), _token_ids(data.get("head_ids"), path)
 
 
 def _check_messages(messages: object, path: Path) -> None:
@@ -219,20 +193,24 @@ def _check_messages(messages: object, path: Path) -> None:
             )
 
 
-def _exchanges_from(messages: list[dict], path: Path) -> list[Exchange]:
+def _exchanges_from(messages: list[dict], path: Path, spans: Spans) -> list[Exchange]:
+    """The exchanges of a list of messages, their ids (where both parts are known) into `spans`."""
     roles = [m.get("role") for m in messages]
     if len(roles) % 2 or roles != ["user", "assistant"] * (len(roles) // 2):
         raise LlamaChatError(
             f"{path}: after an optional system message, messages must alternate user, assistant"
         )
-    return [
-        Exchange(
+    exchanges = []
+    for asked, answered in zip(messages[::2], messages[1::2]):
+        exchange = Exchange(
             user=asked["content"], reply=answered["content"], interrupted=answered.get("interrupted", False),
-            user_ids=_token_ids(asked.get("token_ids"), path), reply_ids=_token_ids(answered.get("token_ids"), path),
             rounds=[_round_from(value, path) for value in _list(answered.get("tool_rounds", []), "tool_rounds", path)],
         )
-        for asked, answered in zip(messages[::2], messages[1::2])
-    ]
+        user_ids, reply_ids = _token_ids(asked.get("token_ids"), path), _token_ids(answered.get("token_ids"), path)
+        if user_ids is not None and reply_ids is not None:
+            spans[exchange] = Span(user_ids, reply_ids)
+        exchanges.append(exchange)
+    return exchanges
 
 
 def _list(value: object, name: str, path: Path) -> list:
@@ -271,7 +249,9 @@ def _round_from(value: object, path: Path) -> ToolRound:
     return ToolRound(value["text"], read_calls, read_results)
 
 
-def _forks_from(value: object, count: int, path: Path) -> list[tuple[int, int, list[list[Exchange]]]]:
+def _forks_from(
+    value: object, count: int, path: Path, spans: Spans
+) -> list[tuple[int, int, list[list[Exchange]]]]:
     """(exchange number, place, other versions) of each fork in a list of `count` exchanges."""
     if not isinstance(value, list) or not all(isinstance(fork, dict) for fork in value):
         raise LlamaChatError(f"{path}: 'branches' must be a list of forks")
@@ -287,18 +267,18 @@ def _forks_from(value: object, count: int, path: Path) -> list[tuple[int, int, l
         if type(place) is not int or not 0 <= place <= len(others):
             raise LlamaChatError(f"{path}: a fork's 'version' must be from 0 to {len(others)}")
         seen.add(number)
-        forks.append((number, place, [_version_from(other, path) for other in others]))
+        forks.append((number, place, [_version_from(other, path, spans) for other in others]))
     return forks
 
 
-def _version_from(data: dict, path: Path) -> list[Exchange]:
+def _version_from(data: dict, path: Path, spans: Spans) -> list[Exchange]:
     """Another version's exchanges, with their own forks."""
     messages = data.get("messages")
     _check_messages(messages, path)
-    exchanges = _exchanges_from(messages, path)
+    exchanges = _exchanges_from(messages, path, spans)
     if not exchanges:
         raise LlamaChatError(f"{path}: a version in 'branches' needs messages")
-    for number, place, others in _forks_from(data.get("branches", []), len(exchanges), path):
+    for number, place, others in _forks_from(data.get("branches", []), len(exchanges), path, spans):
         exchanges[number - 1].others, exchanges[number - 1].version = others, place
     return exchanges
 

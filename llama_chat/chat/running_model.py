@@ -1,6 +1,7 @@
 """What a conversation runs on: the model and the file it came from, its KV cache, how it
-drafts (prompt lookup or a draft model) and the format replies are held to. Nothing here
-knows the conversation's messages."""
+drafts (prompt lookup or a draft model) and the format replies must follow. Nothing here
+knows the conversation's messages: a session is a running model with a conversation, and a
+turn needs only this part of it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def file_of(model: Llama, model_path: str | Path | None) -> str | Path | None:
 
 
 class RunningModel:
-    """The model, its cache and speculation, for one conversation at a time."""
+    """The model, its cache and speculation, for one conversation at a time (see session)."""
 
     def __init__(self, model: Llama, model_path: str | Path | None, context_size: int | None) -> None:
         self.model = model

@@ -1,20 +1,21 @@
-"""A chat session: the conversation (see conversation), the model it runs on (see
-running_model), the sampling settings, and what holds them together: turns, context
-overflow, versions, switching models, saving and opening (see session_file).
+"""A chat session: the conversation (see conversation) and its token ids (see transcript),
+the model it runs on (see running_model), the sampling settings, and what holds them
+together: turns, context overflow, versions, switching models, saving and opening (see
+session_file).
 
 Context
 -------
-A turn needs its prompt plus room for the reply: a reserve of min(max_tokens, capacity // 4)
+A turn needs its prompt plus space for the reply: a reserve of min(max_tokens, capacity // 4)
 tokens. When the prompt and the reserve do not fit, the oldest exchanges are dropped (the
-system prompt stays) until they do, and the kept ids are rebuilt by rendering. A message
-that leaves no room even with every earlier exchange dropped is refused; a message that
-fits but leaves less than the reserve gets the room there is.
+system prompt stays) until they do, and the ids are rendered anew. A message
+that does not fit even with every earlier exchange dropped is refused; a message that
+fits but leaves less than the reserve gets what remains.
 
 Tools
 -----
 With tools offered (set_tools), the conversation is rendered with them (see
-text/tools_format) and each turn's replies may call them (see turn); a format held by
-/format leaves no room for calls, so while one is set the tools are not offered.
+text/tools_format) and each turn's replies may call them (see turn); a format set by
+/format leaves no place for calls, so while one is set the tools are not offered.
 
 Versions
 --------
@@ -29,18 +30,15 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llama_chat.chat.branches import Version
 from llama_chat.chat.conversation import Conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.session_file import open_session, save_session
 from llama_chat.chat.tool_offer import MAX_CALLS, ToolOffer
+from llama_chat.chat.transcript import Transcript
 from llama_chat.chat.turn import Turn
-from llama_chat.chat.turn_encoder import TurnEncoder
-from llama_chat.engine.cache import KVCache
 from llama_chat.engine.generation import GenerationStats
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.options import DraftLength
@@ -52,8 +50,10 @@ if TYPE_CHECKING:  # the grammar engine loads only when a format is chosen
     from llama_chat.engine.constraint import Format
 
 
-class Session:
-    """The conversation, the model it runs on with its KV cache, and the settings."""
+class Session(RunningModel):
+    """The conversation and its transcript, the settings, and the model it runs on with its
+    KV cache (a session is a running model with a conversation: the model's attributes are
+    its own, not forwarded)."""
 
     def __init__(
         self,
@@ -64,79 +64,24 @@ class Session:
         context_size: int | None = None,
         model_path: str | Path | None = None,
     ) -> None:
-        self.running = RunningModel(model, model_path, context_size)
+        super().__init__(model, model_path, context_size)
         self.conversation = Conversation(system)
         self.offer: ToolOffer | None = None  # the tools replies may call
-        self.encoder = TurnEncoder(model.chat_format)
+        self.transcript = Transcript(self.conversation, model.chat_format)
         self.settings = settings or SamplingSettings()
         # Where each setting that is not llama-chat's default came from, for /settings.
         self.setting_sources: dict[str, str] = {}
         self.recommended: dict[str, str] = {}  # the settings taken from the model's recommendations, by source
         self.last_stats: GenerationStats | None = None
-        self.rebuild_ids()
-
-    # What the parts hold, by the names the chat and the command line use
-
-    @property
-    def model(self) -> Llama:
-        return self.running.model
-
-    @property
-    def model_path(self) -> str | None:
-        return self.running.model_path
-
-    @property
-    def cache(self) -> KVCache:
-        return self.running.cache
-
-    @cache.setter
-    def cache(self, cache: KVCache) -> None:
-        self.running.cache = cache
-
-    @property
-    def speculation(self) -> Speculation:
-        return self.running.speculation
-
-    @property
-    def format(self) -> Format | None:
-        return self.running.format
-
-    @property
-    def system(self) -> str | None:
-        return self.conversation.system
-
-    @property
-    def exchanges(self) -> list[Exchange]:
-        return self.conversation.exchanges
-
-    @exchanges.setter
-    def exchanges(self, exchanges: list[Exchange]) -> None:
-        self.conversation.exchanges = exchanges
-
-    @property
-    def head_ids(self) -> list[int] | None:
-        return self.conversation.head_ids
-
-    @property
-    def ids(self) -> list[int] | None:
-        """The conversation's token ids as fed and generated, or None while not known."""
-        return self.conversation.ids
-
-    def messages(self) -> list[dict[str, str]]:
-        """System prompt (if any) and every exchange, as chat-format messages."""
-        return self.conversation.messages()
-
-    @property
-    def capacity(self) -> int:
-        return self.running.capacity
+        self.transcript.rerender()
 
     def context_used(self) -> int:
         """Tokens the conversation takes in the context."""
-        ids = self.ids
+        ids = self.transcript.ids
         return len(ids) if ids is not None else len(self.cache)
 
     def reserve(self) -> int:
-        """Room kept for a reply when deciding whether a prompt fits."""
+        """Tokens kept for a reply when deciding whether a prompt fits."""
         return min(self.settings.max_tokens, self.capacity // 4)
 
     # Turns
@@ -148,60 +93,53 @@ class Session:
     def retry(self) -> Turn:
         """Start a new reply to the last user message, in place of the last reply (kept as
         another version)."""
-        if not self.exchanges:
+        if not self.conversation.exchanges:
             raise LlamaChatError("nothing to retry yet: send a message first")
-        return self.edit(len(self.exchanges), self.exchanges[-1].user)
+        return self.edit(len(self.conversation.exchanges), self.conversation.exchanges[-1].user)
 
     def edit(self, number: int, text: str) -> Turn:
         """Start the reply to `text` in place of user message `number` (from 1): a new
         version of the conversation from there; the exchanges it replaces stay another."""
-        if not 1 <= number <= len(self.exchanges):
-            raise LlamaChatError(self.no_message(number))
-        replaced = self.exchanges[number - 1:]
-        del self.exchanges[number - 1:]
+        if not 1 <= number <= len(self.conversation.exchanges):
+            raise LlamaChatError(self.conversation.no_message(number))
+        replaced = self.conversation.exchanges[number - 1:]
+        del self.conversation.exchanges[number - 1:]
         try:
             return self._start(text, replaced)
         except BaseException:
-            self.exchanges += replaced
+            self.conversation.exchanges.extend(replaced)
             raise
 
-    def no_message(self, number: int) -> str:
-        """Why user message `number` cannot be edited, in one line."""
-        return self.conversation.no_message(number)
-
     def _start(self, text: str, replaced: list[Exchange] | None = None) -> Turn:
-        plan = self.encoder.plan(self.conversation, text)
-        room = self.capacity - self.reserve()
+        prompt = self.transcript.prompt_for(text)
+        remaining = self.capacity - self.reserve()
         dropped = 0
-        if len(plan.prompt) > room:
-            dropped = self.encoder.exchanges_to_drop(self.conversation, text, room, self.capacity)
+        if len(prompt.ids) > remaining:
+            dropped = self.transcript.oldest_to_drop(text, remaining, self.capacity)
             if dropped:
-                del self.exchanges[:dropped]
-                self.rebuild_ids()
-                plan = self.encoder.plan(self.conversation, text)
-        calls_before = sum(len(tool_round.calls) for exchange in self.exchanges for tool_round in exchange.rounds)
+                self.transcript.drop_oldest(dropped)
+                prompt = self.transcript.prompt_for(text)
+        exchanges = self.conversation.exchanges
+        calls_before = sum(len(tool_round.calls) for exchange in exchanges for tool_round in exchange.rounds)
         return Turn(
-            self.running, self.settings, self._record, text, plan, dropped, replaced,
-            chat_format=self.chat_format, offer=self.offer, first_call=calls_before + 1,
+            self, self.settings, self._record, text, prompt, dropped, replaced,
+            transcript=self.transcript, offer=self.offer, first_call=calls_before + 1,
         )
 
     def _record(self, exchange: Exchange, stats: GenerationStats) -> None:
         """A finished turn joins the conversation."""
-        self.exchanges.append(exchange)
+        self.conversation.exchanges.append(exchange)
         self.last_stats = stats
 
     # The conversation
-
-    def versions(self) -> list[Version]:
-        """The versions at each fork of the conversation, numbered (see branches)."""
-        return self.conversation.versions()
 
     def switch_version(self, number: int) -> None:
         """Follow version `number` instead (LlamaChatError for one there is not, nothing
         changed); the cache keeps what the two versions have in common."""
         self.conversation.follow_version(number)
-        if not self.ids_hold_the_text():  # unknown, or saved by hand: rendered anew
-            self.rebuild_ids()
+        tokenizer = self.model.tokenizer
+        if not self.transcript.holds_the_text(tokenizer.vocab_size, tokenizer.decode):  # unknown, or by hand
+            self.transcript.rerender()
         self.trim_cache()
 
     def undo(self) -> Exchange:
@@ -212,31 +150,23 @@ class Session:
 
     def clear(self) -> None:
         """Start over; the system prompt stays."""
-        self.exchanges.clear()
-        self.rebuild_ids()
+        self.conversation.exchanges.clear()
+        self.transcript.rerender()
         self.trim_cache()
 
     def set_system(self, text: str | None) -> None:
         self.conversation.system = text or None
-        self.rebuild_ids()
+        self.transcript.rerender()
         self.trim_cache()
 
     @property
     def chat_format(self) -> ChatFormat:
         """What the conversation is rendered with: the model's format, with the tools offered."""
-        return self.encoder.chat_format
-
-    def rebuild_ids(self) -> None:
-        """The conversation's ids rendered anew by its chat format (see conversation)."""
-        self.conversation.rebuild_ids(self.chat_format)
-
-    def ids_hold_the_text(self) -> bool:
-        tokenizer = self.model.tokenizer
-        return self.conversation.ids_hold_the_text(tokenizer.vocab_size, tokenizer.decode)
+        return self.transcript.chat_format
 
     def trim_cache(self) -> None:
         """Forget cached positions past what the conversation still holds."""
-        ids = self.ids
+        ids = self.transcript.ids
         if ids is not None:
             self.cache.keep_common_prefix(ids)
 
@@ -266,24 +196,19 @@ class Session:
     def set_model(self, model: Llama, model_path: str | Path | None) -> str | None:
         """Continue the conversation with other weights (a new cache; ids rebuilt). Returns a
         note when the draft model had to be let go (another vocabulary)."""
-        note = self.running.replace(model, model_path)
+        note = self.replace(model, model_path)
         if self.offer is not None:  # the new model's family writes the calls
             self.offer = dataclasses.replace(self.offer, syntax=call_syntax_of(model.chat_format))
         self._render_with_the_tools()
         return note
-
-    def set_draft(self, draft: Llama | None, path: str | Path | None = None) -> None:
-        """Draft with this model (None: by prompt lookup again); one that does not share the
-        model's vocabulary is refused (UsageError) and nothing changes."""
-        self.running.set_draft(draft, path)
 
     def set_lookup(self, lookup: DraftLength) -> None:
         """Draft by prompt lookup as `lookup` says: off, up to N tokens, or where it pays."""
         self.speculation.lookup = lookup
 
     def set_format(self, chosen: Format | None) -> None:
-        """Hold replies to this format (None: free text); while one holds them, no tools are offered."""
-        self.running.format = chosen
+        """Replies must follow this format (None: free text); while one is set, no tools are offered."""
+        self.format = chosen
         self._render_with_the_tools()
 
     def set_tools(self, tools: list[ToolSpec], max_calls: int = MAX_CALLS, required: bool = False) -> None:
@@ -295,15 +220,15 @@ class Session:
         self._render_with_the_tools()
 
     def offered_names(self) -> list[str]:
-        """The names of the tools the model is offered now (none while a format holds replies)."""
+        """The names of the tools the model is offered now (none while a format is set)."""
         return self.offer.names() if self.offer is not None and self.format is None else []
 
     def _render_with_the_tools(self) -> None:
-        """The encoder for the format the conversation is now rendered with, and its ids."""
+        """The transcript in the format the conversation is now rendered with."""
         base = self.model.chat_format
         chosen = self.offer.chat_format(base) if self.offer is not None and self.format is None else base
-        self.encoder = TurnEncoder(chosen)
-        self.rebuild_ids()
+        self.transcript = Transcript(self.conversation, chosen)
+        self.transcript.rerender()
         self.trim_cache()
 
     # Saving and opening
@@ -311,13 +236,11 @@ class Session:
     def save(self, path: str | Path, cache_limit_bytes: int | None = None) -> tuple[Path, int]:
         """Write the conversation and beside it its cache (see session_file)."""
         return save_session(
-            self.conversation, self.running, self.settings, path, cache_limit_bytes, self.offered_names()
+            self.transcript, self, self.settings, path, cache_limit_bytes, self.offered_names()
         )
 
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation, settings and cache with saved ones (see session_file)."""
-        self.settings, note = open_session(
-            self.conversation, self.running, path, self.chat_format, self.offered_names()
-        )
+        self.settings, note = open_session(self.transcript, self, path, self.offered_names())
         self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
         return note

@@ -7,30 +7,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
-from llama_chat.chat.conversation import Conversation, forget_ids
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
 from llama_chat.chat.running_model import RunningModel
+from llama_chat.chat.transcript import Spans, Transcript
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.paths import expanded
-from llama_chat.text.chat_format import ChatFormat
 
 
 def save_session(
-    conversation: Conversation, running: RunningModel, settings: SamplingSettings, path: str | Path,
+    transcript: Transcript, running: RunningModel, settings: SamplingSettings, path: str | Path,
     cache_limit_bytes: int | None = None, tools: Sequence[str] = (),
 ) -> tuple[Path, int]:
     """Write the conversation, its token ids, the settings, the model path and the names of
     the tools offered, and beside it the cache unless that would take more than
     cache_limit_bytes. Returns the path and how many positions the cache file holds."""
     path = expanded(path)
+    conversation = transcript.conversation
     write_conversation(path, SavedConversation(
-        conversation.system, conversation.exchanges, conversation.head_ids, settings, running.described(),
-        tools=list(tools),
+        conversation.system, conversation.exchanges, transcript.head, transcript.spans, settings,
+        running.described(), tools=list(tools),
     ))
     depends_on = running.cache_depends_on(conversation.system, tools)
     try:
-        cached = save_cache(cache_path(path), running.cache, conversation.ids or [], depends_on, cache_limit_bytes)
+        cached = save_cache(cache_path(path), running.cache, transcript.ids or [], depends_on, cache_limit_bytes)
     except Exception as error:  # noqa: BLE001 (a full disk, a folder in the way: the text is saved)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
         raise LlamaChatError(f"saved {path}, but not its cache: {cache_path(path)}: {reason}") from None
@@ -38,51 +38,48 @@ def save_session(
 
 
 def open_session(
-    conversation: Conversation, running: RunningModel, path: str | Path, chat_format: ChatFormat,
-    tools: Sequence[str] = (),
+    transcript: Transcript, running: RunningModel, path: str | Path, tools: Sequence[str] = ()
 ) -> tuple[SamplingSettings, str | None]:
     """Replace the conversation with a saved one, and the cache with the one saved beside
     it when it stands for this conversation on this model with the same tools offered.
     Returns the saved settings, and a note when something could not be kept: token ids
     rebuilt for another model, or the cache not used (the conversation is then read again
-    on the next turn). `chat_format` renders ids anew, with the tools now offered."""
+    on the next turn). The transcript renders ids anew with the tools now offered."""
     path = expanded(path)
     saved = read_conversation(path)
-    head_ids, same_model = saved.head_ids, running.is_same_model(saved.model)
-    if saved.tools != list(tools):  # the ids begin with the tools offered then: rendered anew
-        head_ids = None
-        forget_ids([saved.exchanges])
-    if not same_model:  # another tokenizer's ids mean nothing here
-        head_ids = None
-        forget_ids([saved.exchanges])
-    conversation.system, conversation.exchanges, conversation.head_ids = saved.system, saved.exchanges, head_ids
+    same_model = running.is_same_model(saved.model)
+    conversation = transcript.conversation
+    conversation.system, conversation.exchanges = saved.system, saved.exchanges
+    # Another tokenizer's ids mean nothing here; other tools offered begin the ids otherwise.
+    kept = same_model and saved.tools == list(tools)
+    transcript.take(saved.head_ids if kept else None, saved.spans if kept else Spans())
     notes = [saved.note] if saved.note else []
     tokenizer = running.model.tokenizer
     # ids by hand, or for other text: the model is to read what is shown
-    if not conversation.ids_hold_the_text(tokenizer.vocab_size, tokenizer.decode):
-        if same_model and conversation.ids is not None and conversation.exchanges:
+    if not transcript.holds_the_text(tokenizer.vocab_size, tokenizer.decode):
+        if same_model and transcript.ids is not None and conversation.exchanges:
             notes.append(f"{path}: its token ids do not hold its text; they were rebuilt from the text")
-        conversation.rebuild_ids(chat_format)
-    if conversation.ids is not None:  # cached positions past what the conversation holds go
-        running.cache.keep_common_prefix(conversation.ids)
+        transcript.rerender()
+    if transcript.ids is not None:  # cached positions past what the conversation holds go
+        running.cache.keep_common_prefix(transcript.ids)
     if not same_model:
         saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
         notes.append(f"{path} was saved with {saved_name}; its token ids were rebuilt for {running.model.name}")
-    notes += _restored_cache_notes(conversation, running, path, same_model, tools)
+    notes += _restored_cache_notes(transcript, running, path, same_model, tools)
     return saved.settings, "; ".join(notes) or None
 
 
 def _restored_cache_notes(
-    conversation: Conversation, running: RunningModel, path: Path, same_model: bool, tools: Sequence[str]
+    transcript: Transcript, running: RunningModel, path: Path, same_model: bool, tools: Sequence[str]
 ) -> list[str]:
     """Restore the cache saved beside the conversation where it can be; notes where not."""
     saved_cache = cache_path(path)
-    ids = conversation.ids
+    ids, system = transcript.ids, transcript.conversation.system
     if saved_cache.exists() and not same_model:
         return ["its saved cache was not used (it was made with another model)"]
     if saved_cache.exists() and ids is not None:
         try:
-            restore_cache(saved_cache, running.cache, ids, running.cache_depends_on(conversation.system, tools))
+            restore_cache(saved_cache, running.cache, ids, running.cache_depends_on(system, tools))
         except CacheNotUsed as reason:
             return [f"its saved cache was not used ({reason}): the conversation is read again"]
     return []

@@ -12,23 +12,15 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from llama_chat.chat.branches import fork
-from llama_chat.chat.conversation_ids import (
-    TurnPlan,
-    exchange_ids,
-    exchange_messages,
-    round_messages,
-    round_plan,
-    user_message,
-)
 from llama_chat.chat.events import Done, Event, RoundText, ToolCalls
 from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.thinking import cue_opening
 from llama_chat.chat.tool_offer import ToolOffer, fitted, result_budget
+from llama_chat.chat.transcript import Prompt, Transcript
 from llama_chat.engine.generation import Generation, GenerationStats, StopReason
 from llama_chat.engine.processors import LogitsProcessor
 from llama_chat.engine.sampling import SamplingSettings
-from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tool_calls import CallReadError, CallSyntax, ReadReply, read_calls
 
 STOPPED = "the user stopped this call before it finished"
@@ -42,16 +34,16 @@ class Turn:
 
     def __init__(
         self, running: RunningModel, settings: SamplingSettings, record: Callable[[Exchange, GenerationStats], None],
-        text: str, plan: TurnPlan, dropped: int, replaced: list[Exchange] | None = None, *,
-        chat_format: ChatFormat | None = None, offer: ToolOffer | None = None, first_call: int = 1,
+        text: str, prompt: Prompt, dropped: int, replaced: list[Exchange] | None = None, *,
+        transcript: Transcript, offer: ToolOffer | None = None, first_call: int = 1,
     ) -> None:
         self.running = running
         self.model = running.model
         self.settings = settings
         self.record = record  # where the finished exchange goes: the conversation
         self.user = text
-        self.chat_format = chat_format or running.model.chat_format
-        self.plans = [plan]  # one a round
+        self.transcript = transcript  # the conversation's ids, which the reply's join
+        self.prompts = [prompt]  # one a round
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
         self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
         # Tools, unless a format holds the reply (which leaves no room for a call).
@@ -59,21 +51,16 @@ class Turn:
         self.next_call = first_call  # the number of the conversation's next call
         self.rounds: list[ToolRound] = []
         self.notes: list[str] = []  # what the front end should say of the turn (a call cut off)
-        self.before = plan.history + [user_message(text)]  # the messages before the round generating
         self.generations: list[Generation] = []
-        self.generation = self._generate(plan.prompt)
+        self.generation = self._generate(prompt.ids)
         # The opening thinking marker when the template's cue wrote it: the reply starts
         # inside the thinking, and is kept with the marker, whole.
-        self.thinking_cue = cue_opening(running.model.tokenizer, plan.prompt)
+        self.thinking_cue = cue_opening(running.model.tokenizer, prompt.ids)
         self.exchange: Exchange | None = None
 
     @property
-    def plan(self) -> TurnPlan:
-        return self.plans[0]
-
-    @property
     def prompt(self) -> list[int]:
-        return self.plans[0].prompt
+        return self.prompts[0].ids
 
     @property
     def text(self) -> str:
@@ -207,12 +194,9 @@ class Turn:
         ]
 
     def _next_round(self, tool_round: ToolRound) -> None:
-        plan = round_plan(
-            self.chat_format, self.model.stop_ids, self.plans[-1], self.before, self.generation.tokens, tool_round
-        )
-        self.plans.append(plan)
-        self.before = self.before + round_messages(tool_round)
-        self.generation = self._generate(plan.prompt)
+        prompt = self.transcript.append_round(self.prompts[-1], self.generation.tokens, tool_round)
+        self.prompts.append(prompt)
+        self.generation = self._generate(prompt.ids)
 
     def finish(self) -> Exchange:
         """Record the reply as it stands (interrupted if generation did not reach its end)."""
@@ -220,14 +204,12 @@ class Turn:
             generation = self.generation
             # Stopped while its calls ran: the round holds what the last generation wrote,
             # and the reply never came (its ids are rendered anew next turn).
-            stopped_in_calls = len(self.rounds) == len(self.plans)
+            stopped_in_calls = len(self.rounds) == len(self.prompts)
             reply = "" if stopped_in_calls else (self.thinking_cue if not self.rounds else "") + generation.text
             interrupted = stopped_in_calls or generation.stats.stop_reason == StopReason.INTERRUPTED
             exchange = Exchange(user=self.user, reply=reply, interrupted=interrupted, rounds=self.rounds)
             if not stopped_in_calls:
-                exchange.user_ids, exchange.reply_ids = exchange_ids(
-                    self.chat_format, self.model.stop_ids, self.plans, exchange_messages(exchange), generation.tokens
-                )
+                self.transcript.append_reply(self.prompts[-1], exchange, generation.tokens)
             self.exchange = exchange
             if self.replaced:
                 fork(self.replaced, exchange)

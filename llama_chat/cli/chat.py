@@ -169,7 +169,7 @@ def open_conversation(session: Session, options: argparse.Namespace, argv: Seque
     note = session.open(path)
     # The conversation's saved settings, but the sampling flags given on this command line.
     session.apply_settings(given_settings(argv), "command line")
-    count = len(session.exchanges)
+    count = len(session.conversation.exchanges)
     print(f"llama-chat: {'resumed' if options.resume else 'opened'} {path}: {count} exchange{'s' * (count != 1)}, "
           f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
 

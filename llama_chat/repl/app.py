@@ -266,7 +266,7 @@ def run_repl(
         while True:
             editing, state.editing = state.editing, None
             # After /edit the line holds that message, sent as it is (a leading / included).
-            default = state.session.exchanges[editing - 1].user if editing else ""
+            default = state.session.conversation.exchanges[editing - 1].user if editing else ""
             try:
                 text = prompt.prompt(message="edit> " if editing else "> ", default=default)
             except KeyboardInterrupt:

@@ -9,9 +9,9 @@ from llama_chat.repl.chat_state import ChatState, CommandError, exchanges, parse
 
 
 def run_system(state: ChatState, text: str) -> None:
-    session = state.session
+    session, system = state.session, state.session.conversation.system
     if not text:
-        state.renderer.line(f"system prompt: {session.system}" if session.system else "no system prompt")
+        state.renderer.line(f"system prompt: {system}" if system else "no system prompt")
         return
     session.set_system(None if text == "clear" else text)
     state.renderer.note("system prompt removed" if text == "clear" else "system prompt set")
@@ -19,7 +19,7 @@ def run_system(state: ChatState, text: str) -> None:
 
 def run_clear(state: ChatState, text: str) -> None:
     state.session.clear()
-    kept = " (system prompt kept)" if state.session.system else ""
+    kept = " (system prompt kept)" if state.session.conversation.system else ""
     state.renderer.note(f"conversation cleared{kept}")
 
 
@@ -34,9 +34,9 @@ def run_undo(state: ChatState, text: str) -> None:
 
 def run_edit(state: ChatState, text: str) -> None:
     session = state.session
-    number = parse_number(int, "edit", text) if text else len(session.exchanges)
-    if not 1 <= number <= len(session.exchanges):
-        raise CommandError(session.no_message(number))
+    number = parse_number(int, "edit", text) if text else len(session.conversation.exchanges)
+    if not 1 <= number <= len(session.conversation.exchanges):
+        raise CommandError(session.conversation.no_message(number))
     state.editing = number  # the prompt shows it next; sending it makes a new version
 
 
@@ -45,11 +45,11 @@ def run_branches(state: ChatState, text: str) -> None:
     if text:
         number = parse_number(int, "branches", text)
         session.switch_version(number)
-        last = session.exchanges[-1]
-        state.renderer.note(f"following version {number}: {exchanges(len(session.exchanges))}, the last "
+        last = session.conversation.exchanges[-1]
+        state.renderer.note(f"following version {number}: {exchanges(len(session.conversation.exchanges))}, the last "
                             f"{shorten(last.user)} -> {shorten(last.reply)}")
         return
-    listed = session.versions()
+    listed = session.conversation.versions()
     if not listed:
         state.renderer.line("the conversation has one version: /retry and /edit make others")
     fork = None
@@ -75,9 +75,8 @@ def run_stats(state: ChatState, text: str) -> None:
             f"{stats.prefilled_tokens} prefilled at {stats.prefill_tokens_per_second:.0f} tok/s; "
             f"ended by {stats.stop_reason}"
         )
-    state.renderer.line(
-        f"context: {session.context_used()} of {session.capacity} tokens, {exchanges(len(session.exchanges))}"
-    )
+    count = len(session.conversation.exchanges)
+    state.renderer.line(f"context: {session.context_used()} of {session.capacity} tokens, {exchanges(count)}")
     state.renderer.line(describe_cache(session.cache))
 
 

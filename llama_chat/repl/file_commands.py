@@ -17,14 +17,14 @@ from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
 def run_save(state: ChatState, text: str) -> None:
     path, cached = state.session.save(text)
     with_cache = f" and the cache of {cached} tokens" if cached else ""
-    state.renderer.note(f"saved {exchanges(len(state.session.exchanges))}{with_cache} to {path}")
+    state.renderer.note(f"saved {exchanges(len(state.session.conversation.exchanges))}{with_cache} to {path}")
 
 
 def run_open(state: ChatState, text: str) -> None:
     note = state.session.open(text)
     if note:
         state.renderer.note(note)
-    state.renderer.note(f"opened {text}: {exchanges(len(state.session.exchanges))}")
+    state.renderer.note(f"opened {text}: {exchanges(len(state.session.conversation.exchanges))}")
 
 
 def run_read(state: ChatState, text: str) -> None:
@@ -54,9 +54,9 @@ def run_copy(state: ChatState, text: str) -> None:
     what = text.strip()
     if what not in ("", "code"):
         raise CommandError(f"/copy takes nothing (the last reply) or 'code' (its last code block), not {what!r}")
-    if not state.session.exchanges:
+    if not state.session.conversation.exchanges:
         raise CommandError("no reply to copy yet")
-    copied = answer_of(state.session.exchanges[-1].reply)
+    copied = answer_of(state.session.conversation.exchanges[-1].reply)
     if what == "code":
         copied = last_code_block(copied)
         if copied is None:

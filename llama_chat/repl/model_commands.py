@@ -28,11 +28,11 @@ def run_load(state: ChatState, text: str) -> None:
     earlier_system = session.model.default_system
     draft_note = session.set_model(model, text)
     session.take_recommended_settings()
-    if session.system == earlier_system and model.default_system != earlier_system:
+    if session.conversation.system == earlier_system and model.default_system != earlier_system:
         session.set_system(model.default_system)  # the store's default system prompt, unless the user set one
     state.renderer.note(
         f"loaded {model.name} on {describe_briefly(model)}, context {session.capacity} tokens; "
-        f"the conversation goes on ({exchanges(len(session.exchanges))})"
+        f"the conversation goes on ({exchanges(len(session.conversation.exchanges))})"
     )
     if draft_note:
         state.renderer.note(draft_note)

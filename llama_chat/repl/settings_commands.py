@@ -46,7 +46,7 @@ def run_settings(state: ChatState, text: str) -> None:
         source = session.setting_sources.get(field.name)
         where = f" ({source})" if source else ""
         state.renderer.line(f"{field.name} = {getattr(session.settings, field.name)}{where}")
-    state.renderer.line(f"system = {session.system!r}")
+    state.renderer.line(f"system = {session.conversation.system!r}")
     state.renderer.line(f"context = {session.capacity} tokens, chat format {session.model.chat_format.name}")
     for name in SWITCHES:
         state.renderer.line(f"{name} = {switch_value(state.renderer, name)}")

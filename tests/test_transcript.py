@@ -4,9 +4,10 @@ and sends the model exactly the ids rendering the whole conversation gives."""
 import pytest
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
-from llama_chat.chat.conversation_ids import assistant_message, exchange_ids, plan_turn, user_message
+from llama_chat.chat.exchange import Exchange, user_message
+from llama_chat.chat.prefix import added
 from llama_chat.chat.session import Session
-from llama_chat.chat.turn_encoder import TurnEncoder
+from llama_chat.chat.transcript import Span, Spans, Transcript, prompt_after, reply_span
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.text.format_choice import get_chat_format
@@ -27,31 +28,29 @@ NUMBERING_TEMPLATE = (
 
 
 class WholeRenderCheck:
-    """Wraps TurnEncoder.plan: every plan must send what rendering the whole conversation
-    sends (today's prompt), and the exchange it ends in must get the same ids."""
+    """Wraps Transcript.prompt_for: every prompt must send what rendering the whole
+    conversation sends (today's prompt), and the exchange it ends in must get the same ids."""
 
     def __init__(self, monkeypatch):
-        self.plans, self.shortened = [], 0
-        original = TurnEncoder.plan
+        self.prompts, self.shortened = [], 0
+        original = Transcript.prompt_for
 
-        def plan(encoder, conversation, text):
-            got = original(encoder, conversation, text)
-            history = conversation.messages()
-            rendered = encoder.chat_format.encode(history + [user_message(text)])
-            whole = plan_turn(encoder.chat_format, history, rendered, conversation.ids)
-            assert got.prompt == whole.prompt and got.user_ids == whole.user_ids
+        def prompt_for(transcript, text):
+            got = original(transcript, text)
+            history = transcript.conversation.messages()
+            whole = prompt_after(transcript.chat_format, history, text, transcript.ids)
+            assert got.ids == whole.ids and got.user_ids == whole.user_ids
             self.shortened += len(got.history) < len(history)
-            self.plans.append((got, whole, encoder.chat_format))
+            self.prompts.append((got, whole, transcript))
             return got
 
-        monkeypatch.setattr(TurnEncoder, "plan", plan)
+        monkeypatch.setattr(Transcript, "prompt_for", prompt_for)
 
     def check_exchange(self, turn):
-        whole, chat_format = self.plans[-1][1:]
-        generated, reply = turn.generation.tokens, turn.exchange.reply
-        messages = [user_message(turn.user), assistant_message(reply)]
-        expected = exchange_ids(chat_format, chat_format.stop_ids, [whole], messages, generated)
-        assert (turn.exchange.user_ids, turn.exchange.reply_ids) == expected
+        whole, transcript = self.prompts[-1][1:]
+        chat_format = transcript.chat_format
+        expected = reply_span(chat_format, chat_format.stop_ids, whole, turn.exchange, turn.generation.tokens)
+        assert transcript.spans.get(turn.exchange) == expected
 
 
 def converse(session: Session, check: WholeRenderCheck) -> None:
@@ -73,7 +72,7 @@ def test_turns_send_what_the_whole_rendering_sends(monkeypatch, format_name, sys
     session = Session(chat_model(format_name, template=template, max_seq_len=2048), SETTINGS, system=system)
     check = WholeRenderCheck(monkeypatch)
     converse(session, check)
-    assert session.encoder.local is True
+    assert session.transcript.local is True
     assert check.shortened >= 4  # from the third turn on, only the new message was rendered
 
 
@@ -100,7 +99,7 @@ def test_a_template_that_numbers_turns_is_found_out_and_rendered_whole(monkeypat
     session = Session(chat_model("template", template=NUMBERING_TEMPLATE, max_seq_len=2048), SETTINGS)
     check = WholeRenderCheck(monkeypatch)
     converse(session, check)
-    assert session.encoder.local is False and check.shortened == 0
+    assert session.transcript.local is False and check.shortened == 0
 
 
 def test_plain_text_is_always_rendered_whole(monkeypatch):
@@ -108,18 +107,18 @@ def test_plain_text_is_always_rendered_whole(monkeypatch):
     check = WholeRenderCheck(monkeypatch)
     for text in ["Once upon", " a time", " there was", " a tide"]:
         session.send(text).run()
-    assert session.encoder.local is False and check.shortened == 0
+    assert session.transcript.local is False and check.shortened == 0
 
 
 def reference_drop_count(session: Session, text: str) -> int:
     """The fewest oldest exchanges to drop, each candidate rendered whole (as before)."""
     chat_format, system = session.model.chat_format, session.conversation.system_messages()
     room = session.capacity - session.reserve()
-    for count in range(1, len(session.exchanges) + 1):
+    for count in range(1, len(session.conversation.exchanges) + 1):
         history = system + session.conversation.messages()[len(system) + 2 * count:]
         if len(chat_format.encode(history + [user_message(text)])) <= room:
             return count
-    return len(session.exchanges)
+    return len(session.conversation.exchanges)
 
 
 @pytest.mark.parametrize("format_name", ["chatml", "llama2", "template"])
@@ -129,7 +128,7 @@ def test_overflow_drops_as_many_exchanges_as_whole_renders_say_without_rendering
     session = Session(model, SETTINGS, system="Be brief.")
     for number in range(6):
         session.send(f"message number {number} " * 3).run()
-    assert session.encoder.local is True
+    assert session.transcript.local is True
     encoded, recording = [], [False]
     original = type(model.chat_format).encode
 
@@ -144,7 +143,21 @@ def test_overflow_drops_as_many_exchanges_as_whole_renders_say_without_rendering
         room = session.capacity - session.reserve()
         encoded.clear()
         recording[0] = True
-        dropped = session.encoder.exchanges_to_drop(session.conversation, text, room, session.capacity)
+        dropped = session.transcript.oldest_to_drop(text, room, session.capacity)
         recording[0] = False
         assert max(encoded) <= 4  # the system prompt, one exchange and the new message at most
         assert dropped == reference_drop_count(session, text)
+
+
+def test_the_prefix_rule_keeps_the_shorter_ids_only_where_the_longer_begin_with_them():
+    assert added([1, 2], [1, 2, 3, 4]) == [3, 4] and added([1, 2], [1, 2]) == []
+    assert added([1, 2], [1, 3, 4]) is None and added([1, 2], [1]) is None
+    assert added(None, [1]) is None and added([1], None) is None
+
+
+def test_two_exchanges_of_the_same_text_keep_their_own_ids():
+    first, retried = Exchange("hi", "hello"), Exchange("hi", "hello")
+    spans = Spans()
+    spans[first], spans[retried] = Span([1], [2]), Span([3], [4])
+    assert first == retried and spans.get(first) == Span([1], [2]) and spans.get(retried) == Span([3], [4])
+    assert spans.get(Exchange("hi", "hello")) is None
