@@ -265,7 +265,7 @@ def test_a_reply_with_calls_and_thinking_is_drawn_round_by_round(monkeypatch):
         "thought for 0 tokens, T s", "Sunny."]
     assert times.splitlines()[6].endswith("1 tool call (T s)") and len(times.splitlines()) == 7
     assert weather.calls == [{"city": "Paris"}] and len(questions) == 1
-    assert session.exchanges[-1].reply == "<think>ok</think>\n\nSunny."
+    assert session.conversation.exchanges[-1].reply == "<think>ok</think>\n\nSunny."
 
 
 def test_retry_undo_and_clear_leave_the_conversation_as_a_fresh_run_would():
