@@ -8,7 +8,6 @@ its parts in order) is written into the weights folder, checked again as a whole
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llama_chat.errors import LlamaChatError, UsageError
+from llama_chat.models.hub_download import sha256_of
 from llama_chat.paths import weights_dir
 
 
@@ -71,14 +71,6 @@ def require_default_model() -> Path:
     if not path.is_file():
         raise LlamaChatError(f"the default model is not downloaded yet ({path}): run `{FETCH_COMMAND}`")
     return path
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download_model(name: str) -> Path:

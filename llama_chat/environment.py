@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from llama_chat.errors import DeviceError, LlamaChatError
-from llama_chat.options import Folders, KernelFamily, KernelOptions, packed_dtype
+from llama_chat.options import DataFolders, KernelFamily, KernelOptions, packed_dtype
 
 KERNELS = "LLAMA_CHAT_KERNELS"
 KERNEL_VARIANT = "LLAMA_CHAT_KERNEL_VARIANT"
@@ -54,7 +54,7 @@ def kernel_options(environ: Mapping[str, str] = os.environ) -> KernelOptions:
         activation_bits=activation_bits(environ.get(ACTIVATION_BITS, "16")),
         matmul_dtype=packed_dtype(environ.get(MATMUL_DTYPE), MATMUL_DTYPE),
         kernel_dtype=packed_dtype(environ.get(KERNEL_DTYPE), KERNEL_DTYPE),
-        kernel_rows=kernel_rows(environ.get(KERNEL_ROWS)),
+        kernel_rows=parsed_kernel_rows(environ.get(KERNEL_ROWS)),
         packed_cache_gb=packed_cache_gb(environ.get(PACKED_CACHE_GB)),
     )
 
@@ -72,7 +72,7 @@ def activation_bits(value: str) -> int:
     return int(value)
 
 
-def kernel_rows(value: str | None) -> int | None:
+def parsed_kernel_rows(value: str | None) -> int | None:
     """None (measured) when unset or empty."""
     if not value:
         return None
@@ -99,12 +99,12 @@ def packed_cache_gb(value: str | None) -> float | None:
     return gigabytes
 
 
-def folders(environ: Mapping[str, str] = os.environ) -> Folders:
+def folders(environ: Mapping[str, str] = os.environ) -> DataFolders:
     """The folders LLAMA_CHAT_CACHE (or off), LLAMA_CHAT_WEIGHTS and LLAMA_CHAT_KERNELS_DIR name."""
     cache = environ.get(CACHE) or None
     weights = environ.get(WEIGHTS) or None
     kernels = environ.get(KERNELS_DIR) or None
-    return Folders(
+    return DataFolders(
         cache=Path(cache) if cache not in (None, "off") else None,
         cache_off=cache == "off",
         weights=Path(weights) if weights else None,

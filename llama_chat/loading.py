@@ -87,20 +87,15 @@ def load(
         note_on_stderr(note)
     checkpoint = read_share(model_source.path, shard)
     source = model_source.path
-    chosen_format = get_chat_format(
-        options.chat_format, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token, checkpoint.eos_token,
-        origin=model_source.name, context_length=checkpoint.args.max_seq_len,
-    )
-    total = sum(stored_bytes(w) for w in {id(w): w for w in checkpoint.tensors.values()}.values())
-    reporter = progress(f"loading {model_source.name}", total)
-    kv_dtype, kernels = resolve_kv_dtype(options.kv_dtype), options.packed_kernels()
+    chosen_format = _chat_format(options.chat_format, checkpoint, model_source.name)
+    reporter = progress(f"loading {model_source.name}", sum(stored_bytes(w) for w in _unique_tensors(checkpoint)))
     try:
         with reading_errors(source):
-            backend, modes = choose_backend(checkpoint, options.quantize, device, options.dtype, kernels)
-            weights_source = Source(source, shard, kernels.packed_cache_gb)
-            transformer, note = backend.build(checkpoint, modes, weights_source, reporter)
+            backend, modes, transformer, note = _build(checkpoint, options, device, Source(
+                source, shard, options.packed_kernels().packed_cache_gb), reporter)
     finally:
         reporter.close()
+    kv_dtype = resolve_kv_dtype(options.kv_dtype)
     if shard is not None and shard.world > 1:
         add_all_reduces(transformer)
     model = Llama(
@@ -110,6 +105,25 @@ def load(
     )
     model.set_prompt_math(options.prompt_math)
     return model
+
+
+def _chat_format(asked: str | None, checkpoint: Checkpoint, origin: str):
+    """The format `asked` for (--chat-format), else the checkpoint's own template's."""
+    return get_chat_format(asked, checkpoint.tokenizer, checkpoint.chat_template, checkpoint.bos_token,
+                           checkpoint.eos_token, origin=origin, context_length=checkpoint.args.max_seq_len)
+
+
+def _unique_tensors(checkpoint: Checkpoint) -> list:
+    """The checkpoint's tensors, each once (tied weights are one tensor under two names)."""
+    return list({id(tensor): tensor for tensor in checkpoint.tensors.values()}.values())
+
+
+def _build(checkpoint: Checkpoint, options: LoadOptions, device, weights_source: Source, reporter: Progress):
+    """The weight back-end chosen for this CPU or device, its modes, and the Transformer it
+    builds (with a note on the packed cache)."""
+    backend, modes = choose_backend(checkpoint, options.quantize, device, options.dtype, options.packed_kernels())
+    transformer, note = backend.build(checkpoint, modes, weights_source, reporter)
+    return backend, modes, transformer, note
 
 
 def recommended_sampling(checkpoint: Checkpoint, source: ModelSource) -> tuple[tuple[str, dict], ...]:

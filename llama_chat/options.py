@@ -103,7 +103,7 @@ class LoadOptions:
 
 
 @dataclass(frozen=True)
-class Folders:
+class DataFolders:
     """Where llama-chat keeps things, where the user's standard folders are not wanted."""
 
     cache: Path | None = None  # LLAMA_CHAT_CACHE: measurements, builds, packed weights

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from llama_chat import environment
 from llama_chat.errors import LlamaChatError
-from llama_chat.options import Folders
+from llama_chat.options import DataFolders
 
 # Set once where a program starts (cli/options.py); a library caller gets the standard folders.
-_folders = Folders()
+_folders = DataFolders()
 
 
-def configure(folders: Folders) -> Folders:
+def configure(folders: DataFolders) -> DataFolders:
     """Use these folders from now on; the ones used until now."""
     global _folders
     previous, _folders = _folders, folders

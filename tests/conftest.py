@@ -6,7 +6,7 @@ from llama_chat import Llama, ModelArgs, paths
 from llama_chat.cli.options import configure_folders
 from llama_chat.kernels import native, native_build
 from llama_chat.kernels.packed_cache_writer import finish_writes
-from llama_chat.options import Folders
+from llama_chat.options import DataFolders
 
 # Set by CI (.ci/run): a machine meant to have a compiler fails the run when it has none.
 REQUIRE_KERNELS = "LLAMA_CHAT_REQUIRE_KERNELS"
@@ -69,7 +69,7 @@ def kernels_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("kernels")
     if native_build.missing_tools() is not None:
         return directory
-    previous = paths.configure(Folders(kernels=directory))
+    previous = paths.configure(DataFolders(kernels=directory))
     try:
         assert native_build.main([]) == 0, "llama-chat's kernels did not build, though a compiler was found"
     finally:

@@ -10,7 +10,7 @@ import pytest
 
 from llama_chat import disk_cache, paths
 from llama_chat.errors import CorruptFileError
-from llama_chat.options import Folders
+from llama_chat.options import DataFolders
 
 
 def test_a_key_depends_on_the_description_not_its_order():
@@ -21,10 +21,10 @@ def test_a_key_depends_on_the_description_not_its_order():
 
 
 def test_entries_are_under_the_cache_folder_and_nowhere_when_it_is_off(tmp_path):
-    previous = paths.configure(Folders(cache=tmp_path))
+    previous = paths.configure(DataFolders(cache=tmp_path))
     try:
         assert disk_cache.entry_path("packed", "x.safetensors") == tmp_path / "packed" / "x.safetensors"
-        paths.configure(Folders(cache_off=True))
+        paths.configure(DataFolders(cache_off=True))
         assert disk_cache.entry_path("packed", "x.safetensors") is None
     finally:
         paths.configure(previous)

@@ -103,11 +103,11 @@ def test_the_packed_cache_key_covers_every_part(tmp_path):
     parts = write_split(tmp_path / "split", tiny_hf_model(seed=4), qtype=QType.Q8_0)
     identity = packed_cache.source_identity(parts[0])
     assert [file[0] for file in identity] == [p.name for p in parts]
-    key = packed_cache.entry_path(parts[0], {})
+    key = packed_cache.packed_entry(parts[0], {})
     other = write_split(tmp_path / "other", tiny_hf_model(seed=5), qtype=QType.Q8_0)
     os.replace(other[2], parts[2])  # the same size, other weights
     assert packed_cache.source_identity(parts[0])[:2] == identity[:2]
-    assert packed_cache.entry_path(parts[0], {}) != key
+    assert packed_cache.packed_entry(parts[0], {}) != key
 
 
 @pytest.mark.needs_kernels

@@ -6,6 +6,7 @@ under TYPE_CHECKING, and module names handed to importlib as strings.
 """
 
 import ast
+import collections
 import re
 import subprocess
 import sys
@@ -281,3 +282,77 @@ def test_the_attention_kernel_counts_held_positions_by_an_integer():
     users = [module_name(path) for path in sorted(PACKAGE.rglob("*")) if path.suffix in (".py", ".cpp", ".h")
              and "past_bias" in path.read_text(encoding="utf-8")]
     assert users == []
+
+
+# The floors of a package a newcomer can read: short functions and modules, each name one
+# thing, nothing kept only for the tests.
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 50, 400
+ENTRY_POINTS = {"main"}  # each command's module has its own
+STORE_READERS = {"store_roots"}  # each other tool's store (models/ollama.py, models/lmstudio.py) names its folders alike
+HOOKS = {"extra_repr", "reset_parameters", "unsafe_undefined", "validate_tool_result"}  # called by PyTorch, jinja2, mcp
+
+
+def package_sources() -> dict[str, str]:
+    return {module_name(path): path.read_text(encoding="utf-8") for path in PACKAGE.rglob("*.py")}
+
+
+def oversized(name: str, source: str) -> list[str]:
+    """The module if it is over MAX_MODULE_LINES, and each function of it over MAX_FUNCTION_LINES."""
+    found = [f"{name}: {lines} lines"] if (lines := len(source.splitlines())) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{name}.{node.name}: {length} lines")
+    return found
+
+
+def public_definitions(source: str) -> list[str]:
+    """The module's public classes and functions, and its classes' public methods."""
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            names.append(node.name)
+        if isinstance(node, ast.ClassDef):
+            names += [item.name for item in node.body
+                      if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not item.name.startswith("_")]
+    return names
+
+
+def unused_definitions(sources: dict[str, str]) -> list[str]:
+    """Public names no module of the package names beyond their definitions (a use by the
+    tests alone does not count)."""
+    defined = collections.Counter(name for source in sources.values() for name in public_definitions(source))
+    text = "\n".join(sources.values())
+    return sorted(name for name, count in defined.items()
+                  if name not in HOOKS and len(re.findall(rf"\b{re.escape(name)}\b", text)) <= count)
+
+
+def test_the_floor_checks_see_what_they_look_for():
+    long_body = "\n".join(f"    x = {n}" for n in range(MAX_FUNCTION_LINES))
+    assert oversized("m", f"def f():\n{long_body}\n") == ["m.f: 51 lines"]
+    assert oversized("m", "x = 1\n" * (MAX_MODULE_LINES + 1)) == [f"m: {MAX_MODULE_LINES + 1} lines"]
+    sources = {"a": "class A:\n    def used(self): pass\n    def spare(self): pass\ndef g(): A().used()\n",
+               "b": "from a import g\ng()\n"}
+    assert unused_definitions(sources) == ["spare"]
+
+
+def test_no_function_over_50_lines_and_no_module_over_400():
+    assert [found for name, source in package_sources().items() for found in oversized(name, source)] == []
+
+
+def test_each_public_name_is_defined_once():
+    """A name defined in two modules is two different things under one name, but for the
+    commands' entry points and the other tools' store readers, which are one thing each."""
+    where = collections.defaultdict(list)
+    for name, source in package_sources().items():
+        for node in ast.parse(source).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_"):
+                where[node.name].append(name)
+    shared = ENTRY_POINTS | STORE_READERS
+    assert {name: modules for name, modules in where.items() if len(modules) > 1 and name not in shared} == {}
+
+
+def test_nothing_in_the_package_is_there_for_the_tests_alone():
+    assert unused_definitions(package_sources()) == []
+

@@ -67,7 +67,7 @@ def test_a_state_reads_back_as_views_of_one_mapping(tmp_path):
              "c.blocks": torch.randint(0, 256, (5, 7), dtype=torch.uint8), "d": torch.randn(4).to(torch.bfloat16)}
     path = tmp_path / "entry.safetensors"
     write_entry(path, state)
-    back = packed_cache.load(path)
+    back = packed_cache.load_entry(path)
     assert set(back) == set(state)
     for name, tensor in state.items():
         assert torch.equal(back[name], tensor), name
@@ -83,7 +83,7 @@ def test_an_entry_that_does_not_read_back_is_refused(tmp_path, damage):
     data = path.read_bytes()
     path.write_bytes(data[:-100] if damage == "truncate" else data[:8] + b"{not json" + data[17:])
     with pytest.raises(ValueError):
-        packed_cache.load(path)
+        packed_cache.load_entry(path)
 
 
 def edited_entry(path, edit) -> None:
@@ -128,7 +128,7 @@ def test_a_header_edited_into_other_types_or_sizes_is_refused(tmp_path, edit, re
     write_entry(path, {"w": torch.randn(64, 64)})
     edited_entry(path, edit)
     with pytest.raises(CorruptFileError) as refused:  # a ValueError, as the loader catches it
-        packed_cache.load(path)
+        packed_cache.load_entry(path)
     assert str(refused.value).startswith(reason) and isinstance(refused.value, ValueError)
 
 
@@ -141,7 +141,7 @@ def test_an_entry_whose_aliases_were_edited_is_refused(tmp_path, aliases):
     write_entry(path, {"a": table, "b": table})
     edited_entry(path, lambda header: {**header, "__metadata__": {**header["__metadata__"], "aliases": aliases}})
     with pytest.raises(CorruptFileError, match="its header is not the one it was written with"):
-        packed_cache.load(path)
+        packed_cache.load_entry(path)
 
 
 @pytest.mark.needs_kernels
@@ -260,7 +260,7 @@ def test_a_first_load_answers_before_its_entry_is_written_and_the_next_maps_it(t
     written()
     [entry] = entries(tmp_cache)
     assert not list((tmp_cache / "packed").glob("*.partial"))
-    back = packed_cache.load(entry)
+    back = packed_cache.load_entry(entry)
     assert set(back) == set(ran_on) and all(torch.equal(back[name], ran_on[name]) for name in ran_on)
     assert mapped_file(blocks.data_ptr()) == str(entry)  # the entry's pages, where the private ones were
     assert torch.equal(first.logits(ids), answer)
@@ -383,7 +383,7 @@ def test_memory_tells_mapped_pages_from_the_process_own(tmp_path):
     write_entry(path, {"w": torch.ones(64 << 20, dtype=torch.uint8)})
     gc.collect()  # earlier tests' garbage, freed between the readings, would lower the second
     resident, own = memory_now_mb()
-    mapped = packed_cache.load(path)["w"]
+    mapped = packed_cache.load_entry(path)["w"]
     # A byte of every page read (summing all 64 Mi bytes at once can make a 512 MiB int64 copy).
     assert int(mapped.view(-1, 4096)[:, 0].sum()) == (64 << 20) // 4096
     resident_mapped, own_mapped = memory_now_mb()

@@ -98,7 +98,7 @@ def test_mapping_an_entry_records_its_use(folder):
     path = entry_used(folder, "entry", 1, hours_ago=48)
     before = folder / "before"
     before.touch()  # the file system's time as the load starts
-    packed_cache.load(path)
+    packed_cache.load_entry(path)
     assert path.stat().st_mtime_ns >= before.stat().st_mtime_ns
 
 

@@ -7,7 +7,7 @@ import pytest
 from llama_chat import paths
 from llama_chat.checkpoints import gguf, gguf_split
 from llama_chat.checkpoints.gguf import load_gguf
-from llama_chat.options import Folders
+from llama_chat.options import DataFolders
 from llama_chat.text import tokenizer_cache
 from llama_chat.text.gguf_tokenizer import tokenizer_from_gguf_metadata
 
@@ -102,7 +102,7 @@ def test_a_damaged_entry_is_removed_and_built_again_with_one_line(tmp_path, caps
 
 def test_with_the_cache_off_nothing_is_kept(tmp_path, monkeypatch):
     root = paths.cache_root()
-    previous = paths.configure(Folders(cache_off=True))
+    previous = paths.configure(DataFolders(cache_off=True))
     try:
         path = write_gguf(tmp_path / "m.gguf", tiny_hf_model())
         assert load_gguf(path).tokenizer.encode(TEXT) == load_gguf(path).tokenizer.encode(TEXT)

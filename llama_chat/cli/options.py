@@ -10,10 +10,10 @@ import os
 from collections.abc import Mapping
 
 from llama_chat import environment, paths
-from llama_chat.options import Folders, LoadOptions
+from llama_chat.options import DataFolders, LoadOptions
 
 
-def configure_folders(environ: Mapping[str, str] = os.environ) -> Folders:
+def configure_folders(environ: Mapping[str, str] = os.environ) -> DataFolders:
     """Keep things in the folders LLAMA_CHAT_CACHE, LLAMA_CHAT_WEIGHTS and
     LLAMA_CHAT_KERNELS_DIR name, from now on in this process; the folders used until now."""
     return paths.configure(environment.folders(environ))

@@ -164,6 +164,21 @@ def build_packages(structure: nn.Module, cache_dtype: torch.dtype, destination: 
             build_package(structure, cache_dtype, path, most_tokens)
 
 
+INDUCTOR_SETTINGS = {
+    # Keep every rounding the code asks for (to bfloat16 before a kernel and back).
+    "emulate_precision_casts": True,
+    # The code generated here is a step's element-wise work, small at one token; the
+    # matrices and attention are operators that run on the threads the chat sets. One
+    # thread: the generated count is fixed, and a thread waiting on a second that another
+    # process holds made a busy machine's steps 4x slower (2 cores: 46 against 177 tok/s
+    # on the default model, the chat on one thread); idle, two were 4% faster.
+    "cpp.threads": 1,
+    # Keep small element-wise results (the final norm) in memory: inlined into the
+    # output head's loop, they were computed again for every row of the vocabulary.
+    "realize_cpu_opcount_threshold": 4,
+}
+
+
 def build_package(
     structure: nn.Module, cache_dtype: torch.dtype, destination: Path, most_tokens: int
 ) -> None:
@@ -203,22 +218,9 @@ def build_package(
     dynamic = (tokens, cache_dynamic, [{0: positions} if name in ROTARY_TABLES else {} for name in traced])
     with torch.no_grad():
         program = torch.export.export(_FunctionalCall(structure), example, dynamic_shapes=dynamic, strict=False)
-    settings = {
-            # Keep every rounding the code asks for (to bfloat16 before a kernel and back).
-        "emulate_precision_casts": True,
-        # The code generated here is a step's element-wise work, small at one token; the
-        # matrices and attention are operators that run on the threads the chat sets. One
-        # thread: the generated count is fixed, and a thread waiting on a second that another
-        # process holds made a busy machine's steps 4x slower (2 cores: 46 against 177 tok/s
-        # on the default model, the chat on one thread); idle, two were 4% faster.
-        "cpp.threads": 1,
-        # Keep small element-wise results (the final norm) in memory: inlined into the
-        # output head's loop, they were computed again for every row of the vocabulary.
-        "realize_cpu_opcount_threshold": 4,
-    }
     # An open file: the compiler wants a name ending in .pt2, which the staged one does not.
     with staged(destination) as staging, open(staging, "wb") as package:
-        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=settings)
+        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=INDUCTOR_SETTINGS)
 
 
 class CompiledPackages:

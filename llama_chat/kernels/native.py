@@ -22,7 +22,7 @@ from llama_chat.kernels.library_layout import library_layout
 from llama_chat.kernels.native_files import build_directory, library_file
 
 
-def first_line(text: str) -> str:
+def output_line(text: str) -> str:
     """The line of a compiler's or loader's output worth showing: the first error, else the first line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
@@ -63,7 +63,7 @@ def load_kept(library: Path) -> str:
     try:
         _load_library(str(library))
     except (OSError, RuntimeError) as error:
-        _load_errors()[library] = f"cannot load {library.name}: {first_line(str(error))}"
+        _load_errors()[library] = f"cannot load {library.name}: {output_line(str(error))}"
         return _load_errors()[library]
     return ""
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from llama_chat import environment
-from llama_chat.kernels.native import first_line
+from llama_chat.kernels.native import output_line
 from llama_chat.kernels.native_files import (
     COMPILE_FLAGS, LIBRARY_NAME, OPENMP, SOURCE_DIR, build_directory, check_kept, keep, library_file, record_failure,
 )
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     try:
         build(directory)
     except Exception as error:  # any failure of the compiler: recorded in one line
-        line = first_line(str(error))
+        line = output_line(str(error))
         record_failure(directory, line)
         print(f"llama-chat kernels: build failed: {line}", file=sys.stderr)
         return 1

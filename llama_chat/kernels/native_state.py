@@ -91,7 +91,7 @@ def load_or_build(kernels: KernelOptions = KernelOptions(), wait: bool = False) 
         return NativeStatus(False, damaged + BUILDING)
     errors = native_build.wait_for_build()
     if not library.exists():
-        return NativeStatus(False, damaged + f"build failed: {native.first_line(errors)}", wanting=True)
+        return NativeStatus(False, damaged + f"build failed: {native.output_line(errors)}", wanting=True)
     error = native.load_kept(library)
     if error:
         return NativeStatus(False, error, wanting=True)

@@ -54,7 +54,7 @@ def source_identity(source: Path) -> list:
     return [disk_cache.file_identity(p) for p in files]
 
 
-def entry_path(source: Path, settings: dict) -> Path | None:
+def packed_entry(source: Path, settings: dict) -> Path | None:
     """Where the packed weights of `source` (a file or a folder) packed as `settings` say
     are kept; None when the cache is off."""
     folder = disk_cache.entry_path("packed")
@@ -173,7 +173,7 @@ def _digest(layout: dict[str, tuple[str, list[int]]], aliases: dict[str, str]) -
     return hashlib.sha256(json.dumps([sorted(layout.items()), sorted(aliases.items())]).encode()).hexdigest()
 
 
-def load(path: Path) -> dict[str, torch.Tensor]:
+def load_entry(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a file written by `writing`, as views of one read-only mapping of it
     (pages are read when used, and shared with every process mapping the file). Raises
     CorruptFileError (a ValueError) saying what is wrong when the file does not read back

@@ -68,12 +68,12 @@ def entry_paths(source: Source, modes: dict[str, Mode]) -> dict[str, Path] | Non
     "replicated"); None when the cache is off."""
     shard = source.shard
     ranks = shard is not None and shard.world > 1
-    own = packed_cache.entry_path(source.path, {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None})
+    own = packed_cache.packed_entry(source.path, {"modes": modes, "shard": [shard.rank, shard.world] if ranks else None})
     if own is None:
         return None
     if not ranks:
         return {"own": own}
-    replicated = packed_cache.entry_path(source.path, {"modes": modes, "replicated_of": shard.world})
+    replicated = packed_cache.packed_entry(source.path, {"modes": modes, "replicated_of": shard.world})
     return {"own": own, "replicated": replicated}
 
 
@@ -123,4 +123,4 @@ def _cache_step(step: Callable, *arguments):
 
 def mapped_entries(entries: Iterable[Path]) -> dict[str, torch.Tensor]:
     """The tensors of packed-cache entries, each mapped read-only."""
-    return {name: tensor for entry in entries for name, tensor in packed_cache.load(entry).items()}
+    return {name: tensor for entry in entries for name, tensor in packed_cache.load_entry(entry).items()}

@@ -275,17 +275,26 @@ def run_repl(
                 continue  # the line is cleared
             except EOFError:
                 return 0
-            try:
-                if before_input is not None:
-                    before_input(state)
-                if editing:
-                    resend(state, editing, text)
-                elif not handle(state, text):
-                    return 0
-            except KeyboardInterrupt:
-                state.renderer.note("interrupted")
-            except LlamaChatError as error:
-                state.renderer.error(str(error))
-            finally:
-                if keeper is not None:
-                    keeper.keep(state.session, state.renderer)
+            if not _answer(state, text, editing, before_input, keeper):
+                return 0
+
+
+def _answer(state: ChatState, text: str, editing: int | None, before_input, keeper: ConversationKeeper | None) -> bool:
+    """One line typed (a message, a command, or the message being edited); False after
+    /quit. Ctrl-C and a LlamaChatError become a line, and the conversation is kept however
+    it went."""
+    try:
+        if before_input is not None:
+            before_input(state)
+        if editing:
+            resend(state, editing, text)
+        elif not handle(state, text):
+            return False
+    except KeyboardInterrupt:
+        state.renderer.note("interrupted")
+    except LlamaChatError as error:
+        state.renderer.error(str(error))
+    finally:
+        if keeper is not None:
+            keeper.keep(state.session, state.renderer)
+    return True
