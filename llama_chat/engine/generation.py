@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import enum
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -125,72 +126,66 @@ class Generation:
         self.tokens: list[int] = []
         self.text = ""
         self._first_token_at: float | None = None
+        self._started_at = 0.0
+        self._tokens: _TokenStream | None = None  # from the first piece asked for
+        self._handed = 0  # tokens taken from the stream, the stop token included
+        self._ended = False
+        self._detokenizer = StreamingDetokenizer(tokenizer)
+        self._stops = HeldPrefix(self.stop_strings)  # text that may begin a stop string waits
 
     def __iter__(self) -> Iterator[Piece]:
-        started = time.perf_counter()
-        self.stats.stop_reason = StopReason.INTERRUPTED  # until the loop says otherwise
+        # A plain iterator over next_piece: no generator frame stands between the model
+        # call and whoever shows the pieces.
+        return iter(self.next_piece, None)
+
+    def next_piece(self) -> Piece | None:
+        """The reply's next piece of text (with its token; the last may hold text alone),
+        or None once the reply has ended."""
+        if self._ended:
+            return None
+        if self._tokens is None:
+            self._start()
+        if self._handed >= self._token_limit():
+            return self._end(StopReason.MAX_TOKENS)
+        token = self._tokens.next()
+        if token is None:
+            return self._end(StopReason.FORMAT_COMPLETE if self.processor.finished else StopReason.CONTEXT_FULL)
+        self._handed += 1
+        self._time()
+        if token in self.stop_ids:
+            return self._end(StopReason.STOP_TOKEN)
+        self.tokens.append(token)
+        self.stats.generated_tokens += 1
+        text, stop = self._stops.feed(self._detokenizer.add(token))
+        self.text += text
+        if stop is not None:
+            self._end(StopReason.STOP_STRING)
+        return Piece(token, text)
+
+    def _start(self) -> None:
+        self._started_at = time.perf_counter()
+        self.stats.stop_reason = StopReason.INTERRUPTED  # until the reply ends otherwise
         logits = self._prefill()
-        self.stats.prefill_seconds = time.perf_counter() - started
-        detokenizer = StreamingDetokenizer(self.tokenizer)
-        stops = HeldPrefix(self.stop_strings)  # text that may begin a stop string waits
-        reason = StopReason.MAX_TOKENS
-        tokens = self._next_tokens(logits)
-        for _ in range(self._token_limit()):
-            token = next(tokens, None)
-            if token is None:
-                reason = StopReason.FORMAT_COMPLETE if self.processor.finished else StopReason.CONTEXT_FULL
-                break
-            self._time(started)
-            if token in self.stop_ids:
-                reason = StopReason.STOP_TOKEN
-                break
-            self.tokens.append(token)
-            self.stats.generated_tokens += 1
-            text, stop = stops.feed(detokenizer.add(token))
-            self.text += text
-            yield Piece(token, text)
-            if stop is not None:
-                reason = StopReason.STOP_STRING
-                break
+        self.stats.prefill_seconds = time.perf_counter() - self._started_at
+        self._tokens = _TokenStream(self, logits)
+
+    def _end(self, reason: StopReason) -> Piece | None:
+        """Record how the reply ended; the text held back, unless a stop string ended it."""
+        self._ended = True
         if reason == StopReason.MAX_TOKENS and self.processor.finished:  # with the last token allowed
             reason = StopReason.FORMAT_COMPLETE
         self.cache.checkpoint()  # where the conversation goes back to when the next exchange is undone
         self.stats.constraint_seconds = self.processor.seconds
         self.stats.constraint_masks = self.processor.masks
         self.stats.stop_reason = reason
-        if reason != StopReason.STOP_STRING:
-            rest, stop = stops.feed(detokenizer.flush())
-            rest += stops.release() if stop is None else ""  # nothing after a stop string
-            if rest:
-                self.text += rest
-                yield Piece(None, rest)
-
-    def _next_tokens(self, logits: torch.Tensor) -> Iterator[int]:
-        """The reply's tokens in order, each fed to the model only once the next one is wanted
-        (ending when there is no room for it, or the processor allows nothing more). A step
-        gives the next token, after the drafts the model kept if it drafted."""
-        history = list(self.prompt_ids)
-        plain = PlainStep(self.runner, self.cache, Sampler(self.settings), self.processor)
-        step = self._decode_step(plain)
-        token = plain.choose(logits, history)
-        while True:
-            self.processor.advance(token)
-            history.append(token)
-            yield token
-            generated = len(history) - len(self.prompt_ids)
-            room = self._room(generated)
-            if room == 0 or self.processor.finished:
-                return
-            self.processor.near_end(generated, self.settings.max_tokens, room)
-            taken = step(token, history, room - 1)
-            self.stats.drafted_tokens += taken.drafted
-            self.stats.accepted_tokens += len(taken.kept)
-            for kept in taken.kept:  # the processor took them in the verify step
-                history.append(kept)
-                yield kept
-            if self.processor.finished:  # the format has taken the kept drafts, and no more
-                return
-            token = taken.token
+        if reason == StopReason.STOP_STRING:
+            return None  # nothing after a stop string
+        rest, stop = self._stops.feed(self._detokenizer.flush())
+        rest += self._stops.release() if stop is None else ""
+        if not rest:
+            return None
+        self.text += rest
+        return Piece(None, rest)
 
     def _decode_step(self, plain: PlainStep) -> DecodeStep:
         """The plain step, unless something drafts: speculation, or a processor that forces tokens."""
@@ -203,12 +198,12 @@ class Generation:
         limit, and the cache's room (where that token is fed first)."""
         return min(self._token_limit() - generated, self.cache.room())
 
-    def _time(self, started: float) -> None:
-        """A token has come: the first is timed from `started`, the decode from the first on."""
+    def _time(self) -> None:
+        """A token has come: the first is timed from the start, the decode from the first on."""
         now = time.perf_counter()
         if self._first_token_at is None:
             self._first_token_at = now
-            self.stats.time_to_first_token = now - started
+            self.stats.time_to_first_token = now - self._started_at
         self.stats.decode_seconds = now - self._first_token_at
 
     def _token_limit(self) -> int:
@@ -223,3 +218,49 @@ class Generation:
         logits = self.runner(self.cache, self.prompt_ids[reused:])
         self.cache.checkpoint()  # where a retried reply starts again
         return logits
+
+
+class _TokenStream:
+    """A reply's tokens in order, each fed to the model only once the next one is wanted
+    (none once there is no room for it, or the processor allows nothing more). A step gives
+    the next token, after the drafts the model kept if it drafted."""
+
+    def __init__(self, generation: Generation, logits: torch.Tensor) -> None:
+        self.generation = generation
+        self.history = list(generation.prompt_ids)
+        plain = PlainStep(generation.runner, generation.cache, Sampler(generation.settings), generation.processor)
+        self.step = generation._decode_step(plain)
+        self.chosen: int | None = plain.choose(logits, self.history)  # sampled, not yet handed out
+        self.kept: collections.deque[int] = collections.deque()  # drafts the last step kept, not yet handed out
+        self.stepped = False  # whether `chosen` came from a step (not from the prompt's logits)
+
+    def next(self) -> int | None:
+        processor = self.generation.processor
+        if not self.kept and self.chosen is None and not self._step():
+            return None
+        if self.kept:  # the processor took them in the verify step
+            token = self.kept.popleft()
+        elif self.stepped and processor.finished:  # the format has taken the kept drafts, and no more
+            self.chosen = None
+            return None
+        else:
+            token, self.chosen = self.chosen, None
+            processor.advance(token)
+        self.history.append(token)
+        return token
+
+    def _step(self) -> bool:
+        """Feed the last token and take the next (and any kept drafts); False when there is
+        no room for another token, or the processor has ended the reply."""
+        generation, processor = self.generation, self.generation.processor
+        generated = len(self.history) - len(generation.prompt_ids)
+        room = generation._room(generated)
+        if room == 0 or processor.finished:
+            return False
+        processor.near_end(generated, generation.settings.max_tokens, room)
+        taken = self.step(self.history[-1], self.history, room - 1)
+        generation.stats.drafted_tokens += taken.drafted
+        generation.stats.accepted_tokens += len(taken.kept)
+        self.kept.extend(taken.kept)
+        self.chosen, self.stepped = taken.token, True
+        return True
