@@ -7,6 +7,7 @@ under TYPE_CHECKING, and module names handed to importlib as strings.
 
 import ast
 import collections
+import inspect
 import re
 import subprocess
 import sys
@@ -356,3 +357,58 @@ def test_each_public_name_is_defined_once():
 def test_nothing_in_the_package_is_there_for_the_tests_alone():
     assert unused_definitions(package_sources()) == []
 
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def message_way() -> tuple[set[str], int]:
+    """A message sent through the real REPL with a tiny model: the package's modules on the
+    stack wherever it changes form (encoded, through the model, sampled, detokenized, shown),
+    and the most generator frames on the stack at a model call."""
+    from llama_chat import SamplingSettings
+    from llama_chat.chat.session import Session
+
+    from .test_repl import chat
+    from .test_session import chat_model
+
+    points = {("llama_chat.text.tokenizer", "encode"), ("llama_chat.engine.model", "forward")}
+    whole = {"llama_chat.text.detokenizer", "llama_chat.engine.sampling"}
+    modules, generators = set(), 0
+
+    def on_stack(frame) -> None:
+        nonlocal generators
+        names, count = set(), 0
+        while frame is not None:
+            if (name := frame.f_globals.get("__name__", "")).startswith("llama_chat"):
+                names.add(name)
+                count += bool(frame.f_code.co_flags & inspect.CO_GENERATOR)
+            frame = frame.f_back
+        modules.update(names)
+        if "llama_chat.engine.model" in names:
+            generators = max(generators, count)
+
+    def profile(frame, event, _) -> None:
+        name, function = frame.f_globals.get("__name__", ""), frame.f_code.co_name
+        shown = name.startswith("rich.console") and function == "print"
+        if event == "call" and ((name, function) in points or name in whole or shown):
+            on_stack(frame)
+
+    session = Session(chat_model(), SamplingSettings(max_tokens=4))
+    chat(session, "hi", "/quit")  # what a first message alone does (imports, a first compile) is done
+    sys.setprofile(profile)
+    try:
+        chat(session, "hello there", "/quit")
+    finally:
+        sys.setprofile(None)
+    return modules, generators
+
+
+def test_the_way_of_a_message_is_the_one_documented_with_one_generator_a_token():
+    block = ARCHITECTURE.read_text(encoding="utf-8").split("```")[1]  # the way of one message
+    documented = {"llama_chat." + path.removesuffix(".py").replace("/", ".")
+                  for path in re.findall(r"\b[a-z_]+(?:/[a-z_]+)?\.py\b", block)}
+    modules, generators = message_way()
+    assert {"llama_chat.engine.model", "llama_chat.text.tokenizer", "llama_chat.repl.render"} <= modules
+    assert sorted(modules - documented) == []
+    assert generators == 1  # Turn.events: the model's tokens reach the screen through no other
