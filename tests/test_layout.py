@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llama_chat"
 
 # Floors in the order data flows through them; a module may import its own floor and lower ones.
 FLOORS = [
-    {"errors", "options", "environment", "paths", "disk_cache", "directories", "process_memory", "parent_watch"},
+    {"errors", "options", "environment", "paths", "disk_cache", "directories", "process_memory", "parent_watch",
+     "untrusted_files"},
     {"text", "tools"},
     {"engine"},
     {"checkpoints"},

@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from llama_chat.checkpoints.json_file import parse_json
+from llama_chat.untrusted_files import parse_json
 from llama_chat.disk_cache import read_checked, staged
 from llama_chat.engine.cache import KVCache
 from llama_chat.errors import CorruptFileError, LlamaChatError, first_line

@@ -25,14 +25,12 @@ from pathlib import Path
 
 from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
 from llama_chat.chat.transcript import Span, Spans
-from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, parse_json
-from llama_chat.checkpoints.regular_file import read_text_file
-from llama_chat.checkpoints.values import shown
 from llama_chat.disk_cache import staged
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError
 from llama_chat.text.tool_calls import ToolCall
 from llama_chat.text.undecodable import has_undecodable
+from llama_chat.untrusted_files import MAX_JSON_FILE_BYTES, parse_json, read_text_file, shown
 
 FILE_KIND = "llama-chat conversation"
 FILE_VERSION = 1

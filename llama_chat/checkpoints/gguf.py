@@ -25,7 +25,8 @@ from llama_chat.checkpoints.gguf_tensors import (
     convert_gguf_tensors,
     read_vector,
 )
-from llama_chat.checkpoints.values import of_type, shown
+from llama_chat.checkpoints.values import of_type
+from llama_chat.untrusted_files import shown
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.text import tokenizer_cache
 from llama_chat.text.gguf_tokenizer import tokenizer_from_gguf_metadata

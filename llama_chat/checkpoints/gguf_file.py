@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from llama_chat.checkpoints.regular_file import open_regular_file
-from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError, first_line
+from llama_chat.untrusted_files import open_regular_file, shown
 
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

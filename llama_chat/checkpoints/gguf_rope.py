@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from llama_chat.checkpoints.gguf_tensors import LONGROPE_FACTORS, ROPE_FREQS
-from llama_chat.checkpoints.values import real_number, shown, whole_number
+from llama_chat.checkpoints.values import real_number, whole_number
+from llama_chat.untrusted_files import shown
 from llama_chat.engine.config import ModelArgs, RopeScaling
 from llama_chat.engine.rope import rope_inverse_frequencies
 from llama_chat.errors import LlamaChatError

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from llama_chat.checkpoints.gguf_file import MAGIC, MAX_TENSORS, TensorInfo, read_gguf_header
-from llama_chat.checkpoints.regular_file import open_regular_file
-from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError
+from llama_chat.untrusted_files import open_regular_file, shown
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 MAX_PARTS = (1 << 16) - 1  # split.no and split.count are u16

@@ -17,7 +17,7 @@ import torch
 from llama_chat.checkpoints import sampling_defaults
 from llama_chat.checkpoints.contents import Checkpoint, Weight
 from llama_chat.checkpoints.hf_weight_files import weight_files
-from llama_chat.checkpoints.json_file import read_json_object
+from llama_chat.untrusted_files import read_json_object
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import chat_template, hf_tokenizer, token_content

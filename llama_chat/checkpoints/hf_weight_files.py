@@ -6,14 +6,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from llama_chat.checkpoints.contents import Weight
-from llama_chat.checkpoints.json_file import read_json_object
 from llama_chat.checkpoints.safetensors_file import DTYPES as SAFETENSORS_FLOAT_TYPES
 from llama_chat.checkpoints.safetensors_file import SafetensorsFile
 from llama_chat.checkpoints.stored import TensorMatrix
 from llama_chat.checkpoints.tensor_names import checked_float
 from llama_chat.checkpoints.torch_file import load_torch_file
-from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError
+from llama_chat.untrusted_files import read_json_object, shown
 
 
 class WeightFiles(Mapping):

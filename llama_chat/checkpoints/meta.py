@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from llama_chat.checkpoints.contents import Checkpoint, Weight
-from llama_chat.checkpoints.json_file import read_json_object
+from llama_chat.untrusted_files import read_json_object
 from llama_chat.checkpoints.stored import ColumnStacked, StackedRows, TensorMatrix
 from llama_chat.checkpoints.tensor_names import TensorNames, assemble_state_dict, checked_float, expected_shapes
 from llama_chat.checkpoints.tokenizer_files import load_tokenizer_model

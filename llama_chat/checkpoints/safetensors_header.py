@@ -14,9 +14,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from llama_chat.checkpoints.json_file import parse_json
-from llama_chat.checkpoints.regular_file import open_regular_file
-from llama_chat.checkpoints.values import LARGEST_WHOLE_NUMBER, shown
+from llama_chat.checkpoints.values import LARGEST_WHOLE_NUMBER
+from llama_chat.untrusted_files import open_regular_file, parse_json, shown
 
 MAX_HEADER_BYTES = 100 * 2**20  # as the safetensors library allows
 MAX_DIMENSIONS = 8

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import tokenizers
 
-from llama_chat.checkpoints.json_file import MAX_JSON_FILE_BYTES, read_json_object
-from llama_chat.checkpoints.regular_file import read_text_file
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.hf_tokenizer import HFTokenizer
 from llama_chat.text.sentencepiece_tokenizer import SentencePieceTokenizer
 from llama_chat.text.tiktoken_tokenizer import TiktokenTokenizer, looks_like_tiktoken
 from llama_chat.text.tokenizer import Tokenizer
+from llama_chat.untrusted_files import MAX_JSON_FILE_BYTES, read_json_object, read_text_file
 
 MAX_TOKENIZER_JSON_BYTES = 256 * 2**20  # the largest vocabularies' files are near 35 MB
 

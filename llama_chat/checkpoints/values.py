@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from llama_chat.errors import LlamaChatError
+from llama_chat.untrusted_files import shown
 
 LARGEST_WHOLE_NUMBER = 1 << 31  # far above any model's sizes, and small enough for any arithmetic on them
 # Llama 3.1 405B has 126 layers; the names of every layer's tensors are listed before any is
@@ -15,15 +16,6 @@ MAX_LAYERS = 1024
 # A cache of the whole context grows the rotary tables to it (4 bytes a position and head
 # dimension): a context of two billion claimed by a file would take hundreds of GB.
 MAX_CONTEXT = 1 << 18  # 262,144: twice Llama 3.1's context
-
-
-def shown(value: Any, limit: int = 40) -> str:
-    """A value from a file as a short one-line repr, for messages."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int of more digits than Python converts
-        return f"a {type(value).__name__} too long to show"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def whole_number(value: Any, name: str, source: object) -> int:

@@ -28,13 +28,11 @@ import torch
 
 from llama_chat import disk_cache
 from llama_chat.checkpoints.gguf_split import named_parts
-from llama_chat.checkpoints.json_file import parse_json
-from llama_chat.checkpoints.regular_file import open_regular_file
 from llama_chat.checkpoints.safetensors_header import SafetensorsHeader, read_safetensors_header
-from llama_chat.checkpoints.values import shown
 from llama_chat.errors import CorruptFileError
 from llama_chat.kernels.packed_cache_entries import record_use
 from llama_chat.process_memory import map_file_over, populate, private_pages
+from llama_chat.untrusted_files import open_regular_file, parse_json, shown
 
 # Code whose output the cache holds (paths inside llama_chat/): a change to any of it
 # packs anew.

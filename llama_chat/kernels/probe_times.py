@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from llama_chat.checkpoints.json_file import parse_json
+from llama_chat.untrusted_files import parse_json
 from llama_chat.disk_cache import entry_path, read_checked, staged
 from llama_chat.engine.device import cpu_model_name
 from llama_chat.kernels.weights_record import dtype_name

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llama_chat import environment
-from llama_chat.checkpoints.json_file import parse_json
+from llama_chat.untrusted_files import parse_json
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.models import hub_download
 from llama_chat.models.hub_files import Choice, RepoFile, checked_listing, choose

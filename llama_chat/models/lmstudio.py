@@ -17,12 +17,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from llama_chat.checkpoints.gguf_split import named_parts
-from llama_chat.checkpoints.json_file import parse_json
-from llama_chat.checkpoints.regular_file import read_text_file
-from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError
 from llama_chat.models.ollama import StoreModel, existing_folders, first_holding, gguf_size, is_inside, walk_store
 from llama_chat.models.source import ModelSource
+from llama_chat.untrusted_files import parse_json, read_text_file, shown
 
 PREFIX = "lmstudio:"
 MAX_FILES = 10_000  # GGUF files looked at by one listing

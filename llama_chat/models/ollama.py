@@ -25,12 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from llama_chat.checkpoints.gguf_file import MAGIC, read_gguf_header
-from llama_chat.checkpoints.json_file import parse_json
-from llama_chat.checkpoints.regular_file import open_regular_file, read_text_file
 from llama_chat.checkpoints.sampling_defaults import valid_settings
-from llama_chat.checkpoints.values import shown
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.models.source import ModelSource
+from llama_chat.untrusted_files import open_regular_file, parse_json, read_text_file, shown
 
 PREFIX = "ollama:"
 DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG = "registry.ollama.ai", "library", "latest"

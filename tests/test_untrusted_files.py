@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from llama_chat.checkpoints.json_file import MAX_NESTING, check_nesting, parse_json, read_json_object
+from llama_chat.untrusted_files import MAX_NESTING, check_nesting, parse_json, read_json_object
 from llama_chat.errors import LlamaChatError
 
 
