@@ -14,7 +14,7 @@ from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
 from llama_chat.default_model import DEFAULT_MODEL, download_model
-from llama_chat.engine.constraint import Format, FormatError, engine_tokenizer
+from llama_chat.engine.constraint import AnswerFormat, FormatError, engine_tokenizer
 from llama_chat.engine.sampling import Sampler
 from llama_chat.engine.speculation import Speculation
 from llama_chat.options import DraftLength
@@ -32,7 +32,7 @@ def model() -> Llama:
 
 
 def test_the_mask_forbids_tokens_when_sampling(model):
-    constraint = Format("regex", "[ab]+").start(model.tokenizer)
+    constraint = AnswerFormat("regex", "[ab]+").start(model.tokenizer)
     logits = torch.randn(model.args.vocab_size, generator=torch.Generator().manual_seed(0)) * 4
     sampler = Sampler(SamplingSettings(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=0))
     masked = constraint.mask(logits)
@@ -42,7 +42,7 @@ def test_the_mask_forbids_tokens_when_sampling(model):
 
 
 def test_a_stop_token_is_allowed_only_where_the_format_may_end(model):
-    constraint = Format("regex", "ab?").start(model.tokenizer)
+    constraint = AnswerFormat("regex", "ab?").start(model.tokenizer)
     eos = model.tokenizer.eos_id
     logits = torch.zeros(model.args.vocab_size)
     assert constraint.mask(logits)[eos] == float("-inf")
@@ -60,7 +60,7 @@ def test_the_engine_tokenizer_is_built_once_per_tokenizer(model):
 @pytest.mark.parametrize("seed", range(8))
 def test_a_sampled_reply_matches_the_regex(model, seed):
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=20)
-    constraint = Format("regex", DIGITS_THEN_LETTERS).start(model.tokenizer)
+    constraint = AnswerFormat("regex", DIGITS_THEN_LETTERS).start(model.tokenizer)
     generation = model.generate(model.tokenizer.encode("answer:"), settings, processor=constraint)
     text = "".join(piece.text for piece in generation)
     assert re.fullmatch(DIGITS_THEN_LETTERS, text), text
@@ -72,7 +72,7 @@ def test_a_sampled_reply_matches_the_regex(model, seed):
 def test_what_the_format_forces_is_drafted_and_the_reply_is_whole(model, max_tokens):
     forcing = r'\{"key":[0-9]\}'  # nine tokens of ByteTokenizer, all but the digit forced
     settings = SamplingSettings(temperature=1.0, seed=0, max_tokens=max_tokens)
-    generation = model.generate(model.tokenizer.encode("go"), settings, processor=Format("regex", forcing).start(
+    generation = model.generate(model.tokenizer.encode("go"), settings, processor=AnswerFormat("regex", forcing).start(
         model.tokenizer))
     text = "".join(piece.text for piece in generation)
     assert re.fullmatch(forcing, text), text
@@ -88,7 +88,7 @@ MOST_BYTES = "[" + "".join(f"\\x{b:02x}" for b in sorted(set(range(3, 53)) - {10
 
 def greedy_reply(model, prompt, speculation):
     """The reply's tokens, and for each check of drafts against the format: (drafts, allowed)."""
-    constraint = Format("regex", MOST_BYTES).start(model.tokenizer)
+    constraint = AnswerFormat("regex", MOST_BYTES).start(model.tokenizer)
     checks = []
     check = constraint.allowed_prefix
 
@@ -135,7 +135,7 @@ def noisy_copy(model: Llama, seed: int = 2) -> Llama:
 
 def formatted_session(model: Llama, settings: SamplingSettings, draft: Llama | None) -> Session:
     session = Session(model, settings)
-    session.set_format(Format("regex", WORDS))
+    session.set_format(AnswerFormat("regex", WORDS))
     if draft is not None:
         session.set_draft(draft, "draft.gguf")
         session.speculation.draft_length = DraftLength(4)  # drafts at every step, whatever they cost here
@@ -176,11 +176,11 @@ def test_every_sampled_reply_with_a_draft_model_keeps_to_the_format():
 @pytest.mark.parametrize(
     ("format", "message"),
     [
-        (Format("schema", '{"type": "objekt"}', "person.json"),
+        (AnswerFormat("schema", '{"type": "objekt"}', "person.json"),
          "the JSON schema person.json cannot be used (Invalid type: objekt): give a JSON Schema object"),
-        (Format("schema", '{"type": '), "the JSON schema '{\"type\": ' is not JSON"),
-        (Format("regex", "[a-"), "the regex '[a-' cannot be used (at 1(8): invalid regex"),
-        (Format("grammar", "start: missing"), "the grammar 'start: missing' cannot be used"),
+        (AnswerFormat("schema", '{"type": '), "the JSON schema '{\"type\": ' is not JSON"),
+        (AnswerFormat("regex", "[a-"), "the regex '[a-' cannot be used (at 1(8): invalid regex"),
+        (AnswerFormat("grammar", "start: missing"), "the grammar 'start: missing' cannot be used"),
     ],
     ids=["bad schema", "schema not JSON", "bad regex", "bad grammar"],
 )
@@ -276,7 +276,7 @@ def default_model() -> Llama:
 
 @pytest.mark.needs_kernels  # llama-chat's kernels: twenty replies in seconds, not minutes
 def test_the_default_model_answers_valid_json_for_a_schema(default_model):
-    answer_format = Format("schema", json.dumps(PET_SCHEMA))
+    answer_format = AnswerFormat("schema", json.dumps(PET_SCHEMA))
     answer_format.check(default_model.tokenizer)
     settings = SamplingSettings(temperature=0.7, seed=0, max_tokens=120)
     for prompt in PROMPTS:
@@ -301,7 +301,7 @@ OPEN_SCHEMA = {  # nothing bounds its strings or its array: only the token budge
 def test_a_reply_cut_by_its_budget_closes_what_is_open_and_parses(default_model, max_tokens):
     """Near max_tokens a formatted reply turns to closing its strings, arrays and objects, and
     may go past max_tokens to finish them: every reply parses, at any budget."""
-    answer_format = Format("schema", json.dumps(OPEN_SCHEMA))
+    answer_format = AnswerFormat("schema", json.dumps(OPEN_SCHEMA))
     overran = 0
     for seed, prompt in enumerate(PROMPTS[:8]):
         session = Session(default_model, SamplingSettings(temperature=0.7, seed=seed, max_tokens=max_tokens),

@@ -38,7 +38,7 @@ class Machine:
 class Unwritten:
     """A cache the machine never writes: room for any call."""
 
-    def check_room(self, count: int) -> None:
+    def check_fits(self, count: int) -> None:
         pass
 
     def __len__(self) -> int:

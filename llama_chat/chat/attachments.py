@@ -1,7 +1,7 @@
 """Files read into the next message (`/read PATH...`, `-f PATH`): each text file goes in
 with its name, in a fenced block, before what the person types.
 
-A file must be a regular, readable file of UTF-8 text (no NUL bytes) that fits the room
+A file must be a regular, readable file of UTF-8 text (no NUL bytes) that fits the space
 left in the context; anything else is refused in one line naming the file, and nothing is
 added. What was read becomes part of the message it goes with, so a saved conversation
 keeps it.
@@ -87,10 +87,10 @@ class PendingFiles:
     def tokens(self) -> int:
         return sum(attachment.tokens for attachment in self.attachments)
 
-    def add(self, name: str, text: str, tokens: int, room: int) -> Attachment:
-        """Hold a file's text for the next message, if it fits in `room` tokens besides
+    def add(self, name: str, text: str, tokens: int, space: int) -> Attachment:
+        """Hold a file's text for the next message, if it fits in `space` tokens besides
         those already held; else LlamaChatError and nothing held."""
-        free = room - self.tokens()
+        free = space - self.tokens()
         if tokens > free:
             raise LlamaChatError(f"{name} is {tokens} tokens; the context has room for {max(free, 0)} more: "
                                  "read less, or start llama-chat with a larger --ctx-size")
@@ -111,18 +111,18 @@ class PendingFiles:
 
 def read_into(pending: PendingFiles, pattern: str, session: Session) -> list[Attachment]:
     """Read the files `pattern` names into `pending`, each counted in the session's tokens as
-    the message will hold it, within the room the conversation leaves (its reply's reserve
+    the message will hold it, within the space the conversation leaves (its reply's reserve
     kept); the first that cannot be read or does not fit raises LlamaChatError (the files
     before it stay read)."""
-    room = room_for_files(session)
+    space = space_for_files(session)
     read = []
     for name in matching_paths(pattern):
         text = read_attachment(name)
         tokens = len(session.model.tokenizer.encode(Attachment(name, text, 0).block()))
-        read.append(pending.add(name, text, tokens, room))
+        read.append(pending.add(name, text, tokens, space))
     return read
 
 
-def room_for_files(session: Session) -> int:
+def space_for_files(session: Session) -> int:
     """Tokens a next message may take: the context less the conversation and the reply's reserve."""
     return session.capacity - session.context_used() - session.reserve()

@@ -17,7 +17,7 @@ from llama_chat.llama import Llama
 from llama_chat.paths import expanded
 
 if TYPE_CHECKING:  # the grammar engine loads only when a format is chosen
-    from llama_chat.engine.constraint import Format
+    from llama_chat.engine.constraint import AnswerFormat
 
 
 def file_of(model: Llama, model_path: str | Path | None) -> str | Path | None:
@@ -34,7 +34,7 @@ class RunningModel:
         self.model_path = absolute(file_of(model, model_path))
         self.context_size = context_size  # as asked for; None: the model's, at most 4096
         self.speculation = Speculation()  # prompt lookup, auto; or a draft model
-        self.format: Format | None = None  # what replies must look like (engine/constraint)
+        self.format: AnswerFormat | None = None  # what replies must look like (engine/constraint)
         self._source: list | None = None  # the model file's identity, for saved caches
         self.cache = model.new_cache(context_size)
 

@@ -47,7 +47,7 @@ from llama_chat.text.tools_format import call_syntax_of
 from llama_chat.tools.tool import ToolSpec
 
 if TYPE_CHECKING:  # the grammar engine loads only when a format is chosen
-    from llama_chat.engine.constraint import Format
+    from llama_chat.engine.constraint import AnswerFormat
 
 
 class Session(RunningModel):
@@ -206,7 +206,7 @@ class Session(RunningModel):
         """Draft by prompt lookup as `lookup` says: off, up to N tokens, or where it pays."""
         self.speculation.lookup = lookup
 
-    def set_format(self, chosen: Format | None) -> None:
+    def set_format(self, chosen: AnswerFormat | None) -> None:
         """Replies must follow this format (None: free text); while one is set, no tools are offered."""
         self.format = chosen
         self._render_with_the_tools()

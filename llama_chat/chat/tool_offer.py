@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llama_chat.engine.constraint import Format
+from llama_chat.engine.constraint import AnswerFormat
 from llama_chat.text.chat_format import ChatFormat
 from llama_chat.text.tokenizer import Tokenizer
 from llama_chat.text.tool_calls import CallSyntax, ToolChoice, call_grammar
@@ -33,10 +33,10 @@ class ToolOffer:
         """The conversation's format with these tools in it."""
         return ToolsFormat(base, self.tools, self.syntax)
 
-    def constraint_format(self, tokenizer: Tokenizer, choice: ToolChoice) -> Format:
+    def constraint_format(self, tokenizer: Tokenizer, choice: ToolChoice) -> AnswerFormat:
         """What a round's tokens follow: text or calls to these tools, as `choice` says."""
         grammar = call_grammar(self.syntax, self.tools, tokenizer, choice)
-        return Format("grammar", grammar, source="the tool calls' grammar")
+        return AnswerFormat("grammar", grammar, source="the tool calls' grammar")
 
     def choice(self, round_number: int, calls_made: int) -> ToolChoice:
         """What round `round_number` (from 0) of a turn that made `calls_made` calls may do."""

@@ -15,7 +15,7 @@ from llama_chat.chat.consent import Consent
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_offer import MAX_CALLS
 from llama_chat.chat.tool_runner import CallView, ToolRunner
-from llama_chat.engine.constraint import Format, FormatError
+from llama_chat.engine.constraint import AnswerFormat, FormatError
 from llama_chat.text.tool_calls import call_grammar
 from llama_chat.text.tools_format import call_syntax_of
 from llama_chat.tools.tool import BUILT_IN, Tool, ToolSpec
@@ -74,7 +74,7 @@ class ToolUse:
         tokenizer = session.model.tokenizer
         grammar = call_grammar(call_syntax_of(session.model.chat_format), [spec], tokenizer)
         try:
-            Format("grammar", grammar).check(tokenizer)
+            AnswerFormat("grammar", grammar).check(tokenizer)
         except FormatError as error:
             self._usable[key] = False
             reason = str(error).partition("(")[2].rpartition(")")[0] or str(error)

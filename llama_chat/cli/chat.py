@@ -42,7 +42,7 @@ from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 from llama_chat.tools.tool import Tool
 
 if TYPE_CHECKING:
-    from llama_chat.engine.constraint import Format
+    from llama_chat.engine.constraint import AnswerFormat
     from llama_chat.repl.chat_state import ChatState
 
 COMPILE_CHOICES = ("auto", "wait", "off")
@@ -108,7 +108,7 @@ def settings_from(options: argparse.Namespace) -> SamplingSettings:
 
 
 def format_from(options: argparse.Namespace):
-    """The answer format the flags ask for (a Format, see engine/constraint), or None."""
+    """The answer format the flags ask for (an AnswerFormat, see engine/constraint), or None."""
     given = [(kind, value) for kind, value in (("schema", options.json_schema), ("regex", options.regex),
                                                ("grammar", options.grammar)) if value is not None]
     if len(given) > 1:
@@ -247,7 +247,7 @@ def warn_about_model(model: Llama, model_options: LoadOptions) -> None:
 
 
 def configure_session(
-    session: Session, argv: Sequence[str], lookup: DraftLength, answer_format: Format | None
+    session: Session, argv: Sequence[str], lookup: DraftLength, answer_format: AnswerFormat | None
 ) -> None:
     """The sampling settings, prompt lookup and answer format the session starts with."""
     # Flags first, then what is recommended for the model, then llama-chat's defaults.

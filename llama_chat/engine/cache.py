@@ -341,7 +341,7 @@ class KVCache:
         self._ring_start = checkpoint.ring_start
         return length
 
-    def most_taken_back(self) -> int | None:
+    def max_rollback(self) -> int | None:
         """How many positions a call may add that a trim then takes back exactly, whatever came
         before (None: any number): a verify step's drafts are held to it."""
         return None if self.window is None else TRIM_MARGIN + 1
@@ -358,13 +358,13 @@ class KVCache:
         """How many cached positions start `ids`."""
         return common_length(self._tokens, ids)
 
-    def room(self) -> int:
+    def remaining(self) -> int:
         """How many more positions fit."""
         return self.capacity - self.position
 
-    def check_room(self, count: int) -> None:
+    def check_fits(self, count: int) -> None:
         """Refuse, with one line, `count` more tokens that do not fit."""
-        if count > self.room():
+        if count > self.remaining():
             raise ContextOverflowError(
                 f"{count} more tokens do not fit: the context holds {self.capacity} and {len(self)} are used"
             )

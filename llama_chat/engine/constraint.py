@@ -2,7 +2,7 @@
 
 The grammar engine is llguidance. It is given the model's vocabulary as the bytes each
 token stands for (see Tokenizer.token_bytes), so it works alike for every tokenizer;
-that vocabulary is built once per tokenizer. A `Format` is what the user asked for;
+that vocabulary is built once per tokenizer. An `AnswerFormat` is what the user asked for;
 each reply starts a `Constraint` of its own from it: a logits processor that at every
 step says which tokens may come next (the others' logits become -inf before sampling),
 follows the tokens taken, drafts what the format forces and checks other drafts. Near
@@ -100,7 +100,7 @@ def json_closers(tokenizer: Tokenizer) -> numpy.ndarray:
 
 
 @dataclass(frozen=True)
-class Format:
+class AnswerFormat:
     """What replies must look like: `kind` is json (any JSON object), schema (a JSON schema's
     text), regex or grammar (llguidance's Lark-like grammar text); `source` says where the
     text came from, for messages and /settings."""
@@ -166,14 +166,14 @@ _ADVICE = {
 }
 
 
-def read_format(kind: str, value: str = "") -> Format:
+def read_format(kind: str, value: str = "") -> AnswerFormat:
     """A format from a flag or /format's words: json (any object), a schema as JSON text or
     a file, a regex as itself, a grammar from a file. Checked as far as the text alone tells."""
     if kind in ("json", "regex") or (kind == "schema" and value.lstrip().startswith("{")):
-        chosen = Format(kind, value)
+        chosen = AnswerFormat(kind, value)
     else:
         try:
-            chosen = Format(kind, expanded(value).read_text(encoding="utf-8"), source=value)
+            chosen = AnswerFormat(kind, expanded(value).read_text(encoding="utf-8"), source=value)
         except (OSError, UnicodeDecodeError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else "not UTF-8 text"
             what = "JSON schema" if kind == "schema" else kind
@@ -257,9 +257,9 @@ class Constraint(LogitsProcessor):
         self.seconds += time.perf_counter() - started
         return tokens
 
-    def near_end(self, generated: int, max_tokens: int, room: int) -> None:
-        """Close what is open over the last tokens of the budget, or of the cache's room."""
-        self.closing = generated >= closing_from(max_tokens) or room <= CLOSING_TOKENS
+    def near_end(self, generated: int, max_tokens: int, remaining: int) -> None:
+        """Close what is open over the last tokens of the budget, or of the positions left in the cache."""
+        self.closing = generated >= closing_from(max_tokens) or remaining <= CLOSING_TOKENS
 
     @property
     def finished(self) -> bool:

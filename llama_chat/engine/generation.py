@@ -193,10 +193,10 @@ class Generation:
             return plain
         return SpeculativeStep(plain, self.speculation)
 
-    def _room(self, generated: int) -> int:
+    def _remaining(self, generated: int) -> int:
         """Tokens the reply may still take, the one just chosen included: within its token
-        limit, and the cache's room (where that token is fed first)."""
-        return min(self._token_limit() - generated, self.cache.room())
+        limit, and the positions left in the cache (where that token is fed first)."""
+        return min(self._token_limit() - generated, self.cache.remaining())
 
     def _time(self) -> None:
         """A token has come: the first is timed from the start, the decode from the first on."""
@@ -222,7 +222,7 @@ class Generation:
 
 class _TokenStream:
     """A reply's tokens in order, each fed to the model only once the next one is wanted
-    (none once there is no room for it, or the processor allows nothing more). A step gives
+    (none once there is no space for it, or the processor allows nothing more). A step gives
     the next token, after the drafts the model kept if it drafted."""
 
     def __init__(self, generation: Generation, logits: torch.Tensor) -> None:
@@ -251,14 +251,14 @@ class _TokenStream:
 
     def _step(self) -> bool:
         """Feed the last token and take the next (and any kept drafts); False when there is
-        no room for another token, or the processor has ended the reply."""
+        no space for another token, or the processor has ended the reply."""
         generation, processor = self.generation, self.generation.processor
         generated = len(self.history) - len(generation.prompt_ids)
-        room = generation._room(generated)
-        if room == 0 or processor.finished:
+        remaining = generation._remaining(generated)
+        if remaining == 0 or processor.finished:
             return False
-        processor.near_end(generated, generation.settings.max_tokens, room)
-        taken = self.step(self.history[-1], self.history, room - 1)
+        processor.near_end(generated, generation.settings.max_tokens, remaining)
+        taken = self.step(self.history[-1], self.history, remaining - 1)
         generation.stats.drafted_tokens += taken.drafted
         generation.stats.accepted_tokens += len(taken.kept)
         self.kept.extend(taken.kept)

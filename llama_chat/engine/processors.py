@@ -38,9 +38,9 @@ class LogitsProcessor:
         """How many of these tokens, in order from here, are allowed."""
         return len(tokens)
 
-    def near_end(self, generated: int, max_tokens: int, room: int) -> None:
+    def near_end(self, generated: int, max_tokens: int, remaining: int) -> None:
         """Told before each token after the first: tokens generated so far, the budget, and
-        the tokens the reply may still take (its limit and the cache's room)."""
+        the tokens the reply may still take (its limit and the positions left in the cache)."""
 
     @property
     def finished(self) -> bool:

@@ -90,7 +90,7 @@ class Runner:
         every_logits after each of them [len(ids), vocab]."""
         if not ids:
             raise ValueError("a model call needs at least one token")
-        cache.check_room(len(ids))  # before posting: a refused call must be refused on every rank
+        cache.check_fits(len(ids))  # before posting: a refused call must be refused on every rank
         if self.pending is not None:
             self._take_pending()
         with nullcontext() if self.group is None else self.group.call(cache, ids, chunk_size):

@@ -106,7 +106,7 @@ class DraftModel:
             else:
                 distributions.append(sampler.probabilities(logits, [*history, *tokens]))
                 tokens.append(sampler.draw(distributions[-1]))
-            if index + 1 < limit and self.cache.room() > 0:
+            if index + 1 < limit and self.cache.remaining() > 0:
                 logits = self.model.runner(self.cache, tokens[-1:])
         if limit > 1:
             self.seconds_a_token = (time.perf_counter() - started) / limit
@@ -284,17 +284,17 @@ class SpeculativeStep:
             draft_seed = None if settings.seed is None else settings.seed + 1
             self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
 
-    def __call__(self, token: int, history: Sequence[int], room: int) -> StepResult:
+    def __call__(self, token: int, history: Sequence[int], remaining: int) -> StepResult:
         started = time.perf_counter()
         cache = self.plain.cache
-        if cache.most_taken_back() is not None:  # refused drafts must be taken back exactly
-            room = min(room, cache.most_taken_back())
+        if cache.max_rollback() is not None:  # refused drafts must be taken back exactly
+            remaining = min(remaining, cache.max_rollback())
         # What the format forces next (a JSON key, its quotes) is drafted first: the verify
         # step then keeps the model's own choices, one step for the lot.
-        drafted = Draft(self.plain.processor.forced()[:room])
+        drafted = Draft(self.plain.processor.forced()[:remaining])
         forced = bool(drafted.tokens)
         if not forced and self.planner is not None:
-            drafted = self._guess(history, room)
+            drafted = self._guess(history, remaining)
         if not drafted.tokens:
             chosen = self.plain(token, history)
             if self.planner is not None:
@@ -309,13 +309,13 @@ class SpeculativeStep:
             self.planner.record_round(True, time.perf_counter() - started, kept + 1)
         return StepResult(chosen, drafted.tokens[:kept], len(drafted.tokens))
 
-    def _guess(self, history: Sequence[int], room: int) -> Draft:
+    def _guess(self, history: Sequence[int], remaining: int) -> Draft:
         """The drafter's guesses, as many as pay and fit, up to the first a processor refuses:
         one the model could never keep. Drafts drawn from a distribution stay whole: their
         refusal by the sampling rule, and the draw that replaces them, keep replies
         distributed as without drafts."""
         seconds = 0.0 if self.draft_model is None else self.draft_model.seconds_a_token
-        count = min(self.planner.length(seconds), room)
+        count = min(self.planner.length(seconds), remaining)
         if count <= 0:
             return Draft([])
         if self.draft_model is None:

@@ -27,9 +27,9 @@ class StepResult:
 
 
 class DecodeStep(Protocol):
-    def __call__(self, token: int, history: Sequence[int], room: int) -> StepResult:
+    def __call__(self, token: int, history: Sequence[int], remaining: int) -> StepResult:
         """Feed `token` (history is everything before it) and choose what follows; at most
-        `room` tokens may come before the chosen one."""
+        `remaining` tokens may come before the chosen one."""
 
 
 class PlainStep:
@@ -45,5 +45,5 @@ class PlainStep:
     def choose(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         return self.sampler(self.processor.mask(logits), history)
 
-    def __call__(self, token: int, history: Sequence[int], room: int = 0) -> StepResult:
+    def __call__(self, token: int, history: Sequence[int], remaining: int = 0) -> StepResult:
         return StepResult(self.choose(self.runner(self.cache, [token]), history))

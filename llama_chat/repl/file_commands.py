@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from llama_chat.chat.attachments import read_into, room_for_files
+from llama_chat.chat.attachments import read_into, space_for_files
 from llama_chat.chat.thinking import answer_of
 from llama_chat.errors import LlamaChatError
 from llama_chat.repl.chat_state import ChatState, CommandError, exchanges
@@ -43,7 +43,7 @@ def run_read(state: ChatState, text: str) -> None:
     for pattern in patterns:
         try:
             for attachment in read_into(files, pattern, session):
-                left = room_for_files(session) - files.tokens()
+                left = space_for_files(session) - files.tokens()
                 state.renderer.note(f"read {attachment.name}: {attachment.tokens} tokens for the next message; "
                                     f"{left} tokens of room left")
         except LlamaChatError as error:
