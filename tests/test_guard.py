@@ -17,6 +17,7 @@ from llama_chat.tools.shell_tool import RunCommand
 from llama_chat.tools.tool import ToolResult
 
 from .processes import MARK, marked, marker  # noqa: F401  (marker: a fixture)
+from .signals import as_a_foreground_job, ctrl_c_raises
 from .waiting import wait_until
 
 # How long a command may take to end once it should: its sleepers would run for 300 s, so
@@ -86,7 +87,7 @@ def test_the_command_starts_as_any_program_does():
     """No signal ignored or held: Python ignores SIGPIPE for itself, and `yes` would complain
     of a broken pipe."""
     run = subprocess.run(guarded(["sh", "-c", "yes | head -1; grep -E '^Sig(Blk|Ign)' /proc/self/status"]),
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=30, preexec_fn=as_a_foreground_job)
     assert (run.stdout, run.stderr) == ("y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", "")
 
 
@@ -180,7 +181,7 @@ def test_ctrl_c_ends_the_command_with_all_it_started_however_detached(tmp_path, 
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()
     run = RunCommand(Folders(tmp_path), seconds=ENDING_SECONDS * 2)
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
         run.run({"command": _detaching(marker, "setsid", "exec sleep 301")})
     thread.join()
     assert wait_until(lambda: not marked(marker), WITH_THE_CHAT_SECONDS), marked(marker)
