@@ -10,7 +10,7 @@ import pytest
 
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.session import Session
-from llama_chat.chat.transcript import Span, ids_hold_text
+from llama_chat.chat.spans import Span, ids_hold_text
 from llama_chat.errors import LlamaChatError
 from llama_chat.text.tokenizer import ByteTokenizer
 

@@ -5,9 +5,9 @@ import pytest
 
 from llama_chat import Llama, ModelArgs, SamplingSettings
 from llama_chat.chat.exchange import Exchange, user_message
-from llama_chat.chat.prefix import added
 from llama_chat.chat.session import Session
-from llama_chat.chat.transcript import Span, Spans, Transcript, prompt_after, reply_span
+from llama_chat.chat.spans import Span, Spans
+from llama_chat.chat.transcript import Transcript, added, prompt_after, reply_span
 from llama_chat.checkpoints.gguf import load_gguf
 from llama_chat.default_model import DEFAULT_MODEL, download_model
 from llama_chat.text.format_choice import get_chat_format

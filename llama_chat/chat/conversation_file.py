@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
-from llama_chat.chat.transcript import Span, Spans
+from llama_chat.chat.spans import Span, Spans
 from llama_chat.disk_cache import staged
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, SettingError

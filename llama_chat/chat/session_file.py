@@ -9,7 +9,8 @@ from pathlib import Path
 from llama_chat.chat.cache_file import CacheNotUsed, cache_path, restore_cache, save_cache
 from llama_chat.chat.conversation_file import SavedConversation, read_conversation, write_conversation
 from llama_chat.chat.running_model import RunningModel
-from llama_chat.chat.transcript import Spans, Transcript
+from llama_chat.chat.spans import Spans
+from llama_chat.chat.transcript import Transcript
 from llama_chat.engine.sampling import SamplingSettings
 from llama_chat.errors import LlamaChatError, first_line
 from llama_chat.paths import expanded

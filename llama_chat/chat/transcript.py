@@ -4,8 +4,14 @@ Beside the messages, the transcript keeps the conversation's ids as the model sa
 the ids before the first exchange (the system prompt's), then for each exchange its user
 turn as the chat format rendered it and its reply as the model generated it (never
 re-tokenised) followed by the format's end-of-turn ids. A new message adds only what
-rendering it adds to the closed conversation (see prefix), so the prompt begins with
-everything the cache holds and a turn prefills only its own message.
+rendering it adds to the closed conversation, so the prompt begins with everything the
+cache holds and a turn prefills only its own message.
+
+The prefix rule these ids rest on (see text/chat_format): a chat format's ids for some
+messages begin its ids for those messages and more, so the more add ids after them and
+nothing before them changes. `added` is where the rule is applied: the ids kept exactly
+are the ones the shorter render shares; where it fails, the longer render stands whole
+(the model's cache keeps whatever prefix they still share).
 
 The prefix rule is checked on every turn. Where the closed render does not continue the
 prompt as generated (a template that drops the thinking of earlier replies, plain text
@@ -25,45 +31,25 @@ then on. Plain text always is: its words merge across messages.
 A reply that calls tools goes on in rounds: each round's prompt is the ids so far, the ids
 the model generated for its calls, the end-of-turn ids that close them, and what rendering
 the results adds. The exchange's reply ids are everything after its user ids.
+
+When a message does not fit, `Overflow` counts the oldest exchanges to drop: where the
+format renders each message on its own, from the first exchange kept rendered after the
+system prompt (which a format may fold into it), the ids each later one adds (kept per
+exchange text) and the new message's; otherwise each candidate is rendered whole.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from llama_chat.chat.conversation import Conversation
 from llama_chat.chat.exchange import Exchange, ToolRound, exchange_messages, messages_of, round_messages, user_message
-from llama_chat.chat.overflow import Overflow
-from llama_chat.chat.prefix import added, closed_ids, render
+from llama_chat.chat.spans import Span, Spans, ids_hold_text
 from llama_chat.engine.cache import common_length
-from llama_chat.text.chat_format import THINKING_CLOSE, ChatFormat
-
-_WHITESPACE = re.compile(r"\s+")
-
-
-@dataclass(frozen=True)
-class Span:
-    """The ids one exchange added to the conversation."""
-
-    user: list[int]  # the user turn and the generation prompt
-    reply: list[int]  # the reply as generated (calls and results too), then the end-of-turn ids
-
-
-class Spans:
-    """Each exchange's span, by the exchange itself: two exchanges of the same text (a reply
-    retried to the same words) are two, each with the ids it went through the model as."""
-
-    def __init__(self) -> None:
-        self._spans: dict[int, tuple[Exchange, Span]] = {}  # by id(): the exchange kept, its id never reused
-
-    def get(self, exchange: Exchange) -> Span | None:
-        entry = self._spans.get(id(exchange))
-        return entry[1] if entry is not None else None
-
-    def __setitem__(self, exchange: Exchange, span: Span) -> None:
-        self._spans[id(exchange)] = (exchange, span)
+from llama_chat.errors import ContextOverflowError, LlamaChatError
+from llama_chat.text.chat_format import ChatFormat, Message
 
 
 @dataclass(frozen=True)
@@ -158,7 +144,7 @@ class Transcript:
             self.spans[exchange] = span
 
     def oldest_to_drop(self, text: str, remaining: int, capacity: int) -> int:
-        """How many of the oldest exchanges to drop for `text` to fit (see overflow)."""
+        """How many of the oldest exchanges to drop for `text` to fit (see Overflow)."""
         return self.overflow.oldest_to_drop(self.conversation, text, remaining, capacity, self.local)
 
     def drop_oldest(self, count: int) -> None:
@@ -237,32 +223,96 @@ def closing_ids(prompt: Prompt, closed: list[int] | None, stop_ids: Collection[i
     return tail[ends[-1]:] if ends else None
 
 
-def ids_hold_text(
-    system: str | None, spans: Sequence[tuple[Exchange, Span]], head: Sequence[int],
-    decode: Callable[[list[int]], str],
-) -> bool:
-    """Whether token ids hold the text they stand for, so that the model reads what the
-    conversation shows: each exchange's ids decode to text holding its user message, then its
-    reply's answer (what follows any thinking, which a template may leave out); the first
-    exchange's, with the head ids, hold the system prompt before them. Whitespace is not
-    compared: templates trim it. Ids with more in them than the text pass."""
-    for number, (exchange, span) in enumerate(spans):
-        ids = span.user + span.reply
-        expected = [exchange.user, exchange.reply.rpartition(THINKING_CLOSE)[2]]
-        if number == 0:
-            ids, expected = [*head, *ids], [system or "", *expected]
-        if not _holds_in_order(decode(ids), expected):
-            return False
-    return True
+def added(shorter: Sequence[int] | None, longer: Sequence[int] | None) -> list[int] | None:
+    """The ids `longer` adds after `shorter` where it begins with them; None where it does not
+    (or either is unknown): then nothing of `shorter` is kept as it is."""
+    if shorter is None or longer is None or list(longer[: len(shorter)]) != list(shorter):
+        return None
+    return list(longer[len(shorter):])
 
 
-def _holds_in_order(text: str, parts: Sequence[str]) -> bool:
-    text = _WHITESPACE.sub("", text)
-    position = 0
-    for part in parts:
-        part = _WHITESPACE.sub("", part)
-        found = text.find(part, position)
-        if found < 0:
-            return False
-        position = found + len(part)
-    return True
+def render(chat_format: ChatFormat, messages: Sequence[Message], generation_prompt: bool) -> list[int] | None:
+    """The format's ids for these messages, or None if it cannot render them (yet)."""
+    try:
+        return chat_format.encode(messages, add_generation_prompt=generation_prompt)
+    except LlamaChatError:
+        return None
+
+
+def closed_ids(chat_format: ChatFormat, messages: list[dict[str, str]]) -> list[int] | None:
+    """Ids of a conversation without the generation prompt. A format that cannot render a
+    system prompt on its own (llama2 folds it into the first user turn) gives []."""
+    ids = render(chat_format, messages, generation_prompt=False)
+    if ids is None and all(message["role"] == "system" for message in messages):
+        return []
+    return ids
+
+
+class Overflow:
+    """Counts the exchanges to drop for one chat format."""
+
+    def __init__(self, chat_format: ChatFormat) -> None:
+        self.chat_format = chat_format
+        self._lengths: dict[tuple[str, str], int] = {}  # (user, reply): ids an exchange adds
+
+    def oldest_to_drop(
+        self, conversation: Conversation, text: str, remaining: int, capacity: int, local: bool | None
+    ) -> int:
+        """The fewest oldest exchanges whose removal leaves a prompt of at most `remaining`
+        ids (all of them if none does); a message too long even alone raises
+        ContextOverflowError (`capacity`: the context, for the message). `local`: whether
+        messages render on their own."""
+        system, exchanges = conversation.system_messages(), conversation.exchanges
+        lengths = self._later_lengths(exchanges, text) if local else None
+        for count in range(1, len(exchanges) + 1):
+            if self._length_from(system, exchanges, count, text, lengths) <= remaining:
+                return count
+        alone = len(self.chat_format.encode(system + [user_message(text)]))
+        if alone >= capacity:
+            with_system = " with the system prompt" if system else ""
+            raise ContextOverflowError(
+                f"that message is {alone} tokens long{with_system}, more than the context of "
+                f"{capacity} tokens: shorten it, or start llama-chat with a larger --ctx-size"
+            )
+        return len(exchanges)
+
+    def _length_from(
+        self, system: list, exchanges: Sequence[Exchange], count: int, text: str, lengths: list[int] | None
+    ) -> int:
+        """The prompt's length without the oldest `count` exchanges."""
+        if lengths is not None and count < len(exchanges):
+            first = closed_ids(self.chat_format, system + messages_of(exchanges[count:count + 1]))
+            if first is not None:
+                return len(first) + lengths[count]
+        history = system + messages_of(exchanges[count:])
+        return len(self.chat_format.encode(history + [user_message(text)]))
+
+    def _later_lengths(self, exchanges: Sequence[Exchange], text: str) -> list[int] | None:
+        """For each count, the ids of the exchanges after exchanges[count] and of the new
+        message: [i] = sum of lengths[i + 1:] plus the message's. None where unknown."""
+        lengths = [self._added_length(before, exchange) for before, exchange in pairwise(exchanges)]
+        message = self._message_length(exchanges[-1], text) if exchanges else None
+        if message is None or None in lengths:
+            return None
+        later = [message]
+        for length in reversed(lengths):
+            later.append(later[-1] + length)
+        return later[::-1]
+
+    def _added_length(self, before: Exchange, exchange: Exchange) -> int | None:
+        """How many ids `exchange` adds after `before` (its render on its own, kept)."""
+        key = (exchange.user, exchange.reply)
+        if key not in self._lengths:
+            shorter = closed_ids(self.chat_format, messages_of([before]))
+            longer = closed_ids(self.chat_format, messages_of([before, exchange]))
+            more = added(shorter, longer)
+            if more is None:
+                return None
+            self._lengths[key] = len(more)
+        return self._lengths[key]
+
+    def _message_length(self, before: Exchange, text: str) -> int | None:
+        """How many ids the new message and the generation prompt add after `before`."""
+        closed = closed_ids(self.chat_format, messages_of([before]))
+        more = added(closed, self.chat_format.encode(messages_of([before]) + [user_message(text)]))
+        return None if more is None else len(more)
