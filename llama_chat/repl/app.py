@@ -38,7 +38,6 @@ from prompt_toolkit.output import Output, create_output
 from llama_chat.chat.attachments import PendingFiles
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_use import ToolUse
-from llama_chat.chat.turn import Turn
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.models.catalog import model_names
@@ -156,12 +155,10 @@ def handle(state: ChatState, text: str) -> bool:
         return commands.dispatch(state, text)
     message = state.files.message(text[1:] if text.startswith("//") else text)
 
-    def send() -> Turn:
-        turn = state.session.send(message)
-        state.files.clear()  # sent: a message refused (too long) keeps them for the next try
-        return turn
-
-    state.play(send)
+    tools = state.tool_runner()
+    turn = state.session.send(message)
+    state.files.clear()  # sent: a message refused (too long) keeps them for the next try
+    state.renderer.play(turn, tools)
     return True
 
 
@@ -172,7 +169,8 @@ def resend(state: ChatState, number: int, text: str) -> None:
         state.renderer.note("edit cancelled")
         return
     text = readable(state, text)
-    state.play(lambda: state.session.edit(number, text))
+    tools = state.tool_runner()
+    state.renderer.play(state.session.edit(number, text), tools)
 
 
 def readable(state: ChatState, text: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from llama_chat.chat.attachments import PendingFiles
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_use import ToolUse
-from llama_chat.chat.turn import Turn
+from llama_chat.chat.tool_runner import ToolRunner
 from llama_chat.errors import LlamaChatError
 from llama_chat.llama import Llama
 from llama_chat.repl.render import Renderer
@@ -37,14 +37,14 @@ class ChatState:
     tools: ToolUse | None = None  # the tools replies may call, and the consent given
     ask_line: Callable[[str], str] | None = None  # asks the user a question on a line of its own
 
-    def play(self, start: Callable[[], Turn]) -> None:
-        """Start a turn with the tools on now offered, and stream it, its calls asked about."""
-        tools = None
-        if self.tools is not None:
-            for note in self.tools.sync(self.session):
-                self.renderer.note(note)
-            tools = self.tools.runner(self.session, ChatCallView(self.renderer, self.ask_line))
-        self.renderer.play(start(), tools)
+    def tool_runner(self) -> ToolRunner | None:
+        """The runner of a turn's calls, asking about each, with the tools on now offered
+        (before the turn starts: what is offered is in its prompt)."""
+        if self.tools is None:
+            return None
+        for note in self.tools.sync(self.session):
+            self.renderer.note(note)
+        return self.tools.runner(self.session, ChatCallView(self.renderer, self.ask_line))
 
 
 Handler = Callable[[ChatState, str], "bool | None"]

@@ -24,7 +24,8 @@ def run_clear(state: ChatState, text: str) -> None:
 
 
 def run_retry(state: ChatState, text: str) -> None:
-    state.play(state.session.retry)
+    tools = state.tool_runner()
+    state.renderer.play(state.session.retry(), tools)
 
 
 def run_undo(state: ChatState, text: str) -> None:
