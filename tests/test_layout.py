@@ -412,4 +412,5 @@ def test_the_way_of_a_message_is_the_one_documented_with_one_generator_a_token()
     modules, generators = message_way()
     assert {"llama_chat.engine.model", "llama_chat.text.tokenizer", "llama_chat.repl.render"} <= modules
     assert sorted(modules - documented) == []
+    assert len(modules) <= 12, sorted(modules)
     assert generators == 1  # Turn.events: the model's tokens reach the screen through no other

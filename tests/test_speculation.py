@@ -9,7 +9,7 @@ import torch
 
 from llama_chat import Llama, SamplingSettings
 from llama_chat.chat.session import Session
-from llama_chat.engine.sampling import Sampler
+from llama_chat.engine.sampling import Sampler, accept
 from llama_chat.engine.speculation import (
     Acceptance,
     Draft,
@@ -17,7 +17,6 @@ from llama_chat.engine.speculation import (
     DraftPlanner,
     PromptLookup,
     Speculation,
-    accept,
 )
 from llama_chat.errors import UsageError
 from llama_chat.options import DraftLength

@@ -13,9 +13,8 @@ import torch
 
 from llama_chat.engine.cache import KVCache
 from llama_chat.engine.processors import LogitsProcessor
-from llama_chat.engine.sampling import Sampler, SamplingSettings
-from llama_chat.engine.speculation import Speculation, SpeculativeStep
-from llama_chat.engine.steps import DecodeStep, PlainStep
+from llama_chat.engine.sampling import DecodeStep, PlainStep, Sampler, SamplingSettings, SpeculativeStep
+from llama_chat.engine.speculation import Speculation
 from llama_chat.errors import ContextOverflowError
 from llama_chat.text.detokenizer import StreamingDetokenizer
 from llama_chat.text.held_prefix import HeldPrefix
@@ -130,7 +129,7 @@ class Generation:
         self._tokens: _TokenStream | None = None  # from the first piece asked for
         self._handed = 0  # tokens taken from the stream, the stop token included
         self._ended = False
-        self._detokenizer = StreamingDetokenizer(tokenizer)
+        self._detokenizer: StreamingDetokenizer | None = None  # from the first piece asked for
         self._stops = HeldPrefix(self.stop_strings)  # text that may begin a stop string waits
 
     def __iter__(self) -> Iterator[Piece]:
@@ -165,6 +164,7 @@ class Generation:
     def _start(self) -> None:
         self._started_at = time.perf_counter()
         self.stats.stop_reason = StopReason.INTERRUPTED  # until the reply ends otherwise
+        self._detokenizer = StreamingDetokenizer(self.tokenizer)
         logits = self._prefill()
         self.stats.prefill_seconds = time.perf_counter() - self._started_at
         self._tokens = _TokenStream(self, logits)

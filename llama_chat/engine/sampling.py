@@ -1,20 +1,33 @@
-"""Sampling settings and the small pure functions that turn logits into the next token.
+"""Choosing the next token: the sampling settings, the small pure functions that turn logits
+into a token, and the decode steps that use them (from the token just chosen to the next).
 
 Order of application, as in Hugging Face transformers: repetition penalty,
 temperature, top-k, top-p, min-p, then a draw (or argmax when temperature is 0).
 Filters return logits with the removed tokens set to -inf.
+
+The plain step feeds the last token and samples the next. The speculative step (where
+something drafts, see engine/speculation) feeds the last token and the drafts in one verify
+step, and `accept` keeps the drafts the model would have chosen itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from llama_chat.engine.cache import KVCache
+from llama_chat.engine.processors import LogitsProcessor
+from llama_chat.engine.speculation import Draft, PromptLookup, Speculation
 from llama_chat.errors import SettingError
+
+if TYPE_CHECKING:
+    from llama_chat.engine.runners import Runner
 
 
 @dataclass(frozen=True)
@@ -153,3 +166,145 @@ class Sampler:
             logits, candidates = torch.topk(logits, s.top_k)
         logits = apply_temperature(logits, s.temperature)
         return min_p_filter(top_p_filter(logits, s.top_p), s.min_p), candidates
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step gives: the drafts the model kept, then the token it chose after them."""
+
+    token: int
+    kept: list[int] = dataclasses.field(default_factory=list)
+    drafted: int = 0  # drafts the model weighed
+
+
+class DecodeStep(Protocol):
+    def __call__(self, token: int, history: Sequence[int], remaining: int) -> StepResult:
+        """Feed `token` (history is everything before it) and choose what follows; at most
+        `remaining` tokens may come before the chosen one."""
+
+
+class PlainStep:
+    """Feeds the last token and chooses the next from the model's logits, as the reply's
+    processor allows."""
+
+    def __init__(self, runner: Runner, cache: KVCache, sampler: Sampler, processor: LogitsProcessor) -> None:
+        self.runner = runner
+        self.cache = cache
+        self.sampler = sampler
+        self.processor = processor
+
+    def choose(self, logits: torch.Tensor, history: Sequence[int]) -> int:
+        return self.sampler(self.processor.mask(logits), history)
+
+    def __call__(self, token: int, history: Sequence[int], remaining: int = 0) -> StepResult:
+        return StepResult(self.choose(self.runner(self.cache, [token]), history))
+
+
+def accept(
+    drafted: Draft, logits: torch.Tensor, sampler: Sampler, history: Sequence[int],
+    mask: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+) -> tuple[int, int]:
+    """How many drafts the model keeps, and the token it chooses after them (in place of the
+    first refused draft, or after the last one). logits [len(drafts) + 1, vocab] are the
+    verify step's, row i after the i-th draft; history is everything before the drafts.
+    `mask(row logits, i)`, given, forbids tokens (a format's); rows are asked for in order."""
+    greedy = sampler.settings.temperature == 0
+    context = list(history)
+
+    def row(index: int) -> torch.Tensor:
+        return logits[index] if mask is None else mask(logits[index], index)
+
+    for index, token in enumerate(drafted.tokens):
+        if greedy:
+            chosen = sampler(row(index), context)
+            if chosen != token:
+                return index, chosen
+        else:
+            p = sampler.probabilities(row(index), context)
+            q = drafted.probabilities[index] if drafted.probabilities is not None else None
+            drafted_with = 1.0 if q is None else float(q[token])
+            if sampler.uniform() * drafted_with >= float(p[token]):  # refused: min(1, p/q) not met
+                residual = p.clone()
+                if q is None:
+                    residual[token] = 0.0
+                else:
+                    residual = (p - q).clamp_(min=0.0)
+                return index, sampler.draw(residual if float(residual.sum()) > 0 else p)
+        context.append(token)
+    return len(drafted.tokens), sampler(row(len(drafted.tokens)), context)
+
+
+class SpeculativeStep:
+    """A decode step that drafts: the tokens the processor forces, else as many of the
+    drafter's guesses as the planner finds pay. The last token and the drafts go through
+    one verify step, and `accept` keeps what the model would have chosen itself; with
+    nothing drafted, it is the plain step."""
+
+    def __init__(self, plain: PlainStep, speculation: Speculation | None) -> None:
+        self.plain = plain
+        self.draft_model = speculation.draft if speculation is not None else None
+        self.planner = speculation.planner(plain.runner) if speculation is not None else None
+        self.lookup = PromptLookup()
+        # A draft model draws from a generator of its own, with the same settings.
+        self.draft_sampler = None
+        if self.draft_model is not None:
+            settings = plain.sampler.settings
+            draft_seed = None if settings.seed is None else settings.seed + 1
+            self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
+
+    def __call__(self, token: int, history: Sequence[int], remaining: int) -> StepResult:
+        started = time.perf_counter()
+        cache = self.plain.cache
+        if cache.max_rollback() is not None:  # refused drafts must be taken back exactly
+            remaining = min(remaining, cache.max_rollback())
+        # What the format forces next (a JSON key, its quotes) is drafted first: the verify
+        # step then keeps the model's own choices, one step for the lot.
+        drafted = Draft(self.plain.processor.forced()[:remaining])
+        forced = bool(drafted.tokens)
+        if not forced and self.planner is not None:
+            drafted = self._guess(history, remaining)
+        if not drafted.tokens:
+            chosen = self.plain(token, history)
+            if self.planner is not None:
+                self.planner.record_round(False, time.perf_counter() - started, 1)
+            return chosen
+        start = len(cache)
+        verified = self.plain.runner(cache, [token, *drafted.tokens], every_logits=True)
+        kept, chosen = accept(drafted, verified, self.plain.sampler, history, self._verify_masks(drafted))
+        cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
+        if not forced:  # the planner weighs the drafters' guesses, not the format's
+            self.planner.record(len(drafted.tokens), kept)
+            self.planner.record_round(True, time.perf_counter() - started, kept + 1)
+        return StepResult(chosen, drafted.tokens[:kept], len(drafted.tokens))
+
+    def _guess(self, history: Sequence[int], remaining: int) -> Draft:
+        """The drafter's guesses, as many as pay and fit, up to the first a processor refuses:
+        one the model could never keep. Drafts drawn from a distribution stay whole: their
+        refusal by the sampling rule, and the draw that replaces them, keep replies
+        distributed as without drafts."""
+        seconds = 0.0 if self.draft_model is None else self.draft_model.seconds_a_token
+        count = min(self.planner.length(seconds), remaining)
+        if count <= 0:
+            return Draft([])
+        if self.draft_model is None:
+            drafted = self.lookup.propose(history, count)
+        else:
+            drafted = self.draft_model.propose(history, count, self.draft_sampler, self.plain.cache.capacity)
+        if not drafted.tokens or drafted.probabilities is not None:
+            return drafted
+        return Draft(drafted.tokens[: self.plain.processor.allowed_prefix(drafted.tokens)])
+
+    def _verify_masks(self, drafted: Draft) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """Masks for the verify step's rows in order, row i after the first i drafts: the
+        processor takes each draft only when the model has kept it, so nothing is taken back."""
+        processor = self.plain.processor
+        taken = 0
+
+        def masked(logits: torch.Tensor, row: int) -> torch.Tensor:
+            nonlocal taken
+            for draft in drafted.tokens[taken:row]:
+                processor.advance(draft)
+            taken = row
+            return processor.mask(logits)
+
+        return masked

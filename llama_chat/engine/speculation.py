@@ -17,23 +17,21 @@ How many tokens to draft is chosen by measurement (`DraftPlanner`): the expected
 a verify step yields, from the acceptance seen so far, against what steps of that many
 tokens have cost on this machine; where no length pays, nothing is drafted.
 
-`SpeculativeStep` is the decode step that puts these together (the plain step is in
-engine/steps); the tokens a reply's processor forces (a format's) are its first drafts.
+The decode step that puts these together, `SpeculativeStep`, and `accept`, the rule that
+keeps drafts, are in engine/sampling beside the plain step: the tokens a reply's processor
+forces (a format's) are its first drafts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from llama_chat.engine.cache import KVCache
-from llama_chat.engine.sampling import Sampler
-from llama_chat.engine.steps import PlainStep, StepResult
 from llama_chat.errors import UsageError
 from llama_chat.options import DraftLength
 
@@ -92,7 +90,9 @@ class DraftModel:
         self.cache: KVCache | None = None
         self.seconds_a_token = 0.0  # its single steps, measured
 
-    def propose(self, history: Sequence[int], limit: int, sampler: Sampler, capacity: int) -> Draft:
+    def propose(self, history: Sequence[int], limit: int, sampler, capacity: int) -> Draft:
+        """Up to `limit` tokens drawn by `sampler` (engine/sampling's, the reply's settings
+        with a generator of its own), with the distributions they were drawn from when sampling."""
         if self.cache is None or self.cache.capacity != capacity:
             self.cache = self.model.new_cache(capacity)
         kept = self.cache.keep_common_prefix(history, at_most=len(history) - 1)
@@ -128,40 +128,6 @@ def check_same_vocabulary(target, draft) -> None:
                 f"token {token} is {other!r} for the draft model and {mine!r} for the model: "
                 "a draft model must share the model's vocabulary"
             )
-
-
-def accept(
-    drafted: Draft, logits: torch.Tensor, sampler: Sampler, history: Sequence[int],
-    mask: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-) -> tuple[int, int]:
-    """How many drafts the model keeps, and the token it chooses after them (in place of the
-    first refused draft, or after the last one). logits [len(drafts) + 1, vocab] are the
-    verify step's, row i after the i-th draft; history is everything before the drafts.
-    `mask(row logits, i)`, given, forbids tokens (a format's); rows are asked for in order."""
-    greedy = sampler.settings.temperature == 0
-    context = list(history)
-
-    def row(index: int) -> torch.Tensor:
-        return logits[index] if mask is None else mask(logits[index], index)
-
-    for index, token in enumerate(drafted.tokens):
-        if greedy:
-            chosen = sampler(row(index), context)
-            if chosen != token:
-                return index, chosen
-        else:
-            p = sampler.probabilities(row(index), context)
-            q = drafted.probabilities[index] if drafted.probabilities is not None else None
-            drafted_with = 1.0 if q is None else float(q[token])
-            if sampler.uniform() * drafted_with >= float(p[token]):  # refused: min(1, p/q) not met
-                residual = p.clone()
-                if q is None:
-                    residual[token] = 0.0
-                else:
-                    residual = (p - q).clamp_(min=0.0)
-                return index, sampler.draw(residual if float(residual.sum()) > 0 else p)
-        context.append(token)
-    return len(drafted.tokens), sampler(row(len(drafted.tokens)), context)
 
 
 @dataclass
@@ -264,79 +230,3 @@ class Speculation:
             return None
         most = MOST_DRAFTED if length.automatic else length.most
         return DraftPlanner(most, length.automatic, runner, self.acceptance)
-
-
-class SpeculativeStep:
-    """A decode step that drafts: the tokens the processor forces, else as many of the
-    drafter's guesses as the planner finds pay. The last token and the drafts go through
-    one verify step, and `accept` keeps what the model would have chosen itself; with
-    nothing drafted, it is the plain step."""
-
-    def __init__(self, plain: PlainStep, speculation: Speculation | None) -> None:
-        self.plain = plain
-        self.draft_model = speculation.draft if speculation is not None else None
-        self.planner = speculation.planner(plain.runner) if speculation is not None else None
-        self.lookup = PromptLookup()
-        # A draft model draws from a generator of its own, with the same settings.
-        self.draft_sampler = None
-        if self.draft_model is not None:
-            settings = plain.sampler.settings
-            draft_seed = None if settings.seed is None else settings.seed + 1
-            self.draft_sampler = Sampler(dataclasses.replace(settings, seed=draft_seed))
-
-    def __call__(self, token: int, history: Sequence[int], remaining: int) -> StepResult:
-        started = time.perf_counter()
-        cache = self.plain.cache
-        if cache.max_rollback() is not None:  # refused drafts must be taken back exactly
-            remaining = min(remaining, cache.max_rollback())
-        # What the format forces next (a JSON key, its quotes) is drafted first: the verify
-        # step then keeps the model's own choices, one step for the lot.
-        drafted = Draft(self.plain.processor.forced()[:remaining])
-        forced = bool(drafted.tokens)
-        if not forced and self.planner is not None:
-            drafted = self._guess(history, remaining)
-        if not drafted.tokens:
-            chosen = self.plain(token, history)
-            if self.planner is not None:
-                self.planner.record_round(False, time.perf_counter() - started, 1)
-            return chosen
-        start = len(cache)
-        verified = self.plain.runner(cache, [token, *drafted.tokens], every_logits=True)
-        kept, chosen = accept(drafted, verified, self.plain.sampler, history, self._verify_masks(drafted))
-        cache.trim(start + 1 + kept)  # the refused drafts' keys and values go
-        if not forced:  # the planner weighs the drafters' guesses, not the format's
-            self.planner.record(len(drafted.tokens), kept)
-            self.planner.record_round(True, time.perf_counter() - started, kept + 1)
-        return StepResult(chosen, drafted.tokens[:kept], len(drafted.tokens))
-
-    def _guess(self, history: Sequence[int], remaining: int) -> Draft:
-        """The drafter's guesses, as many as pay and fit, up to the first a processor refuses:
-        one the model could never keep. Drafts drawn from a distribution stay whole: their
-        refusal by the sampling rule, and the draw that replaces them, keep replies
-        distributed as without drafts."""
-        seconds = 0.0 if self.draft_model is None else self.draft_model.seconds_a_token
-        count = min(self.planner.length(seconds), remaining)
-        if count <= 0:
-            return Draft([])
-        if self.draft_model is None:
-            drafted = self.lookup.propose(history, count)
-        else:
-            drafted = self.draft_model.propose(history, count, self.draft_sampler, self.plain.cache.capacity)
-        if not drafted.tokens or drafted.probabilities is not None:
-            return drafted
-        return Draft(drafted.tokens[: self.plain.processor.allowed_prefix(drafted.tokens)])
-
-    def _verify_masks(self, drafted: Draft) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """Masks for the verify step's rows in order, row i after the first i drafts: the
-        processor takes each draft only when the model has kept it, so nothing is taken back."""
-        processor = self.plain.processor
-        taken = 0
-
-        def masked(logits: torch.Tensor, row: int) -> torch.Tensor:
-            nonlocal taken
-            for draft in drafted.tokens[taken:row]:
-                processor.advance(draft)
-            taken = row
-            return processor.mask(logits)
-
-        return masked
