@@ -87,6 +87,12 @@ def kept_conversation_path() -> Path:
     return user_directory("XDG_STATE_HOME", ".local/state") / "conversation.json"
 
 
+def history_database_path() -> Path:
+    """$XDG_STATE_HOME/llama-chat/history.sqlite3: the conversations kept to list, search
+    and resume (`llama-chat history`)."""
+    return user_directory("XDG_STATE_HOME", ".local/state") / "history.sqlite3"
+
+
 def mcp_config_path() -> Path:
     """$XDG_CONFIG_HOME/llama-chat/mcp.json (~/.config when the variable is not set): the MCP
     servers whose tools the chat offers."""

@@ -9,4 +9,6 @@ SUBCOMMANDS = {  # name: (module, what it does)
     "train": ("llama_chat.cli.train", "train a small Llama from scratch on text files"),
     "info": ("llama_chat.cli.info", "what a model file holds: shapes, tensor types, license, template, stop tokens"),
     "cache": ("llama_chat.cli.cache", "the packed weights kept on disk (model file, size, last use); `cache clear` removes them"),
+    "history": ("llama_chat.cli.history", "the conversations kept, the newest first; `history search WORDS` finds some, "
+                "`history rm ID`, `history clear` remove them"),
 }
