@@ -87,6 +87,11 @@ def kept_conversation_path() -> Path:
     return user_directory("XDG_STATE_HOME", ".local/state") / "conversation.json"
 
 
+def history_caches_path() -> Path:
+    """$XDG_STATE_HOME/llama-chat/caches: the KV caches of recent conversations in the history."""
+    return user_directory("XDG_STATE_HOME", ".local/state") / "caches"
+
+
 def history_database_path() -> Path:
     """$XDG_STATE_HOME/llama-chat/history.sqlite3: the conversations kept to list, search
     and resume (`llama-chat history`)."""

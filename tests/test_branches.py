@@ -10,6 +10,7 @@ from llama_chat.chat.session import Session
 from llama_chat.engine.cache import common_length
 from llama_chat.errors import ContextOverflowError, LlamaChatError
 
+from .test_history_chat import kept_document
 from .test_repl import CTRL_C, chat
 from .test_session import GREEDY, assert_consistent, chat_model, replay, say
 
@@ -244,7 +245,6 @@ def test_edit_and_edit_n_on_a_terminal_show_the_cache_reused(tmp_path):
     from .test_gguf import tiny_hf_model, write_gguf
 
     model_file = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5), qtype=QType.F32)
-    kept = tmp_path / "state" / "llama-chat" / "conversation.json"
     command = [sys.executable, "-m", "llama_chat", "-m", str(model_file), "--compile", "off", "--temperature", "0",
                "--max-tokens", "8"]
     chat = Terminal(command, {"XDG_STATE_HOME": str(tmp_path / "state")})
@@ -265,7 +265,7 @@ def test_edit_and_edit_n_on_a_terminal_show_the_cache_reused(tmp_path):
 
     def expected_cached(number: int) -> int:
         """The ids before user message `number` and the start it shares with the version it replaced."""
-        data = json.loads(kept.read_text())
+        data = kept_document(tmp_path / "state")
         ids = [message["token_ids"] for message in data["messages"]]
         replaced = next(fork for fork in data["branches"] if fork["exchange"] == number)["others"][-1]
         before = len(data["head_ids"]) + sum(len(part) for part in ids[: 2 * (number - 1)])
@@ -277,10 +277,10 @@ def test_edit_and_edit_n_on_a_terminal_show_the_cache_reused(tmp_path):
         send(b"world\r")
         output = edit(b"/edit\r", b"world", CTRL_U.encode() + b"earth\r")
         assert f"+ {expected_cached(2)} cached tokens" in output
-        assert [m["content"] for m in json.loads(kept.read_text())["messages"][::2]] == ["hello", "earth"]
+        assert [m["content"] for m in kept_document(tmp_path / "state")["messages"][::2]] == ["hello", "earth"]
         output = edit(b"/edit 1\r", b"hello", b" there\r")
         assert f"+ {expected_cached(1)} cached tokens" in output and expected_cached(1) > len("hello")
-        assert [m["content"] for m in json.loads(kept.read_text())["messages"][::2]] == ["hello there"]
+        assert [m["content"] for m in kept_document(tmp_path / "state")["messages"][::2]] == ["hello there"]
     finally:
         chat.kill()
 

@@ -5,7 +5,6 @@ import base64
 import builtins
 import errno
 import io
-import json
 import os
 import re
 import sys
@@ -25,6 +24,7 @@ from llama_chat.repl.clipboard import known_to_accept, last_code_block, osc52
 
 from .terminal import Terminal
 from .test_gguf import tiny_hf_model, write_gguf
+from .test_history_chat import kept_document
 from .test_repl import chat, script_replies
 from .test_session import GREEDY, chat_model
 
@@ -71,8 +71,8 @@ def test_copy_writes_the_last_reply_as_osc_52(tmp_path, term, note):
         assert chat.read_prompt(30, after=chat.output.rindex(b"tok/s"))
         written = chat.answer(b"/copy\r", b"to the clipboard", 30)
         copied = clipboard_writes(written)
-        # The reply as the chat keeps it (for --resume, after every input).
-        kept = json.loads((tmp_path / "state" / "llama-chat" / "conversation.json").read_text())
+        # The reply as the history keeps it (after every input).
+        kept = kept_document(tmp_path / "state")
         assert copied == [kept["messages"][1]["content"]] and copied[0], written
         assert f"copied {len(copied[0])} characters to the clipboard".encode() in written
         assert (b"not known to accept it (OSC 52)" in written) is note

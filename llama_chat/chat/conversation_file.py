@@ -49,6 +49,15 @@ class SavedConversation:
 
 
 def write_conversation(path: Path, saved: SavedConversation) -> None:
+    try:
+        with staged(path) as staging:  # whole or not at all: a crash mid-write keeps the file before
+            staging.write_text(conversation_document(saved), encoding="utf-8")
+    except OSError as error:
+        raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def conversation_document(saved: SavedConversation) -> str:
+    """The conversation as the file holds it (the history keeps the same text)."""
     messages: list[dict] = [{"role": "system", "content": saved.system}] if saved.system else []
     data = {
         "kind": FILE_KIND,
@@ -60,11 +69,7 @@ def write_conversation(path: Path, saved: SavedConversation) -> None:
         "messages": messages + _messages_of(saved.exchanges, saved.spans),
         "branches": _branches_of(saved.exchanges, saved.spans),
     }
-    try:
-        with staged(path) as staging:  # whole or not at all: a crash mid-write keeps the file before
-            staging.write_text(_dumps(data), encoding="utf-8")
-    except OSError as error:
-        raise LlamaChatError(f"cannot write {path}: {error.strerror or error}") from None
+    return _dumps(data)
 
 
 def _messages_of(exchanges: Sequence[Exchange], spans: Spans) -> list[dict]:
@@ -102,7 +107,16 @@ def _branches_of(exchanges: Sequence[Exchange], spans: Spans) -> list[dict]:
 def read_conversation(path: Path) -> SavedConversation:
     """A saved conversation, every part checked; one clear error for a file that is not one.
     Malformed "branches" leave the conversation without its other versions, and a note."""
-    data = _read_json(path)
+    try:
+        text = read_text_file(path, MAX_JSON_FILE_BYTES)
+    except FileNotFoundError:
+        raise LlamaChatError(f"cannot read {path}: no such file") from None
+    return parse_conversation(text, path)
+
+
+def parse_conversation(text: str, path: Path | str) -> SavedConversation:
+    """A conversation document's text (see read_conversation); `path` names it in errors."""
+    data = _parsed_json(text, path)
     spans = Spans()
     system, exchanges, head_ids = _conversation_from(data, path, spans)
     settings = _settings_from(data.get("settings"), path)
@@ -134,11 +148,7 @@ def _dumps(data: dict) -> str:
     return text + "\n}\n"
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        text = read_text_file(path, MAX_JSON_FILE_BYTES)
-    except FileNotFoundError:
-        raise LlamaChatError(f"cannot read {path}: no such file") from None
+def _parsed_json(text: str, path: Path | str) -> dict:
     try:
         data = parse_json(text)
     except json.JSONDecodeError as error:

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 from llama_chat.chat.conversation import Conversation
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.running_model import RunningModel
-from llama_chat.chat.session_file import open_session, save_session
+from llama_chat.chat.conversation_file import SavedConversation
+from llama_chat.chat.session_file import open_saved, open_session, save_session, save_session_cache, saved_session
 from llama_chat.chat.tool_offer import MAX_CALLS, ToolOffer
 from llama_chat.chat.transcript import Transcript
 from llama_chat.chat.turn import Turn
@@ -241,6 +242,21 @@ class Session(RunningModel):
 
     def open(self, path: str | Path) -> str | None:
         """Replace the conversation, settings and cache with saved ones (see session_file)."""
-        self.settings, note = open_session(self.transcript, self, path, self.offered_names())
+        return self._opened(open_session(self.transcript, self, path, self.offered_names()))
+
+    def open_kept(self, saved: SavedConversation, where: str, cache: Path) -> str | None:
+        """Replace the conversation, settings and cache with ones the history kept."""
+        return self._opened(open_saved(self.transcript, self, saved, where, cache, self.offered_names()))
+
+    def saved(self) -> SavedConversation:
+        """The conversation, its ids, settings and model, as a file or the history keeps them."""
+        return saved_session(self.transcript, self, self.settings, self.offered_names())
+
+    def save_cache(self, path: Path, limit_bytes: int | None) -> int:
+        """Write the cache of the conversation's positions alone (see session_file)."""
+        return save_session_cache(self.transcript, self, path, limit_bytes, self.offered_names())
+
+    def _opened(self, opened: tuple[SamplingSettings, str | None]) -> str | None:
+        self.settings, note = opened
         self.setting_sources = {field.name: "saved conversation" for field in dataclasses.fields(SamplingSettings)}
         return note

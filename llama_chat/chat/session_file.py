@@ -24,18 +24,35 @@ def save_session(
     the tools offered, and beside it the cache unless that would take more than
     cache_limit_bytes. Returns the path and how many positions the cache file holds."""
     path = expanded(path)
+    write_conversation(path, saved_session(transcript, running, settings, tools))
+    try:
+        cached = save_session_cache(transcript, running, cache_path(path), cache_limit_bytes, tools)
+    except LlamaChatError as error:
+        raise LlamaChatError(f"saved {path}, but not its cache: {error}") from None
+    return path, cached
+
+
+def saved_session(
+    transcript: Transcript, running: RunningModel, settings: SamplingSettings, tools: Sequence[str] = ()
+) -> SavedConversation:
+    """The conversation as a file or the history holds it."""
     conversation = transcript.conversation
-    write_conversation(path, SavedConversation(
+    return SavedConversation(
         conversation.system, conversation.exchanges, transcript.head, transcript.spans, settings,
         running.described(), tools=list(tools),
-    ))
-    depends_on = running.cache_depends_on(conversation.system, tools)
+    )
+
+
+def save_session_cache(
+    transcript: Transcript, running: RunningModel, path: Path, limit_bytes: int | None, tools: Sequence[str] = ()
+) -> int:
+    """Write the cache of the conversation's positions to `path` (see cache_file.save_cache)."""
+    depends_on = running.cache_depends_on(transcript.conversation.system, tools)
     try:
-        cached = save_cache(cache_path(path), running.cache, transcript.ids or [], depends_on, cache_limit_bytes)
+        return save_cache(path, running.cache, transcript.ids or [], depends_on, limit_bytes)
     except Exception as error:  # noqa: BLE001 (a full disk, a folder in the way: the text is saved)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
-        raise LlamaChatError(f"saved {path}, but not its cache: {cache_path(path)}: {reason}") from None
-    return path, cached
+        raise LlamaChatError(f"{path}: {reason}") from None
 
 
 def open_session(
@@ -47,7 +64,15 @@ def open_session(
     rebuilt for another model, or the cache not used (the conversation is then read again
     on the next turn). The transcript renders ids anew with the tools now offered."""
     path = expanded(path)
-    saved = read_conversation(path)
+    return open_saved(transcript, running, read_conversation(path), path, cache_path(path), tools)
+
+
+def open_saved(
+    transcript: Transcript, running: RunningModel, saved: SavedConversation, path: Path | str, saved_cache: Path,
+    tools: Sequence[str] = (),
+) -> tuple[SamplingSettings, str | None]:
+    """Open a conversation read from `path` (a file, or the history's name for it), with
+    the cache kept at `saved_cache` where it stands for it (see open_session)."""
     same_model = running.is_same_model(saved.model)
     conversation = transcript.conversation
     conversation.system, conversation.exchanges = saved.system, saved.exchanges
@@ -66,15 +91,14 @@ def open_session(
     if not same_model:
         saved_name = saved.model.get("path") or saved.model.get("name") or "an unknown model"
         notes.append(f"{path} was saved with {saved_name}; its token ids were rebuilt for {running.model.name}")
-    notes += _restored_cache_notes(transcript, running, path, same_model, tools)
+    notes += _restored_cache_notes(transcript, running, saved_cache, same_model, tools)
     return saved.settings, "; ".join(notes) or None
 
 
 def _restored_cache_notes(
-    transcript: Transcript, running: RunningModel, path: Path, same_model: bool, tools: Sequence[str]
+    transcript: Transcript, running: RunningModel, saved_cache: Path, same_model: bool, tools: Sequence[str]
 ) -> list[str]:
-    """Restore the cache saved beside the conversation where it can be; notes where not."""
-    saved_cache = cache_path(path)
+    """Restore the cache saved with the conversation where it can be; notes where not."""
     ids, system = transcript.ids, transcript.conversation.system
     if saved_cache.exists() and not same_model:
         return ["its saved cache was not used (it was made with another model)"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llama_chat.chat.attachments import PendingFiles, read_into
@@ -13,10 +12,12 @@ from llama_chat.repl.call_line import call_line
 from llama_chat.chat.display import stats_line, visible
 from llama_chat.chat.events import Done, Text, ThoughtDone
 from llama_chat.chat.exchange import CallResult, Outcome
+from llama_chat.chat.history_keeper import HistoryKeeper
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_runner import Answer
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import add_model_arguments, finite_float
+from llama_chat.cli.kept_history import LAST, keep, open_history, resume
 from llama_chat.cli.kernel_switch import (
     finish_kernel_build,
     finish_packed_cache_writes,
@@ -36,7 +37,6 @@ from llama_chat.llama import Llama
 from llama_chat.options import DraftLength, KernelOptions, LoadOptions
 from llama_chat.parallel.group_runner import run_in_group
 from llama_chat.parallel.ranks import shard_from_environment
-from llama_chat.paths import kept_conversation_path
 from llama_chat.text.tool_calls import ToolCall
 from llama_chat.text.undecodable import replace_undecodable, undecodable_note
 from llama_chat.tools.tool import Tool
@@ -70,8 +70,11 @@ def chat_parser() -> argparse.ArgumentParser:
                         help="continue a conversation saved with /save or --save (its cache too, when it fits)")
     parser.add_argument("--save", metavar="FILE",
                         help="write the conversation and its cache to FILE after the reply (with -p) or at exit")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the chat's last conversation (kept after every input)")
+    parser.add_argument("--resume", nargs="?", const=LAST, metavar="ID|WORDS",
+                        help="continue the last conversation of the history (kept after every input), or the one "
+                        "with this id, or the best match for these words (`llama-chat history` lists them)")
+    parser.add_argument("--no-history", action="store_true",
+                        help="keep nothing of this chat in the history (and resume nothing)")
     parser.add_argument("--lookup", default="auto", metavar="N|auto",
                         help="speculative decoding by prompt lookup: draft up to N tokens from the conversation "
                         "(0: off; default auto: where it measures faster)")
@@ -156,22 +159,22 @@ def given_settings(argv: Sequence[str]) -> dict:
     return {name: given[name] for name in (*SETTING_HELP, "seed") if name in given}
 
 
-def open_conversation(session: Session, options: argparse.Namespace, argv: Sequence[str]) -> None:
+def open_conversation(session: Session, options: argparse.Namespace, argv: Sequence[str],
+                      keeper: HistoryKeeper | None) -> None:
     """--open FILE, or --resume's kept conversation; one line on stderr says what it held."""
-    if options.open and options.resume:
+    if options.open and options.resume is not None:
         raise UsageError("--open and --resume both name a conversation: give one")
-    path = options.open or (kept_conversation_path() if options.resume else None)
-    if path is None:
+    if options.resume is not None:
+        resume(keeper, session, options.resume)
+    elif options.open:
+        note = session.open(options.open)
+        count = len(session.conversation.exchanges)
+        print(f"llama-chat: opened {options.open}: {count} exchange{'s' * (count != 1)}, "
+              f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
+    else:
         return
-    if options.resume and not Path(path).exists():
-        print("llama-chat: no conversation kept yet; a new one starts", file=sys.stderr)
-        return
-    note = session.open(path)
     # The conversation's saved settings, but the sampling flags given on this command line.
     session.apply_settings(given_settings(argv), "command line")
-    count = len(session.conversation.exchanges)
-    print(f"llama-chat: {'resumed' if options.resume else 'opened'} {path}: {count} exchange{'s' * (count != 1)}, "
-          f"{len(session.cache)} tokens cached" + (f"; {note}" if note else ""), file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
@@ -205,9 +208,10 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             configure_session(session, argv, lookup, answer_format)
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
-            open_conversation(session, options, argv)
+            keeper = open_history(options.no_history)
+            open_conversation(session, options, argv, keeper)
             files = read_files(session, options.file or [])
-            code = converse(session, prompt, files, options, load_model, load_draft, tools)
+            code = converse(session, prompt, files, options, load_model, load_draft, tools, keeper)
             if options.save:
                 session.save(options.save)
             return code
@@ -258,19 +262,22 @@ def configure_session(
 
 
 def converse(session: Session, prompt: str | None, files: PendingFiles, options: argparse.Namespace,
-             load_model: CompilingLoader, load_draft: CompilingLoader, tools: ToolUse) -> int:
-    """Answer the one prompt, or, without one, run the chat in the terminal; the exit code."""
+             load_model: CompilingLoader, load_draft: CompilingLoader, tools: ToolUse,
+             keeper: HistoryKeeper | None) -> int:
+    """Answer the one prompt, or, without one, run the chat in the terminal; the exit code.
+    The keeper keeps the conversation in the history."""
     if prompt is not None:
         code = answer_once(session, files.message(prompt), options.stats, options.think == "show", tools)
+        keep(keeper, session)
         finish_packed_cache_writes()
         finish_kernel_build()
         return code
-    from llama_chat.repl.app import ConversationKeeper, run_repl
+    from llama_chat.repl.app import run_repl
     from llama_chat.repl.render import Renderer
 
     renderer = Renderer(show_thinking=options.think == "show")
     code = run_repl(session, load_model, load_draft=load_draft, renderer=renderer,
-                    keeper=ConversationKeeper(kept_conversation_path()), files=files, tools=tools,
+                    keeper=keeper, files=files, tools=tools,
                     before_input=lambda state: between_inputs(state, load_model))
     finish_packed_cache_writes()
     return code

@@ -4,13 +4,12 @@ newest first; those that hold some words; some or all of them removed."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import time
 from pathlib import Path
 
 from llama_chat.chat.display import literal
-from llama_chat.chat.history_db import HistoryDatabase, HistoryEntry, HistoryError
+from llama_chat.chat.history_db import HistoryDatabase, HistoryError
+from llama_chat.chat.history_keeper import listed, one_line, remove_cache
 from llama_chat.paths import history_database_path
 
 
@@ -63,10 +62,7 @@ def _list(database: HistoryDatabase, options: argparse.Namespace) -> int:
     if not entries:
         print("no conversations kept yet")
         return 0
-    width = _id_width(entries)
-    print(f"{'id':>{width}}  {'when':16}  {'model':20}  {'exch.':>5}  first message")
-    for entry in entries:
-        print(_row(entry, width))
+    print("\n".join(listed(entries)))
     return 0
 
 
@@ -74,13 +70,9 @@ def _search(database: HistoryDatabase, options: argparse.Namespace) -> int:
     words = " ".join(options.words)
     found = database.search(words, options.limit)
     if not found:
-        print(f"no conversation holds all of: {_one_line(words, 60)}")
+        print(f"no conversation holds all of: {one_line(words, 60)}")
         return 0
-    width = _id_width(found)
-    columns = shutil.get_terminal_size().columns
-    for match in found:
-        print(_row(match, width))
-        print(f"{'':{width}}  {_one_line(match.snippet, max(20, columns - width - 3))}")
+    print("\n".join(listed(found)))
     return 0
 
 
@@ -88,6 +80,7 @@ def _remove(database: HistoryDatabase, options: argparse.Namespace) -> int:
     missing = 0
     for number in options.ids:
         if database.remove(number):
+            remove_cache(number)
             print(f"removed conversation {number}")
         else:
             print(f"llama-chat: no conversation {number} in the history", file=sys.stderr)
@@ -109,6 +102,7 @@ def _clear(database: HistoryDatabase, options: argparse.Namespace) -> int:
             print("nothing removed")
             return 0
     count = database.clear()
+    remove_cache()
     print(f"removed {count} conversation{'s' * (count != 1)}")
     return 0
 
@@ -116,20 +110,3 @@ def _clear(database: HistoryDatabase, options: argparse.Namespace) -> int:
 _ACTIONS = {"list": _list, "search": _search, "rm": _remove, "clear": _clear}
 
 
-def _id_width(entries: list) -> int:
-    return max(2, *(len(str(entry.id)) for entry in entries))
-
-
-def _row(entry: HistoryEntry, width: int) -> str:
-    """id, when it was last changed (local time), model, exchanges and the first message,
-    on one line the terminal's width, every character shown as it is spelt."""
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.updated))
-    start = f"{entry.id:>{width}}  {when:16}  {_one_line(entry.model, 20):20}  {entry.exchanges:>5}  "
-    return start + _one_line(entry.title, max(20, shutil.get_terminal_size().columns - len(start) - 1))
-
-
-def _one_line(text: str, width: int) -> str:
-    """Text on one line (its spaces and line breaks made single spaces), cut to `width`
-    characters, those that do not print written as escapes."""
-    text = " ".join(text.split())
-    return literal(text if len(text) <= width else text[: width - 3] + "...")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TextIO
 
 try:
@@ -36,6 +35,7 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import Output, create_output
 
 from llama_chat.chat.attachments import PendingFiles
+from llama_chat.chat.history_keeper import HistoryKeeper
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.errors import LlamaChatError
@@ -207,28 +207,6 @@ def keys_held_back(stream: TextIO | None = None) -> Iterator[None]:
         termios.tcsetattr(descriptor, termios.TCSANOW, saved)
 
 
-KEPT_CACHE_LIMIT = 256 << 20  # the cache kept with the conversation for --resume, at most (bytes)
-
-
-class ConversationKeeper:
-    """Keeps the chat's conversation at `path` (with its cache up to KEPT_CACHE_LIMIT) after
-    every input, atomically, so that --resume reopens it after Ctrl-D or a crash alike. A
-    place that cannot be written is reported once; the chat goes on without it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.failed = False
-
-    def keep(self, session: Session, renderer: Renderer) -> None:
-        if self.failed:
-            return
-        try:
-            session.save(self.path, cache_limit_bytes=KEPT_CACHE_LIMIT)
-        except LlamaChatError as error:
-            self.failed = True
-            renderer.error(f"the conversation is not kept for --resume: {error}")
-
-
 def run_repl(
     session: Session,
     load_model: Callable[[str], Llama],
@@ -238,17 +216,17 @@ def run_repl(
     input: Input | None = None,
     output: Output | None = None,
     history: History | None = None,
-    keeper: ConversationKeeper | None = None,
+    keeper: HistoryKeeper | None = None,
     files: PendingFiles | None = None,
     tools: ToolUse | None = None,
     before_input: Callable[[ChatState], None] | None = None,
 ) -> int:
     """Chat until /quit or Ctrl-D; returns the exit code (0). With a keeper, the conversation
-    is kept after every input (for --resume); `files` (-f) go into the first message; `tools`
+    is kept in the history after every input (for --resume); `files` (-f) go into the first message; `tools`
     are the tools replies may call; `before_input` sees the chat before each input is
     handled (to move it onto kernels built meanwhile)."""
     state = ChatState(session, renderer or Renderer(), load_model, load_draft or load_model, files or PendingFiles(),
-                      tools=tools)
+                      tools=tools, history=keeper)
     prompt = prompt_session(state, input=input, output=output, history=history)
     # Questions about tool calls get a prompt of their own: no history, completion or toolbar.
     asker = PromptSession(input=input, output=output or create_output(always_prefer_tty=True))
@@ -273,11 +251,11 @@ def run_repl(
                 continue  # the line is cleared
             except EOFError:
                 return 0
-            if not _answer(state, text, editing, before_input, keeper):
+            if not _answer(state, text, editing, before_input):
                 return 0
 
 
-def _answer(state: ChatState, text: str, editing: int | None, before_input, keeper: ConversationKeeper | None) -> bool:
+def _answer(state: ChatState, text: str, editing: int | None, before_input) -> bool:
     """One line typed (a message, a command, or the message being edited); False after
     /quit. Ctrl-C and a LlamaChatError become a line, and the conversation is kept however
     it went."""
@@ -293,6 +271,5 @@ def _answer(state: ChatState, text: str, editing: int | None, before_input, keep
     except LlamaChatError as error:
         state.renderer.error(str(error))
     finally:
-        if keeper is not None:
-            keeper.keep(state.session, state.renderer)
+        state.keep()
     return True

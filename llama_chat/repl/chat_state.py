@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llama_chat.chat.attachments import PendingFiles
+from llama_chat.chat.history_db import HistoryError
+from llama_chat.chat.history_keeper import HistoryKeeper
 from llama_chat.chat.session import Session
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.chat.tool_runner import ToolRunner
@@ -36,6 +38,21 @@ class ChatState:
     editing: int | None = None  # the user message /edit put back in the next prompt (from 1)
     tools: ToolUse | None = None  # the tools replies may call, and the consent given
     ask_line: Callable[[str], str] | None = None  # asks the user a question on a line of its own
+    history: HistoryKeeper | None = None  # keeps the conversation (None: --no-history)
+    history_failing: bool = False  # the last keep failed, and said so
+
+    def keep(self) -> None:
+        """Keep the conversation in the history; a failure is one line until keeping works again."""
+        if self.history is None:
+            return
+        try:
+            self.history.keep(self.session)
+        except HistoryError as error:
+            if not self.history_failing:
+                self.renderer.error(f"the conversation is not kept in the history: {error}")
+            self.history_failing = True
+        else:
+            self.history_failing = False
 
     def tool_runner(self) -> ToolRunner | None:
         """The runner of a turn's calls, asking about each, with the tools on now offered

@@ -21,6 +21,7 @@ from llama_chat.repl.conversation_commands import (
     run_undo,
 )
 from llama_chat.repl.file_commands import run_copy, run_open, run_read, run_save
+from llama_chat.repl.history_commands import run_history
 from llama_chat.repl.model_commands import run_device, run_info, run_load, run_models, run_prompt_math
 from llama_chat.repl.reply_commands import run_draft, run_format, run_lookup
 from llama_chat.repl.settings_commands import SETTINGS, run_seed, run_settings, setting_command, switch_command
@@ -95,6 +96,9 @@ COMMANDS: list[Command] = [
             needs_argument(run_save, "a file name"), takes_path=True),
     Command("open", "FILE", "open a conversation saved with /save",
             needs_argument(run_open, "a file name"), takes_path=True),
+    Command("history", "[find WORDS|open ID|WORDS|off|on]",
+            "the conversations kept (newest first), those that hold some words, one opened again (this one stays "
+            "kept); off: keep nothing of this one", run_history, choices=("find", "open", "off", "on")),
     Command("lookup", "N|auto", "draft up to N tokens by prompt lookup (0: off; auto: where it measures faster)",
             needs_argument(run_lookup, "a number of tokens or auto"), choices=("auto", "0")),
     Command("draft", "MODEL|off", "draft with a smaller model of the same vocabulary (off: prompt lookup again)",

@@ -19,6 +19,8 @@ def run_system(state: ChatState, text: str) -> None:
 
 def run_clear(state: ChatState, text: str) -> None:
     state.session.clear()
+    if state.history is not None:  # the cleared one stays in the history; a new one begins
+        state.history.conversation_id = None
     kept = " (system prompt kept)" if state.session.conversation.system else ""
     state.renderer.note(f"conversation cleared{kept}")
 

@@ -1,0 +1,54 @@
+"""The chat's history from the command line: kept unless --no-history, and --resume [ID|WORDS]
+continuing the last conversation kept, one by its id, or the best match for some words."""
+
+from __future__ import annotations
+
+import sys
+
+from llama_chat.chat.history_db import HistoryDatabase, HistoryError
+from llama_chat.chat.history_keeper import HistoryKeeper
+from llama_chat.chat.session import Session
+from llama_chat.errors import UsageError
+from llama_chat.paths import history_caches_path, history_database_path
+
+LAST = ""  # --resume given alone
+
+
+def open_history(no_history: bool) -> HistoryKeeper | None:
+    """The keeper of this chat's conversation; None with --no-history, or where the history
+    cannot be opened (one line on stderr: the chat goes on without it)."""
+    if no_history:
+        return None
+    try:
+        database = HistoryDatabase.open(history_database_path())
+    except HistoryError as error:
+        print(f"llama-chat: {error}", file=sys.stderr)
+        return None
+    if database.note:
+        print(f"llama-chat: {database.note}", file=sys.stderr)
+    return HistoryKeeper(database, history_caches_path())
+
+
+def resume(keeper: HistoryKeeper | None, session: Session, wanted: str) -> None:
+    """Continue the conversation --resume names (LAST: the newest); one line on stderr."""
+    if keeper is None:
+        raise UsageError("--resume continues a conversation of the history, which is off (--no-history)"
+                         " or could not be opened")
+    conversation_id = keeper.database.last() if wanted == LAST else keeper.database.find(wanted)
+    if conversation_id is None:
+        if wanted == LAST:
+            print("llama-chat: no conversation kept yet; a new one starts", file=sys.stderr)
+            return
+        raise UsageError(f"no conversation in the history is {wanted!r} or holds those words: "
+                         "`llama-chat history` lists them")
+    print(f"llama-chat: resumed {keeper.open(session, conversation_id)}", file=sys.stderr)
+
+
+def keep(keeper: HistoryKeeper | None, session: Session) -> None:
+    """Keep a one-shot reply's conversation (-p), one line on stderr where it cannot be."""
+    if keeper is None:
+        return
+    try:
+        keeper.keep(session)
+    except HistoryError as error:
+        print(f"llama-chat: {error}", file=sys.stderr)
