@@ -82,8 +82,8 @@ def history_path() -> Path:
 
 
 def kept_conversation_path() -> Path:
-    """$XDG_STATE_HOME/llama-chat/conversation.json: the chat's current conversation, kept
-    after every input for --resume."""
+    """$XDG_STATE_HOME/llama-chat/conversation.json: where llama-chat kept the chat's last
+    conversation for --resume before the history (moved into the history when found)."""
     return user_directory("XDG_STATE_HOME", ".local/state") / "conversation.json"
 
 

@@ -13,7 +13,7 @@ from llama_chat.chat.history_db import HistoryDatabase
 from llama_chat.chat.history_keeper import HistoryKeeper
 from llama_chat.chat.session import Session
 from llama_chat.cli import main
-from llama_chat.paths import history_caches_path, history_database_path
+from llama_chat.paths import history_caches_path, history_database_path, kept_conversation_path
 
 from .test_cli import typed_chats
 from .test_gguf import tiny_hf_model, write_gguf
@@ -129,3 +129,16 @@ def test_history_in_the_chat_lists_opens_and_forgets(tmp_path, monkeypatch, caps
         assert [row[0] for row in database.execute("SELECT title FROM conversations")] == ["hello otters"]
     assert not (history_caches_path() / "1.kv.safetensors").exists()
     assert Path(history_caches_path() / "2.kv.safetensors").exists()
+
+
+def test_the_conversation_an_earlier_version_kept_moves_into_the_history(tmp_path, capsys):
+    model = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5))
+    chat = ["-m", str(model), *GREEDY, "--no-history"]
+    kept_conversation_path().parent.mkdir(parents=True)
+    assert main([*chat, "-p", "from before", "--save", str(kept_conversation_path())]) == 0
+    assert main(["-m", str(model), *GREEDY, "--resume", "-p", "and now"]) == 0
+    err = capsys.readouterr().err
+    assert "kept for --resume is conversation 1 of the history" in err
+    assert "resumed conversation 1 of the history: 1 exchange" in err
+    assert not kept_conversation_path().exists()
+    assert [m["content"] for m in kept_document()["messages"][::2]] == ["from before", "and now"]

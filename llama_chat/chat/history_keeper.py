@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from llama_chat.chat.conversation_file import conversation_document, parse_conversation
+from llama_chat.chat.cache_file import cache_path
+from llama_chat.chat.conversation_file import conversation_document, parse_conversation, read_conversation
 from llama_chat.chat.display import literal
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.history_db import ConversationRecord, HistoryDatabase, HistoryEntry, HistoryError, HistoryMatch
@@ -112,6 +113,28 @@ def _messages(system: str | None, exchanges: list[Exchange]) -> list[tuple[str, 
         messages += [("assistant", tool_round.text) for tool_round in exchange.rounds if tool_round.text]
         messages.append(("assistant", exchange.reply))
     return messages
+
+
+def import_kept_conversation(database: HistoryDatabase, path: Path) -> str | None:
+    """Move the conversation an earlier llama-chat kept for --resume (a conversation file at
+    `path`, its cache beside it) into the history; a note of what became of it."""
+    if not path.is_file():
+        return None
+    try:
+        saved = read_conversation(path)
+    except LlamaChatError as error:
+        return f"the conversation an earlier llama-chat kept for --resume stays where it is: {error}"
+    if not saved.exchanges:
+        path.unlink()
+        return None
+    conversation_id = database.save(None, ConversationRecord(
+        model=str(saved.model.get("name") or saved.model.get("path") or ""), title=saved.exchanges[0].user,
+        exchanges=len(saved.exchanges), tokens=0, document=conversation_document(saved),
+        messages=_messages(saved.system, saved.exchanges),
+    ))
+    path.unlink()
+    cache_path(path).unlink(missing_ok=True)
+    return f"the conversation an earlier llama-chat kept for --resume is conversation {conversation_id} of the history"
 
 
 def remove_cache(conversation_id: int | None = None) -> None:

@@ -17,7 +17,7 @@ from llama_chat.chat.session import Session
 from llama_chat.chat.tool_runner import Answer
 from llama_chat.chat.tool_use import ToolUse
 from llama_chat.cli.arguments import add_model_arguments, finite_float
-from llama_chat.cli.kept_history import LAST, keep, open_history, resume
+from llama_chat.cli.kept_history import add_conversation_arguments, keep_reply, opened_history, resume
 from llama_chat.cli.kernel_switch import (
     finish_kernel_build,
     finish_packed_cache_writes,
@@ -66,15 +66,7 @@ def chat_parser() -> argparse.ArgumentParser:
                         help="the compiled decode step on the cpu: auto (built in the background the first time, "
                         "eager meanwhile; a one-shot reply only uses one already built), wait (build it first), "
                         "off (eager)")
-    parser.add_argument("--open", metavar="FILE",
-                        help="continue a conversation saved with /save or --save (its cache too, when it fits)")
-    parser.add_argument("--save", metavar="FILE",
-                        help="write the conversation and its cache to FILE after the reply (with -p) or at exit")
-    parser.add_argument("--resume", nargs="?", const=LAST, metavar="ID|WORDS",
-                        help="continue the last conversation of the history (kept after every input), or the one "
-                        "with this id, or the best match for these words (`llama-chat history` lists them)")
-    parser.add_argument("--no-history", action="store_true",
-                        help="keep nothing of this chat in the history (and resume nothing)")
+    add_conversation_arguments(parser)
     parser.add_argument("--lookup", default="auto", metavar="N|auto",
                         help="speculative decoding by prompt lookup: draft up to N tokens from the conversation "
                         "(0: off; default auto: where it measures faster)")
@@ -208,7 +200,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             configure_session(session, argv, lookup, answer_format)
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
-            keeper = open_history(options.no_history)
+            keeper = opened_history(options.no_history)
             open_conversation(session, options, argv, keeper)
             files = read_files(session, options.file or [])
             code = converse(session, prompt, files, options, load_model, load_draft, tools, keeper)
@@ -268,7 +260,7 @@ def converse(session: Session, prompt: str | None, files: PendingFiles, options:
     The keeper keeps the conversation in the history."""
     if prompt is not None:
         code = answer_once(session, files.message(prompt), options.stats, options.think == "show", tools)
-        keep(keeper, session)
+        keep_reply(keeper, session)
         finish_packed_cache_writes()
         finish_kernel_build()
         return code
