@@ -26,7 +26,7 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# As DeepSeek's R1 distillations: the cue opens the thinking, earlier replies lose theirs.
+# As DeepSeek's R1 distillations: the generation prompt opens the thinking, earlier replies lose theirs.
 OPENS_THINKING = (
     "{% for m in messages %}{% if m.role == 'assistant' %}"
     "<|im_start|>assistant\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"

@@ -53,7 +53,7 @@ def replay(model: Llama, user_texts, settings=GREEDY, system=None) -> Session:
 
 
 def new_turn_ids(format_name: str, tokenizer: ByteTokenizer, text: str) -> tuple[list[int], list[int]]:
-    """(end-of-turn ids closing a reply, ids of a new user turn with the assistant's cue), by hand."""
+    """(end-of-turn ids closing a reply, ids of a new user turn with the generation prompt), by hand."""
     ids = tokenizer.token_id
     encode = tokenizer.encode
     if format_name == "chatml":
@@ -179,7 +179,7 @@ def test_retry_regenerates_from_the_truncated_cache():
     retried = session.retry()
     retried.run()
     assert retried.prompt == original.prompt
-    assert retried.stats.reused_tokens == cached_before_reply - 1  # the cue's last token is fed again
+    assert retried.stats.reused_tokens == cached_before_reply - 1  # the generation prompt's last token is fed again
     assert retried.generation.tokens == original.generation.tokens  # greedy: the same reply
     assert [e.user for e in session.conversation.exchanges] == ["one", "two"]
     assert_consistent(session)

@@ -22,7 +22,7 @@ from .reciting_model import OPENS_THINKING, write_reciting_model
 from .terminal import Terminal
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=20)
-# The model writes "<think>why</think>Hi"; with OPENS_THINKING the cue has written "<think>\n".
+# The model writes "<think>why</think>Hi"; with OPENS_THINKING the generation prompt has written "<think>\n".
 WRITES_ITS_THINKING = ["<think>", "w", "h", "y", "</think>", "H", "i"]
 THINKS_AFTER_THE_CUE = ["w", "h", "y", "</think>", "H", "i"]
 
@@ -68,7 +68,7 @@ def test_a_template_that_drops_earlier_thinking_is_followed_and_the_cache_reused
     session = Session(model, GREEDY)
     first = session.send("hello")
     first.run()
-    assert first.thinking_cue == "<think>\n" and first.text == "why</think>Hi"
+    assert first.prompt_thinking == "<think>\n" and first.text == "why</think>Hi"
     assert session.conversation.exchanges[0].reply == "<think>\nwhy</think>Hi"  # kept whole
     cached = list(session.cache.tokens)
     second = session.send("again")
@@ -76,10 +76,10 @@ def test_a_template_that_drops_earlier_thinking_is_followed_and_the_cache_reused
     rendered = model.tokenizer.decode(second.prompt)
     assert rendered.count("why") == 0 and rendered.count("Hi") == 1  # the first reply's answer only
     assert second.prompt == model.chat_format.encode(session.conversation.messages()[:-1])
-    # Reused: everything up to the first reply's cue ("<|im_start|>assistant\n"), not its thinking.
+    # Reused: everything up to the first reply's generation prompt ("<|im_start|>assistant\n"), not its thinking.
     cue = model.chat_format.encode([{"role": "user", "content": "hello"}])
     assert second.stats.reused_tokens == len(cue) - 2 and cached[:len(cue)] == cue
-    # The kept ids are the template's: the second reply's thinking (and its cue) gone too.
+    # The kept ids are the template's: the second reply's thinking (and its generation prompt) gone too.
     messages = session.conversation.messages()
     assert session.transcript.ids == model.chat_format.encode(messages, add_generation_prompt=False)
 
@@ -89,7 +89,7 @@ def test_a_template_that_keeps_thinking_reuses_the_whole_cache(thinking_models):
     session = Session(model, GREEDY)
     first = session.send("hello")
     first.run()
-    assert first.thinking_cue == "" and session.conversation.exchanges[0].reply == "<think>why</think>Hi"
+    assert first.prompt_thinking == "" and session.conversation.exchanges[0].reply == "<think>why</think>Hi"
     held = len(session.cache.tokens)
     second = session.send("again")
     second.run()

@@ -51,10 +51,10 @@ def template_format(family: str):
     return get_chat_format("template", tokenizer, template, special_tokens=tokenizer.specials), tokenizer
 
 
-def reference_ids(template: str, tokenizer, messages, tools, cue=True) -> list[int]:
+def reference_ids(template: str, tokenizer, messages, tools, generation_prompt=True) -> list[int]:
     """transformers' rendering of the template, special-token names read as their ids."""
     text = render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=template, add_generation_prompt=cue,
+        conversations=[messages], tools=tools, chat_template=template, add_generation_prompt=generation_prompt,
         bos_token="<s>", eos_token="</s>",
     )[0][0]
     return SpecialTokenSplitter(tokenizer, tokenizer.specials).encode(text)
@@ -83,28 +83,28 @@ def test_a_template_without_tools_gets_them_described():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("cue", [True, False])
-def test_tools_and_a_round_of_calls_render_as_transformers_renders_them(family, cue):
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_tools_and_a_round_of_calls_render_as_transformers_renders_them(family, generation_prompt):
     chat_format, tokenizer = template_format(family)
     template = FAMILIES[family][0]
     # Arguments and results a stranger wrote, control-token names in them included.
     messages = conversation_with_a_call('Paris "<|im_end|>" \\ <|eot_id|>', '{"temp": 12, "note": "[INST]</s>"}')
     with_tools = ToolsFormat(chat_format, TOOLS)
-    ours = with_tools.encode(messages, add_generation_prompt=cue)
+    ours = with_tools.encode(messages, add_generation_prompt=generation_prompt)
     if with_tools.syntax.tools_in_system:
-        reference = reference_ids(template, tokenizer, with_tools._tools_in_system(messages), None, cue)
+        reference = reference_ids(template, tokenizer, with_tools._tools_in_system(messages), None, generation_prompt)
     else:
-        reference = reference_ids(template, tokenizer, messages, tool_declarations(TOOLS), cue)
+        reference = reference_ids(template, tokenizer, messages, tool_declarations(TOOLS), generation_prompt)
     # The same characters (strangers' control-token names are text in ours: see below)...
     assert tokenizer.decode(ours) == tokenizer.decode(reference)
     # ...and, where no stranger spelt one, the same ids.
     plain = ToolsFormat(chat_format, [WEATHER, ADD])
     safe_messages = conversation_with_a_call("Paris", '{"temp": 12}')
     if plain.syntax.tools_in_system:
-        expected = reference_ids(template, tokenizer, plain._tools_in_system(safe_messages), None, cue)
+        expected = reference_ids(template, tokenizer, plain._tools_in_system(safe_messages), None, generation_prompt)
     else:
-        expected = reference_ids(template, tokenizer, safe_messages, tool_declarations([WEATHER, ADD]), cue)
-    assert plain.encode(safe_messages, add_generation_prompt=cue) == expected
+        expected = reference_ids(template, tokenizer, safe_messages, tool_declarations([WEATHER, ADD]), generation_prompt)
+    assert plain.encode(safe_messages, add_generation_prompt=generation_prompt) == expected
 
 
 @pytest.mark.parametrize("family", FAMILIES)

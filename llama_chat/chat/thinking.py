@@ -2,7 +2,7 @@
 
 Llama-architecture reasoning models (the DeepSeek-R1 distillations, for one) write their
 thinking before the answer, inside the markers. Either the model writes the opening marker
-itself, or its template ends the assistant's cue with it (then the reply starts inside the
+itself, or its template ends the generation prompt with it (then the reply starts inside the
 thinking). Front ends show the two parts differently; the session keeps the reply whole,
 opening marker included, and the model's template decides what later turns see of it.
 """
@@ -25,9 +25,9 @@ THINKING, ANSWER = "thinking", "answer"  # the parts of a reply
 _UNDECIDED, _ANSWER_START = "undecided", "answer-start"
 
 
-def cue_opening(tokenizer: Tokenizer, prompt: Sequence[int]) -> str:
+def thinking_opened_by_prompt(tokenizer: Tokenizer, prompt: Sequence[int]) -> str:
     """The opening marker (with the whitespace after it) that ends this prompt, when the
-    template's cue opens the thinking itself; else ""."""
+    template's generation prompt opens the thinking itself; else ""."""
     tail = tokenizer.decode(list(prompt[-8:]))
     start = tail.rfind(OPEN)
     return tail[start:] if start >= 0 and not tail[start + len(OPEN):].strip() else ""

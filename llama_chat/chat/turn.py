@@ -15,7 +15,7 @@ from llama_chat.chat.branches import fork
 from llama_chat.chat.events import Done, Event, RoundText, ToolCalls
 from llama_chat.chat.exchange import CallResult, Exchange, Outcome, ToolRound
 from llama_chat.chat.running_model import RunningModel
-from llama_chat.chat.thinking import cue_opening
+from llama_chat.chat.thinking import thinking_opened_by_prompt
 from llama_chat.chat.tool_offer import ToolOffer, fitted, result_budget
 from llama_chat.chat.transcript import Prompt, Transcript
 from llama_chat.engine.generation import Generation, GenerationStats, StopReason
@@ -53,9 +53,9 @@ class Turn:
         self.notes: list[str] = []  # what the front end should say of the turn (a call cut off)
         self.generations: list[Generation] = []
         self.generation = self._generate(prompt.ids)
-        # The opening thinking marker when the template's cue wrote it: the reply starts
+        # The opening thinking marker when the template's generation prompt wrote it: the reply starts
         # inside the thinking, and is kept with the marker, whole.
-        self.thinking_cue = cue_opening(running.model.tokenizer, prompt.ids)
+        self.prompt_thinking = thinking_opened_by_prompt(running.model.tokenizer, prompt.ids)
         self.exchange: Exchange | None = None
 
     @property
@@ -97,7 +97,7 @@ class Turn:
         and its limit: `tools(round, allowed, limit)`; without it every call is declined), and
         Done. However it ends it is recorded; Ctrl-C while a round streams gives what it held
         back and Done before it passes through."""
-        text = RoundText(self._syntax, bool(self.thinking_cue), split_thinking)
+        text = RoundText(self._syntax, bool(self.prompt_thinking), split_thinking)
         try:
             while True:
                 for piece in self.generation:
@@ -167,9 +167,9 @@ class Turn:
         read = self._read(generation)
         if not read.calls:
             return None
-        cue = self.thinking_cue if not self.rounds else ""
+        opened = self.prompt_thinking if not self.rounds else ""
         self.next_call += len(read.calls)
-        return ToolRound(cue + read.text, list(read.calls))
+        return ToolRound(opened + read.text, list(read.calls))
 
     def _read(self, generation: Generation) -> ReadReply:
         syntax = self.offer.syntax
@@ -205,7 +205,7 @@ class Turn:
             # Stopped while its calls ran: the round holds what the last generation wrote,
             # and the reply never came (its ids are rendered anew next turn).
             stopped_in_calls = len(self.rounds) == len(self.prompts)
-            reply = "" if stopped_in_calls else (self.thinking_cue if not self.rounds else "") + generation.text
+            reply = "" if stopped_in_calls else (self.prompt_thinking if not self.rounds else "") + generation.text
             interrupted = stopped_in_calls or generation.stats.stop_reason == StopReason.INTERRUPTED
             exchange = Exchange(user=self.user, reply=reply, interrupted=interrupted, rounds=self.rounds)
             if not stopped_in_calls:

@@ -316,7 +316,7 @@ def answer_once(
         runner = tools.runner(session, StderrCallView())
     turn = session.send(prompt)
     if show_thinking:
-        sys.stdout.write(visible(turn.thinking_cue))
+        sys.stdout.write(visible(turn.prompt_thinking))
     thought = None
     for event in turn.events(runner, split_thinking=not show_thinking):
         if isinstance(event, Text):

@@ -47,7 +47,7 @@ class Llama2Format(ChatFormat):
     system prompt wrapped in <<SYS>>...<</SYS>> at the start of the first user message.
 
     "[INST]" is plain text in Llama 2 (not a control token); only <s> and </s> are ids.
-    The closing "[/INST]" is the cue to answer, so `add_generation_prompt` changes nothing.
+    The closing "[/INST]" is the generation prompt, so `add_generation_prompt` changes nothing.
     """
 
     name = "llama2"
@@ -92,7 +92,7 @@ class Llama2Format(ChatFormat):
 
 
 class ChatMLFormat(ChatFormat):
-    """<|im_start|>role\\ncontent<|im_end|>\\n per message; the cue is <|im_start|>assistant\\n."""
+    """<|im_start|>role\\ncontent<|im_end|>\\n per message; the generation prompt is <|im_start|>assistant\\n."""
 
     name = "chatml"
 
@@ -119,7 +119,7 @@ class GemmaFormat(ChatFormat):
     """Gemma's turns: <bos>, then per message <start_of_turn>role\ncontent<end_of_turn>\n, the
     assistant's role called "model" and the content stripped; Gemma has no system role, so
     a system prompt opens the first user message, followed by a blank line (as Gemma's own
-    template places it). The cue is <start_of_turn>model\n."""
+    template places it). The generation prompt is <start_of_turn>model\n."""
 
     name = "gemma"
     ROLE_NAMES = {"user": "user", "assistant": "model"}

@@ -62,7 +62,7 @@ class ChatFormat(ABC):
 
     @abstractmethod
     def encode(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of the whole conversation, ending with the assistant's cue if asked."""
+        """Token ids of the whole conversation, ending with the generation prompt if asked."""
 
 
 def check_messages(messages: Sequence[Message], roles: Sequence[str] = ROLES) -> None:
