@@ -1,11 +1,17 @@
 """The conversation itself, as text: the system prompt and the exchanges of the version
-followed (the others hang from them, see branches). Its token ids are the transcript's."""
+followed (the others hang from them, see branches). Its token ids are the transcript's.
+
+Exchanges that no longer fit the context (dropped, or compacted into a summary) stay in
+`earlier`, for the file and the history; the model sees the summary instead, after the
+system prompt, in the system message."""
 
 from __future__ import annotations
 
 from llama_chat.chat.branches import Version, switched, versions
 from llama_chat.chat.exchange import Exchange, messages_of
 from llama_chat.errors import LlamaChatError
+
+SUMMARY_HEADING = "A summary of the conversation before the messages that follow: "
 
 
 class Conversation:
@@ -14,13 +20,24 @@ class Conversation:
     def __init__(self, system: str | None = None) -> None:
         self.system = system or None
         self.exchanges: list[Exchange] = []
+        self.earlier: list[Exchange] = []  # out of the context, oldest first
+        self.summary: str | None = None  # what stands for the compacted ones in the context
 
     def messages(self) -> list[dict[str, str]]:
         """System prompt (if any) and every exchange, as chat-format messages."""
         return self.system_messages() + messages_of(self.exchanges)
 
     def system_messages(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system}] if self.system else []
+        """The system prompt and the summary of compacted exchanges, as one system message."""
+        summary = f"{SUMMARY_HEADING}{self.summary}" if self.summary else None
+        content = "\n\n".join(part for part in (self.system, summary) if part)
+        return [{"role": "system", "content": content}] if content else []
+
+    def clear(self) -> None:
+        """No exchange left, earlier ones and their summary gone too."""
+        self.exchanges.clear()
+        self.earlier.clear()
+        self.summary = None
 
     def no_message(self, number: int) -> str:
         """Why user message `number` cannot be edited, in one line."""

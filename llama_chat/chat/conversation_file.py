@@ -4,6 +4,9 @@ JSON: the kind and version, the model it was made with, the sampling settings, t
 token ids before the first exchange, then one message a line (a reply's token ids on its
 line). Token ids let /open continue with the cache exactly where the conversation was.
 
+Exchanges out of the context (dropped, or compacted) are "earlier", messages as above
+without token ids, and "summary" the text that stands for the compacted ones; both optional.
+
 A reply that called tools has "tool_rounds" on its line: a list of {"text": ..., "calls":
 [{"id", "name", "arguments"}], "results": [{"text", "outcome"}]}, one result a call.
 
@@ -46,6 +49,8 @@ class SavedConversation:
     model: dict  # path, name, chat_format and vocab_size of the model it was made with
     note: str | None = None  # why the other versions were not opened, when they were not
     tools: list[str] = dataclasses.field(default_factory=list)  # the names of the tools offered
+    earlier: list[Exchange] = dataclasses.field(default_factory=list)  # out of the context
+    summary: str | None = None  # what stands for the compacted exchanges in the context
 
 
 def write_conversation(path: Path, saved: SavedConversation) -> None:
@@ -68,6 +73,8 @@ def conversation_document(saved: SavedConversation) -> str:
         **({"tools": saved.tools} if saved.tools else {}),
         "messages": messages + _messages_of(saved.exchanges, saved.spans),
         "branches": _branches_of(saved.exchanges, saved.spans),
+        **({"earlier": _messages_of(saved.earlier, Spans())} if saved.earlier else {}),
+        **({"summary": saved.summary} if saved.summary else {}),
     }
     return _dumps(data)
 
@@ -133,7 +140,12 @@ def parse_conversation(text: str, path: Path | str) -> SavedConversation:
     tools = data.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(name, str) for name in tools):
         raise LlamaChatError(f"{path}: 'tools' must be a list of tool names")
-    return SavedConversation(system, exchanges, head_ids, spans, settings, model, note, tools)
+    earlier, summary = data.get("earlier", []), data.get("summary")
+    _check_messages(earlier, path)
+    if summary is not None and (not isinstance(summary, str) or has_undecodable(summary)):
+        raise LlamaChatError(f"{path}: 'summary' must be text")
+    return SavedConversation(system, exchanges, head_ids, spans, settings, model, note, tools,
+                             _exchanges_from(earlier, path, Spans()), summary)
 
 
 def _dumps(data: dict) -> str:

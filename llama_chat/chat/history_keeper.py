@@ -48,9 +48,10 @@ class HistoryKeeper:
             return
         saved = session.saved()
         record = ConversationRecord(
-            model=session.model.name, title=saved.exchanges[0].user, exchanges=len(saved.exchanges),
+            model=session.model.name, title=(saved.earlier + saved.exchanges)[0].user,
+            exchanges=len(saved.earlier) + len(saved.exchanges),
             tokens=len(session.transcript.ids or []), document=conversation_document(saved),
-            messages=_messages(saved.system, saved.exchanges),
+            messages=_messages(saved.system, saved.earlier + saved.exchanges),
         )
         self.conversation_id = self.database.save(self.conversation_id, record)
         try:

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llama_chat.chat.conversation import Conversation
-from llama_chat.chat.exchange import Exchange
+from llama_chat.chat.compaction import SUMMARY_TOKENS, summary_of
+from llama_chat.chat.exchange import Exchange, messages_of
 from llama_chat.chat.running_model import RunningModel
 from llama_chat.chat.conversation_file import SavedConversation
 from llama_chat.chat.session_file import open_saved, open_session, save_session, save_session_cache, saved_session
@@ -69,6 +70,8 @@ class Session(RunningModel):
         self.conversation = Conversation(system)
         self.offer: ToolOffer | None = None  # the tools replies may call
         self.transcript = Transcript(self.conversation, model.chat_format)
+        self.when_full = "drop"  # or "compact": what a message that does not fit does (--when-full)
+        self.compaction_freed = 0  # context tokens compaction has freed in this conversation
         self.settings = settings or SamplingSettings()
         # Where each setting that is not llama-chat's default came from, for /settings.
         self.setting_sources: dict[str, str] = {}
@@ -114,7 +117,13 @@ class Session(RunningModel):
     def _start(self, text: str, replaced: list[Exchange] | None = None) -> Turn:
         prompt = self.transcript.prompt_for(text)
         remaining = self.capacity - self.reserve()
-        dropped = 0
+        dropped, compacted = 0, None
+        if len(prompt.ids) > remaining and self.when_full == "compact" and len(self.conversation.exchanges) > 1:
+            try:
+                compacted = self.compact()  # all but the last exchange, summarised
+            except LlamaChatError:  # no summary: the oldest are dropped instead
+                compacted = None
+            prompt = self.transcript.prompt_for(text)
         if len(prompt.ids) > remaining:
             dropped = self.transcript.oldest_to_drop(text, remaining, self.capacity)
             if dropped:
@@ -122,10 +131,40 @@ class Session(RunningModel):
                 prompt = self.transcript.prompt_for(text)
         exchanges = self.conversation.exchanges
         calls_before = sum(len(tool_round.calls) for exchange in exchanges for tool_round in exchange.rounds)
-        return Turn(
+        turn = Turn(
             self, self.settings, self._record, text, prompt, dropped, replaced,
             transcript=self.transcript, offer=self.offer, first_call=calls_before + 1,
         )
+        turn.compacted = compacted
+        return turn
+
+    def compact(self, keep: int = 1) -> tuple[int, int, int]:
+        """Put the model's summary of every exchange but the last `keep` (and of an earlier
+        summary) in their place in the context; they stay in the conversation's earlier ones.
+        Returns how many were compacted, and the context's tokens before and after."""
+        exchanges = self.conversation.exchanges
+        count = len(exchanges) - keep
+        if count <= 0:
+            raise LlamaChatError(f"nothing to compact: the context holds {len(exchanges)} exchange"
+                                 f"{'s' * (len(exchanges) != 1)}, and the last {keep} stay{'s' * (keep == 1)} whole")
+        before = self.context_used()
+        messages = self.conversation.system_messages() + messages_of(exchanges[:count])
+        limit = min(SUMMARY_TOKENS, self.settings.max_tokens)  # no longer than a reply may be
+        summary = summary_of(self.model, self.transcript.chat_format, messages, limit)
+        earlier, summarised = list(self.conversation.earlier), self.conversation.summary
+        self.conversation.earlier += exchanges[:count]
+        del exchanges[:count]
+        self.conversation.summary = summary
+        self.transcript.rerender()
+        if self.context_used() >= before:  # the summary is no shorter than what it stands for
+            exchanges[:0] = self.conversation.earlier[len(earlier):]
+            self.conversation.earlier, self.conversation.summary = earlier, summarised
+            self.transcript.rerender()
+            raise LlamaChatError(f"the model's summary takes no fewer tokens than the {count} exchange"
+                                 f"{'s' * (count != 1)} it would stand for: nothing was compacted")
+        self.trim_cache()
+        self.compaction_freed += before - self.context_used()
+        return count, before, self.context_used()
 
     def _record(self, exchange: Exchange, stats: GenerationStats) -> None:
         """A finished turn joins the conversation."""
@@ -151,7 +190,7 @@ class Session(RunningModel):
 
     def clear(self) -> None:
         """Start over; the system prompt stays."""
-        self.conversation.exchanges.clear()
+        self.conversation.clear()
         self.transcript.rerender()
         self.trim_cache()
 

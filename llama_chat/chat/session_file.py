@@ -39,7 +39,7 @@ def saved_session(
     conversation = transcript.conversation
     return SavedConversation(
         conversation.system, conversation.exchanges, transcript.head, transcript.spans, settings,
-        running.described(), tools=list(tools),
+        running.described(), tools=list(tools), earlier=conversation.earlier, summary=conversation.summary,
     )
 
 
@@ -76,6 +76,7 @@ def open_saved(
     same_model = running.is_same_model(saved.model)
     conversation = transcript.conversation
     conversation.system, conversation.exchanges = saved.system, saved.exchanges
+    conversation.earlier, conversation.summary = saved.earlier, saved.summary
     # Another tokenizer's ids mean nothing here; other tools offered begin the ids otherwise.
     kept = same_model and saved.tools == list(tools)
     transcript.take(saved.head_ids if kept else None, saved.spans if kept else Spans())

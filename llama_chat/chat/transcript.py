@@ -148,7 +148,9 @@ class Transcript:
         return self.overflow.oldest_to_drop(self.conversation, text, remaining, capacity, self.local)
 
     def drop_oldest(self, count: int) -> None:
-        """Drop the oldest `count` exchanges (with their other versions); the rest rendered anew."""
+        """Move the oldest `count` exchanges (with their other versions) out of the context, into
+        the conversation's earlier ones; the rest rendered anew."""
+        self.conversation.earlier += self.conversation.exchanges[:count]
         del self.conversation.exchanges[:count]
         self.rerender()
 

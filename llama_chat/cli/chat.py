@@ -200,6 +200,7 @@ def run_chat(options: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             configure_session(session, argv, lookup, answer_format)
             if options.draft:
                 session.set_draft(load_draft(options.draft), options.draft)
+            session.when_full = options.when_full
             keeper = opened_history(options.no_history)
             open_conversation(session, options, argv, keeper)
             files = read_files(session, options.file or [])

@@ -16,7 +16,11 @@ LAST = ""  # --resume given alone
 
 
 def add_conversation_arguments(parser: argparse.ArgumentParser) -> None:
-    """--open and --save (a file), --resume and --no-history (the history)."""
+    """--open and --save (a file), --resume and --no-history (the history), --when-full."""
+    parser.add_argument("--when-full", choices=("drop", "compact"), default="drop",
+                        help="when a message does not fit the context: drop the oldest exchanges (the default: "
+                        "small models such as the default one summarise poorly), or compact them into the "
+                        "model's summary (/compact does it at any time); either way they stay in the history")
     parser.add_argument("--open", metavar="FILE",
                         help="continue a conversation saved with /save or --save (its cache too, when it fits)")
     parser.add_argument("--save", metavar="FILE",

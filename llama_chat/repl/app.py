@@ -121,6 +121,7 @@ def toolbar(session: Session) -> str:
     return (
         f" {session.model.name} | {session.model.device} | temperature {session.settings.temperature:g} | "
         f"context {session.context_used()}/{session.capacity} "
+        + (f"(compacted −{session.compaction_freed}) " if session.compaction_freed > 0 else "")
     )
 
 

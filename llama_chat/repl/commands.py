@@ -14,6 +14,7 @@ from llama_chat.repl.chat_state import STOP, ChatState, Command, CommandError, H
 from llama_chat.repl.conversation_commands import (
     run_branches,
     run_clear,
+    run_compact,
     run_edit,
     run_retry,
     run_stats,
@@ -82,6 +83,8 @@ COMMANDS: list[Command] = [
             run_system, choices=("clear",)),
     _plain("clear", "start over (the system prompt stays)", run_clear),
     _plain("retry", "generate the last reply again", run_retry),
+    _plain("compact", "put the model's summary of every exchange but the last in their place in the context",
+           run_compact),
     _plain("undo", "remove the last exchange", run_undo),
     Command("edit", "[N]", "put user message N (from 1; default: the last) back in the line to change and "
             "resend; the replies from there on stay another version (Ctrl-C or an empty line: no change)",

@@ -25,6 +25,13 @@ def run_clear(state: ChatState, text: str) -> None:
     state.renderer.note(f"conversation cleared{kept}")
 
 
+def run_compact(state: ChatState, text: str) -> None:
+    state.renderer.note("summarising the older exchanges…")
+    count, before, after = state.session.compact()
+    state.renderer.note(f"compacted {exchanges(count)} into a summary: the context went from {before} to "
+                        f"{after} tokens (the exchanges stay in the history)")
+
+
 def run_retry(state: ChatState, text: str) -> None:
     tools = state.tool_runner()
     state.renderer.play(state.session.retry(), tools)

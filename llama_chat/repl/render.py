@@ -79,6 +79,10 @@ class Renderer:
     def play(self, turn: Turn, tools: RunCalls | None = None) -> None:
         """Stream a reply, its rounds of calls run by `tools`; Ctrl-C stops it (the partial
         reply stays); then the notes and the stats line."""
+        if turn.compacted:
+            count, before, after = turn.compacted
+            self.note(f"context full: compacted the {count} oldest exchange{'s' * (count != 1)} into a summary "
+                      f"({before} → {after} tokens)")
         if turn.dropped:
             plural = "s" if turn.dropped > 1 else ""
             self.note(f"context full: dropped the {turn.dropped} oldest exchange{plural} to make room")
