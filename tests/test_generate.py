@@ -1,3 +1,6 @@
+import gc
+import weakref
+
 import pytest
 
 from llama_chat import SamplingSettings
@@ -24,6 +27,21 @@ def test_greedy_tokens_follow_the_argmax_of_full_forward_passes(tiny_model):
     assert len(generation.tokens) == 12
     assert generation.stats.stop_reason == "max_tokens"
     assert "".join(p.text for p in pieces) == generation.text == tiny_model.tokenizer.decode(generation.tokens)
+
+
+def test_a_finished_reply_holds_no_cycle_that_keeps_its_cache(tiny_model):
+    """The cache goes with the last reference to its reply, not at the collector's next run
+    (one reply's cache after another's raised the peak memory of a benchmark's repeats)."""
+    cache = tiny_model.new_cache(64)
+    generation = tiny_model.generate(PROMPT, GREEDY, cache=cache)
+    list(generation)
+    held = weakref.ref(cache)
+    gc.disable()
+    try:
+        del cache, generation
+        assert held() is None
+    finally:
+        gc.enable()
 
 
 def test_any_of_several_stop_ids_ends_the_reply(tiny_model):

@@ -193,11 +193,6 @@ class Generation:
             return plain
         return SpeculativeStep(plain, self.speculation)
 
-    def _remaining(self, generated: int) -> int:
-        """Tokens the reply may still take, the one just chosen included: within its token
-        limit, and the positions left in the cache (where that token is fed first)."""
-        return min(self._token_limit() - generated, self.cache.remaining())
-
     def _time(self) -> None:
         """A token has come: the first is timed from the start, the decode from the first on."""
         now = time.perf_counter()
@@ -223,10 +218,15 @@ class Generation:
 class _TokenStream:
     """A reply's tokens in order, each fed to the model only once the next one is wanted
     (none once there is no space for it, or the processor allows nothing more). A step gives
-    the next token, after the drafts the model kept if it drafted."""
+    the next token, after the drafts the model kept if it drafted.
+
+    It holds what it needs of its generation, not the generation itself: no reference cycle
+    keeps a finished reply's cache alive until the garbage collector runs."""
 
     def __init__(self, generation: Generation, logits: torch.Tensor) -> None:
-        self.generation = generation
+        self.processor, self.settings, self.stats = generation.processor, generation.settings, generation.stats
+        self.cache = generation.cache
+        self.prompt_length = len(generation.prompt_ids)
         self.history = list(generation.prompt_ids)
         plain = PlainStep(generation.runner, generation.cache, Sampler(generation.settings), generation.processor)
         self.step = generation._decode_step(plain)
@@ -235,7 +235,7 @@ class _TokenStream:
         self.stepped = False  # whether `chosen` came from a step (not from the prompt's logits)
 
     def next(self) -> int | None:
-        processor = self.generation.processor
+        processor = self.processor
         if not self.kept and self.chosen is None and not self._step():
             return None
         if self.kept:  # the processor took them in the verify step
@@ -252,15 +252,18 @@ class _TokenStream:
     def _step(self) -> bool:
         """Feed the last token and take the next (and any kept drafts); False when there is
         no space for another token, or the processor has ended the reply."""
-        generation, processor = self.generation, self.generation.processor
-        generated = len(self.history) - len(generation.prompt_ids)
-        remaining = generation._remaining(generated)
+        processor = self.processor
+        generated = len(self.history) - self.prompt_length
+        # Tokens the reply may still take, the one just chosen included: within its token
+        # limit, and the positions left in the cache (where that token is fed first).
+        limit = self.settings.max_tokens + processor.extra_tokens  # the processor may extend it to end whole
+        remaining = min(limit - generated, self.cache.remaining())
         if remaining == 0 or processor.finished:
             return False
-        processor.near_end(generated, generation.settings.max_tokens, remaining)
+        processor.near_end(generated, self.settings.max_tokens, remaining)
         taken = self.step(self.history[-1], self.history, remaining - 1)
-        generation.stats.drafted_tokens += taken.drafted
-        generation.stats.accepted_tokens += len(taken.kept)
+        self.stats.drafted_tokens += taken.drafted
+        self.stats.accepted_tokens += len(taken.kept)
         self.kept.extend(taken.kept)
         self.chosen, self.stepped = taken.token, True
         return True
