@@ -31,6 +31,7 @@ from llama_chat.kernels.block_linear import BlockLinear
 from llama_chat.kernels.packed_cache_writer import EntryWrite, finish_writes, writes_under_way
 
 from .loading_helpers import file_blocks, options_from_environment
+from .signals import as_a_foreground_job
 from .test_gguf import tiny_hf_model, write_gguf
 
 
@@ -328,7 +329,7 @@ def test_a_chat_killed_mid_write_leaves_no_entry_and_the_next_load_packs_again(t
     path = write_gguf(tmp_path / "model.gguf", tiny_hf_model(seed=22), qtype=QType.Q4_0)
     with (tmp_path / "stderr").open("w") as errors:
         chat = subprocess.Popen([sys.executable, "-c", WRITES_A_PIECE_THEN_HANGS, str(path)], stdout=subprocess.PIPE,
-                                stderr=errors)
+                                stderr=errors, preexec_fn=as_a_foreground_job)  # a hangup acts as on a terminal
     try:
         lines_until(chat.stdout.fileno(), {"mid-write", "answered"}, 120, tmp_path / "stderr")
         chat.send_signal(getattr(signal, signal_name))

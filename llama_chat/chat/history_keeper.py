@@ -147,9 +147,11 @@ def remove_cache(conversation_id: int | None = None) -> None:
 
 
 def listed(entries: Sequence[HistoryEntry]) -> list[str]:
-    """Conversations as listed, a line each after a heading (a found one's snippet below it)."""
+    """Conversations as listed, a line each after a heading; found ones each with their
+    snippet below, and no heading."""
     width = max(2, *(len(str(entry.id)) for entry in entries))
-    lines = [f"{'id':>{width}}  {'when':16}  {'model':20}  {'exch.':>5}  first message"]
+    found = any(isinstance(entry, HistoryMatch) for entry in entries)
+    lines = [] if found else [f"{'id':>{width}}  {'when':16}  {'model':20}  {'exch.':>5}  first message"]
     columns = shutil.get_terminal_size().columns
     for entry in entries:
         lines.append(_row(entry, width))
