@@ -17,7 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llama_chat.chat.cache_file import cache_path
-from llama_chat.chat.conversation_file import conversation_document, parse_conversation, read_conversation
+from llama_chat.chat.conversation_file import (
+    SavedConversation,
+    conversation_document,
+    parse_conversation,
+    read_conversation,
+)
 from llama_chat.chat.display import literal
 from llama_chat.chat.exchange import Exchange
 from llama_chat.chat.history_db import ConversationRecord, HistoryDatabase, HistoryEntry, HistoryError, HistoryMatch
@@ -46,13 +51,7 @@ class HistoryKeeper:
         """Write the conversation and its cache; HistoryError in one line where it cannot."""
         if not self.on or not session.conversation.exchanges:
             return
-        saved = session.saved()
-        record = ConversationRecord(
-            model=session.model.name, title=(saved.earlier + saved.exchanges)[0].user,
-            exchanges=len(saved.earlier) + len(saved.exchanges),
-            tokens=len(session.transcript.ids or []), document=conversation_document(saved),
-            messages=_messages(saved.system, saved.earlier + saved.exchanges),
-        )
+        record = _record(session.saved(), session.model.name, len(session.transcript.ids or []))
         self.conversation_id = self.database.save(self.conversation_id, record)
         try:
             self.caches.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -106,6 +105,15 @@ class HistoryKeeper:
                 path.unlink(missing_ok=True)
 
 
+def _record(saved: SavedConversation, model: str, tokens: int) -> ConversationRecord:
+    """What the history keeps of a conversation: its document, and its messages to search."""
+    exchanges = saved.earlier + saved.exchanges
+    return ConversationRecord(
+        model=model, title=exchanges[0].user, exchanges=len(exchanges), tokens=tokens,
+        document=conversation_document(saved), messages=_messages(saved.system, exchanges),
+    )
+
+
 def _messages(system: str | None, exchanges: list[Exchange]) -> list[tuple[str, str]]:
     """What a search reads: the system prompt, and each exchange's message, calls' text and reply."""
     messages = [("system", system)] if system else []
@@ -128,11 +136,8 @@ def import_kept_conversation(database: HistoryDatabase, path: Path) -> str | Non
     if not saved.exchanges:
         path.unlink()
         return None
-    conversation_id = database.save(None, ConversationRecord(
-        model=str(saved.model.get("name") or saved.model.get("path") or ""), title=saved.exchanges[0].user,
-        exchanges=len(saved.exchanges), tokens=0, document=conversation_document(saved),
-        messages=_messages(saved.system, saved.exchanges),
-    ))
+    model = str(saved.model.get("name") or saved.model.get("path") or "")
+    conversation_id = database.save(None, _record(saved, model, tokens=0))
     path.unlink()
     cache_path(path).unlink(missing_ok=True)
     return f"the conversation an earlier llama-chat kept for --resume is conversation {conversation_id} of the history"
