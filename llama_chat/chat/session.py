@@ -131,12 +131,10 @@ class Session(RunningModel):
                 prompt = self.transcript.prompt_for(text)
         exchanges = self.conversation.exchanges
         calls_before = sum(len(tool_round.calls) for exchange in exchanges for tool_round in exchange.rounds)
-        turn = Turn(
+        return Turn(
             self, self.settings, self._record, text, prompt, dropped, replaced,
-            transcript=self.transcript, offer=self.offer, first_call=calls_before + 1,
+            transcript=self.transcript, offer=self.offer, first_call=calls_before + 1, compacted=compacted,
         )
-        turn.compacted = compacted
-        return turn
 
     def compact(self, keep: int = 1) -> tuple[int, int, int]:
         """Put the model's summary of every exchange but the last `keep` (and of an earlier

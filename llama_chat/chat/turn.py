@@ -36,6 +36,7 @@ class Turn:
         self, running: RunningModel, settings: SamplingSettings, record: Callable[[Exchange, GenerationStats], None],
         text: str, prompt: Prompt, dropped: int, replaced: list[Exchange] | None = None, *,
         transcript: Transcript, offer: ToolOffer | None = None, first_call: int = 1,
+        compacted: tuple[int, int, int] | None = None,
     ) -> None:
         self.running = running
         self.model = running.model
@@ -45,7 +46,7 @@ class Turn:
         self.transcript = transcript  # the conversation's ids, which the reply's join
         self.prompts = [prompt]  # one a round
         self.dropped = dropped  # oldest exchanges dropped to make room for this turn
-        self.compacted: tuple[int, int, int] | None = None  # exchanges compacted for it, tokens before and after
+        self.compacted = compacted  # exchanges compacted for it, and the context's tokens before and after
         self.replaced = replaced  # the exchanges this turn starts a new version of (/retry, /edit)
         # Tools, unless a format holds the reply (which leaves no room for a call).
         self.offer = offer if running.format is None else None
